@@ -1,0 +1,171 @@
+"""`make image`: the guest root filesystem, an initramfs made of Debian bookworm packages.
+
+The packages are unpacked, not installed (mmdebstrap's ``extract`` variant: no maintainer scripts run, nothing
+is emulated), trimmed of documentation, given busybox init, the project's start-up script, the kernel modules
+the guest needs (with their dependencies, resolved from the kernel's modules.dep) and precompiled Python
+bytecode, and packed as one uncompressed cpio archive: the guest boots straight into it, with no disk, and
+each guest gets a private writable copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from vrdma.build import apt
+from vrdma.build.cache import CachedProduct, content_key, file_digest, product, record_product, run, step
+from vrdma.errors import BuildError
+
+log = logging.getLogger(__name__)
+
+SUITE = "bookworm"
+PACKAGES = [
+    "busybox-static",      # init, shell and the small tools (lspci, mount, ...)
+    "kmod",                # modprobe that understands modules.dep and aliases
+    "iproute2",            # ip and the `rdma` tool
+    "iputils-ping",
+    "qemu-guest-agent",    # how the host runs commands in the guest
+    "libibverbs1",
+    "ibverbs-utils",       # ibv_devices, ibv_devinfo, ibv_rc_pingpong, ...
+    "ibverbs-providers",   # librxe and the other user-space providers
+    "librdmacm1",
+    "rdmacm-utils",
+    "perftest",
+    "python3-pyverbs",
+]
+# Kernel modules loaded at boot, with everything modules.dep says they need.
+MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
+           "ib_core", "ib_uverbs", "ib_umad", "rdma_ucm", "rdma_rxe"]
+# Paths dropped from the unpacked packages: documentation and data nothing in the guest reads.
+EXCLUDES = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
+            "usr/share/bash-completion", "lib/udev/hwdb.d", "usr/lib/udev/hwdb.d"]
+GUEST_FILES = Path(__file__).with_name("guest")
+PYTHON_TAG = "3.11"  # bookworm's python3
+
+
+def build() -> dict[str, Any]:
+    kernel = product("kernel")
+    with step("resolving the guest packages"):
+        versions = {pkg: c.version for pkg, c in apt.candidates(PACKAGES).items()}
+    recipe = {name: file_digest(GUEST_FILES / name) for name in sorted(os.listdir(GUEST_FILES))}
+    recipe["image.py"] = file_digest(Path(__file__))
+    cached = CachedProduct("image", {"packages": versions, "kernel": kernel["version"],
+                                     "release": kernel["release"], "modules": MODULES,
+                                     "excludes": EXCLUDES, "recipe": content_key(recipe)})
+    if cached.complete:
+        log.info("guest image is cached in %s", cached.path)
+    else:
+        with cached.building() as scratch:
+            _build_into(scratch, kernel)
+    initrd = cached.path / "initrd.cpio"
+    info = {"initrd_path": str(initrd), "kernel_release": kernel["release"],
+            "size_mib": round(initrd.stat().st_size / 2**20, 1)}
+    record_product("image", info)
+    return info
+
+
+def _build_into(out: Path, kernel: dict[str, Any]) -> None:
+    tarball = out / "rootfs.tar"
+    with step(f"unpacking {len(PACKAGES)} Debian {SUITE} packages and their dependencies (mmdebstrap)"):
+        run(["mmdebstrap", "--variant=extract", "--include=" + ",".join(PACKAGES), "--format=tar",
+             SUITE, tarball, apt.machine_sources()], log_file=out / "logs" / "mmdebstrap.log")
+    root = out / "root"
+    root.mkdir()
+    with step("assembling the root filesystem"):
+        run(["tar", "-C", root, "-xf", tarball, *(f"--exclude=./{x}" for x in EXCLUDES)])
+        tarball.unlink()
+        _add_base_files(root)
+        _add_modules(root, Path(kernel["modules_dir"]), kernel["release"])
+        run(["ldconfig", "-r", root])
+        _compile_python(root)
+    with step("packing the initramfs"):
+        _pack_cpio(root, out / "initrd.cpio")
+        shutil.rmtree(root)
+
+
+def _add_base_files(root: Path) -> None:
+    """What base-files, init and udev would provide, reduced to what this image uses."""
+    for d in ("proc", "sys", "dev", "run", "tmp", "root", "etc/vrdma", "var/log", "var/tmp"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    var_run = root / "var" / "run"
+    if not var_run.exists():
+        var_run.symlink_to("../run")
+    init = root / "init"
+    init.unlink(missing_ok=True)
+    init.symlink_to("bin/busybox")  # the kernel runs /init; busybox runs its init applet by that name
+    shutil.copy(GUEST_FILES / "inittab", root / "etc" / "inittab")
+    shutil.copy(GUEST_FILES / "rc.sysinit", root / "etc" / "vrdma" / "rc.sysinit")
+    (root / "etc" / "vrdma" / "rc.sysinit").chmod(0o755)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    ld_conf = root / "etc" / "ld.so.conf"
+    if not ld_conf.exists():
+        ld_conf.write_text("include /etc/ld.so.conf.d/*.conf\n")
+    # busybox applets for every tool no package provides (sh, mount, lspci, ...); existing files win.
+    applets = subprocess.run([root / "bin" / "busybox", "--list-full"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    for applet in applets:
+        target = root / applet
+        if not target.exists() and not target.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to("/bin/busybox")
+
+
+def module_closure(modules_dir: Path, wanted: list[str]) -> list[str]:
+    """Relative paths of the wanted modules and everything they depend on, per modules.dep."""
+    deps: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    for line in (modules_dir / "modules.dep").read_text().splitlines():
+        path, _, rest = line.partition(":")
+        deps[path] = rest.split()
+        name = Path(path).name.split(".ko")[0].replace("-", "_")
+        by_name[name] = path
+    missing = [m for m in wanted if m not in by_name]
+    if missing:
+        raise BuildError(f"kernel modules not found in {modules_dir}: {', '.join(missing)}")
+    closure: set[str] = set()
+    pending = [by_name[m] for m in wanted]
+    while pending:
+        path = pending.pop()
+        if path not in closure:
+            closure.add(path)
+            pending.extend(deps[path])
+    return sorted(closure)
+
+
+def _add_modules(root: Path, modules_dir: Path, release: str) -> None:
+    dest = root / "lib" / "modules" / release
+    dest.mkdir(parents=True)
+    for rel in module_closure(modules_dir, MODULES):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(modules_dir / rel, dest / rel)
+    for meta in ("modules.builtin", "modules.builtin.modinfo", "modules.order"):
+        if (modules_dir / meta).exists():
+            shutil.copy2(modules_dir / meta, dest / meta)
+    run(["depmod", "-b", root, release])
+
+
+def _compile_python(root: Path) -> None:
+    """Precompile the guest's Python so that every `import pyverbs` under TCG does not compile the stdlib."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" != PYTHON_TAG:
+        log.info("host Python is not %s: the guest compiles its own bytecode on first use", PYTHON_TAG)
+        return
+    dirs = [d for d in (root / "usr/lib/python3.11", root / "usr/lib/python3/dist-packages") if d.is_dir()]
+    run([sys.executable, "-m", "compileall", "-q", "-j", "0", "-s", root, "-p", "/",
+         "-x", r"(lib2to3/tests|test/|idlelib|turtledemo)", *dirs])
+
+
+def _pack_cpio(root: Path, dest: Path) -> None:
+    files = subprocess.run(["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, check=True).stdout
+    with dest.open("wb") as out:
+        proc = subprocess.run(["cpio", "--quiet", "-o", "-H", "newc", "--owner=0:0"], cwd=root, input=files,
+                              stdout=out, stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        raise BuildError(f"cpio failed: {proc.stderr.decode(errors='replace')}")

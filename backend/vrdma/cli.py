@@ -1,0 +1,147 @@
+"""The `vrdma` command line: build chain steps, guests, and the demo.
+
+Exit status: 0 on success, the guest command's own status for `vm exec`, 2 for usage errors, 1 for any other
+error (its message names the cause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from vrdma.errors import VrdmaError
+
+log = logging.getLogger("vrdma")
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from vrdma.build import image, kernel, qemu
+
+    builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "kernel": kernel.build, "image": image.build}
+    builders[args.product]()
+    return 0
+
+
+def _cmd_vm_up(args: argparse.Namespace) -> int:
+    from vrdma.harness import session
+
+    guests = session.up(args.guests, accel=args.accel, memory_mib=args.memory, boot_timeout=args.boot_timeout)
+    for guest in guests:
+        print(f"{guest.name}\t{guest.address}\tready in {guest.boot_seconds:.1f} s\t{guest.directory}")
+    return 0
+
+
+def _cmd_vm_exec(args: argparse.Namespace) -> int:
+    from vrdma.harness import session
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("vrdma vm exec: no command given (usage: vrdma vm exec GUEST -- CMD [ARG...])")
+    result = session.exec_in(args.guest, command, timeout=args.timeout)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return result.exit_status
+
+
+def _cmd_vm_down(args: argparse.Namespace) -> int:
+    from vrdma.harness import session
+
+    stopped = session.down()
+    print(f"stopped {len(stopped)} guest(s)" + (": " + ", ".join(stopped) if stopped else ""))
+    return 0
+
+
+def _cmd_vm_status(args: argparse.Namespace) -> int:
+    from vrdma.harness import session
+
+    rows = session.status()
+    if not rows:
+        print("no guests are up (start them with `vrdma vm up`)")
+    for name, address, state, directory in rows:
+        print(f"{name}\t{address}\t{state}\t{directory}")
+    return 0
+
+
+def _cmd_vm_cmdline(args: argparse.Namespace) -> int:
+    from vrdma.harness import qemu_cmdline
+
+    print(qemu_cmdline.render_for_person(args.guests))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from vrdma import demo
+
+    return demo.run(accel=args.accel)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vrdma", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    build = sub.add_parser("build", help="build one product of the build chain (make does this for you)")
+    build.add_argument("product", choices=["qemu", "kernel", "image"])
+    build.set_defaults(func=_cmd_build)
+
+    accel_help = "accelerator: auto (KVM when it can boot a guest, else TCG), kvm or tcg"
+    vm = sub.add_parser("vm", help="boot guests in the background and run commands in them")
+    vm_sub = vm.add_subparsers(dest="vm_command", required=True, metavar="VM_COMMAND")
+    up = vm_sub.add_parser("up", help="boot N guests and return once they are ready")
+    up.add_argument("--guests", type=_positive_int, default=2, help="number of guests (default 2)")
+    up.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto", help=accel_help)
+    up.add_argument("--memory", type=_positive_int, default=1024, metavar="MIB", help="guest RAM (default 1024)")
+    up.add_argument("--boot-timeout", type=float, default=120.0, metavar="S",
+                    help="seconds a guest may take to become ready (default 120)")
+    up.set_defaults(func=_cmd_vm_up)
+    ex = vm_sub.add_parser("exec", help="run a command in a guest: vrdma vm exec vm0 -- CMD [ARG...]")
+    ex.add_argument("guest", help="guest name: vm0, vm1, ...")
+    ex.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="seconds before the command is killed and reported as timed out (default 300)")
+    ex.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+    ex.set_defaults(func=_cmd_vm_exec)
+    down = vm_sub.add_parser("down", help="stop every guest started by `vrdma vm up`")
+    down.set_defaults(func=_cmd_vm_down)
+    st = vm_sub.add_parser("status", help="list the guests that are up")
+    st.set_defaults(func=_cmd_vm_status)
+    cl = vm_sub.add_parser("cmdline", help="print the QEMU command lines the harness would run")
+    cl.add_argument("--guests", type=_positive_int, default=2)
+    cl.set_defaults(func=_cmd_vm_cmdline)
+
+    demo = sub.add_parser("demo", help="the main job: boot two guests and run RDMA ping-pong between them")
+    demo.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto", help=accel_help)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="[vrdma] %(message)s", stream=sys.stderr)
+    try:
+        status: int = args.func(args)
+    except VrdmaError as err:
+        log.error("%s", err)
+        return 1
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

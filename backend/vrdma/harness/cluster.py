@@ -1,0 +1,103 @@
+"""Several guests on one private link, started together and stopped together."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import subprocess
+from pathlib import Path
+from types import TracebackType
+
+from vrdma.harness import accel as accel_probe
+from vrdma.harness import linkhub
+from vrdma.harness.qemu_cmdline import GuestIdentity
+from vrdma.harness.vm import Products, Vm
+
+log = logging.getLogger(__name__)
+
+
+class Cluster:
+    """``with Cluster(2, directory) as guests:`` boots vm0, vm1, ... on one link and waits until all are ready."""
+
+    def __init__(self, count: int, directory: Path, *, accel: str = "auto", memory_mib: int = 1024,
+                 boot_timeout: float = 120.0, detach: bool = False, products: Products | None = None,
+                 append_extra: dict[int, str] | None = None) -> None:
+        if count < 1:
+            raise ValueError(f"a cluster needs at least one guest, not {count}")
+        self.count = count
+        self.directory = directory
+        self.requested_accel = accel
+        self.memory_mib = memory_mib
+        self.boot_timeout = boot_timeout
+        self.detach = detach
+        self.products = products
+        self.append_extra = append_extra or {}
+        self.vms: list[Vm] = []
+        self.hub: subprocess.Popen[bytes] | None = None
+        self.accel = ""
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __getitem__(self, key: int | str) -> Vm:
+        if isinstance(key, int):
+            return self.vms[key]
+        for vm in self.vms:
+            if vm.name == key:
+                return vm
+        raise KeyError(key)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.vms)
+
+    def link_paths(self, index: int) -> str:
+        """Where guest ``index`` sends its frames: the other guest's socket, or the hub's."""
+        if self.count == 2:
+            return str(self.directory / f"vm{1 - index}" / "link.sock")
+        return str(self.directory / "hub.sock")
+
+    def start(self) -> None:
+        products = self.products or Products.load()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.accel = accel_probe.choose(self.requested_accel, str(products.qemu["binary_path"]),
+                                        list(products.qemu["firmware_dirs"]), str(products.kernel["vmlinuz_path"]))
+        identities = [GuestIdentity(i) for i in range(self.count)]
+        if self.count > 2:
+            guests = [self.directory / ident.name / "link.sock" for ident in identities]
+            self.hub = linkhub.start(self.directory / "hub.sock", guests, self.directory / "hub.log", self.detach)
+        for ident in identities:
+            self.vms.append(Vm(ident, self.directory / ident.name, accel=self.accel, products=products,
+                               link_remote=self.link_paths(ident.index), memory_mib=self.memory_mib,
+                               boot_timeout=self.boot_timeout, detach=self.detach,
+                               append_extra=self.append_extra.get(ident.index, "")))
+        for vm in self.vms:
+            vm.launch()  # from this thread: QEMU's parent-death signal follows the launching thread
+        with concurrent.futures.ThreadPoolExecutor(len(self.vms)) as pool:
+            futures = [pool.submit(vm.wait_ready) for vm in self.vms]
+            errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+
+    def stop(self) -> None:
+        for vm in self.vms:
+            with contextlib.suppress(Exception):
+                vm.shutdown()
+        if self.hub is not None:
+            self.hub.terminate()
+            try:
+                self.hub.wait(10)
+            except subprocess.TimeoutExpired:
+                self.hub.kill()
+                self.hub.wait()
+            self.hub = None

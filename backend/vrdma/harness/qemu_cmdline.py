@@ -1,0 +1,133 @@
+"""QEMU command lines built from the readable template in ``qemu-configs/guest.args``.
+
+The template is the one source of truth: the harness fills it in to run guests, and ``vrdma vm cmdline``
+fills it in for a person (with path sockets instead of inherited file descriptors).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from vrdma import paths
+from vrdma.errors import VrdmaError
+
+TEMPLATE_NAME = "guest.args"
+LINK_NET = "169.254.100"  # the guests' private link: vm0 is .1, vm1 is .2, ...
+LINK_PREFIX = 24
+
+
+@dataclass(frozen=True)
+class GuestIdentity:
+    """Name and link addresses of guest number ``index``."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"vm{self.index}"
+
+    @property
+    def ip(self) -> str:
+        return f"{LINK_NET}.{self.index + 1}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.ip}/{LINK_PREFIX}"
+
+    @property
+    def mac(self) -> str:
+        # 52:54:00 is QEMU's locally administered prefix; "vr" in the next two bytes marks vrdma guests.
+        return f"52:54:00:76:72:{self.index:02x}"
+
+
+def kernel_append(identity: GuestIdentity, extra: str = "") -> str:
+    """The guest kernel command line; the vrdma.* parameters are read by the image's start-up script."""
+    parts = ["console=ttyS0", "panic=-1", "quiet", f"vrdma.name={identity.name}", f"vrdma.addr={identity.address}"]
+    if extra:
+        parts.append(extra)
+    return " ".join(parts)
+
+
+_COMMENT = re.compile(r"(^|\s)#.*$")
+
+
+def load_template(path: Path | None = None) -> list[tuple[str, str | None]]:
+    """Parse the template into (option, value-or-None) pairs."""
+    path = path or paths.qemu_configs_dir() / TEMPLATE_NAME
+    pairs: list[tuple[str, str | None]] = []
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        line = _COMMENT.sub("", raw).strip()
+        if not line:
+            continue
+        option, _, value = line.partition(" ")
+        if not option.startswith("-"):
+            raise VrdmaError(f"{path}:{lineno}: expected an option starting with '-', got {option!r}")
+        pairs.append((option, value.strip() or None))
+    return pairs
+
+
+def render(fields: Mapping[str, str], template: Path | None = None) -> list[str]:
+    """The argument vector (without the program) with every ${field} filled in; unknown fields are errors."""
+    argv: list[str] = []
+    for option, value in load_template(template):
+        argv.append(option)
+        if value is not None:
+            try:
+                argv.append(string.Template(value).substitute(fields))
+            except KeyError as err:
+                raise VrdmaError(f"{TEMPLATE_NAME}: no value for field {err} in {option} {value}") from None
+    return argv
+
+
+def render_for_person(guests: int) -> str:
+    """Shell command lines for ``guests`` guests as a person would run them by hand, with path sockets."""
+    from vrdma.build.cache import product
+
+    qemu, kernel, image = product("qemu"), product("kernel"), product("image")
+    run = "/tmp/vrdma-guests"
+    lines = [f"mkdir -p {run}"]
+    for index in range(guests):
+        ident = GuestIdentity(index)
+        d = f"{run}/{ident.name}"
+        fields = standard_fields(ident, qemu=qemu, kernel=kernel, image=image, accel="tcg", memory_mib=1024,
+                                 directory=Path(d), link_remote=_person_link_remote(run, index, guests))
+        fields.update(console=f"path={d}/console.sock", qmp=f"path={d}/qmp.sock", agent=f"path={d}/agent.sock")
+        argv = [qemu["binary_path"], *render(fields)]
+        lines.append(f"mkdir -p {d}")
+        lines.append(" \\\n    ".join(shlex.quote(a) for a in argv) + " &")
+    if guests > 2:
+        lines.insert(0, "# more than two guests need the link hub: `vrdma vm up` runs it for you")
+    return "\n".join(lines)
+
+
+def _person_link_remote(run: str, index: int, guests: int) -> str:
+    if guests == 2:
+        return f"{run}/vm{1 - index}/link.sock"
+    return f"{run}/hub/port{index}.sock"
+
+
+def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel: Mapping[str, object],
+                    image: Mapping[str, object], accel: str, memory_mib: int, directory: Path,
+                    link_remote: str, append_extra: str = "") -> dict[str, str]:
+    """Every template field but the three chardev addresses (console, qmp, agent)."""
+    firmware = [str(d) for d in qemu["firmware_dirs"]]  # type: ignore[attr-defined]
+    return {
+        "name": ident.name,
+        "accel": accel,
+        "cpu": "host" if accel == "kvm" else "max",
+        "memory": str(memory_mib),
+        "firmware_qemu": firmware[0],
+        "firmware_bios": firmware[1],
+        "kernel": str(kernel["vmlinuz_path"]),
+        "initrd": str(image["initrd_path"]),
+        "append": kernel_append(ident, append_extra),
+        "console_log": str(directory / "console.log"),
+        "link_local": str(directory / "link.sock"),
+        "link_remote": link_remote,
+        "mac": ident.mac,
+    }

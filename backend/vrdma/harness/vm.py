@@ -1,0 +1,321 @@
+"""One QEMU guest as a context manager: launch, wait until ready, run commands, shut down, keep the logs.
+
+Readiness is two events, never a sleep: the image's start-up script prints ``vrdma-guest-ready`` on the serial
+console, then the guest agent answers a handshake. A kernel panic, a start-up error line, QEMU exiting or the
+deadline passing ends the wait with an error that names the cause and carries the QEMU command line, its exit
+status and the console tail; the console log stays on disk.
+
+The sockets QEMU serves (console, QMP, agent) are created and bound by the harness and handed to QEMU as file
+descriptors, so they exist before QEMU starts and nothing races to connect to a path QEMU has yet to create.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from vrdma.harness import qemu_cmdline
+from vrdma.harness.agent import ExecResult, GuestAgent
+from vrdma.harness.process import die_with_parent
+from vrdma.harness.errors import GuestBootTimeout, GuestPanicError, VmError
+
+log = logging.getLogger(__name__)
+
+READY = re.compile(rb"vrdma-guest-ready[^\r\n]*")
+PANIC = re.compile(rb"Kernel panic - not syncing[^\r\n]*")
+GUEST_ERROR = re.compile(rb"vrdma-guest-error: [^\r\n]*")
+QUIT_TIMEOUT = 10.0       # QMP quit, then SIGTERM, then SIGKILL, each given this long
+CONSOLE_TAIL_LINES = 40
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class Products:
+    """The build products a guest needs (see vrdma.build)."""
+
+    qemu: Mapping[str, Any]
+    kernel: Mapping[str, Any]
+    image: Mapping[str, Any]
+
+    @classmethod
+    def load(cls) -> Products:
+        from vrdma.build.cache import product
+
+        return cls(qemu=product("qemu"), kernel=product("kernel"), image=product("image"))
+
+
+class Vm:
+    """A guest. ``with Vm(...) as vm:`` boots it and waits until it is ready; leaving the block stops it."""
+
+    def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
+                 products: Products, link_remote: str, memory_mib: int = 1024, boot_timeout: float = 120.0,
+                 detach: bool = False, append_extra: str = "") -> None:
+        self.identity = identity
+        self.name = identity.name
+        self.directory = directory
+        self.accel = accel
+        self.products = products
+        self.link_remote = link_remote
+        self.memory_mib = memory_mib
+        self.boot_timeout = boot_timeout
+        self.detach = detach
+        self.append_extra = append_extra
+        self.cmdline: list[str] = []
+        self.process: psutil.Process | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
+        self.boot_seconds: float | None = None
+        self._launched_at = 0.0
+        self.agent = GuestAgent(self.name, directory / "agent.sock", directory / "agent.lock",
+                                directory / "console.log")
+
+    # -- paths ------------------------------------------------------------------------------------------------
+
+    @property
+    def console_log(self) -> Path:
+        return self.directory / "console.log"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.directory / "qemu.log"
+
+    @property
+    def address(self) -> str:
+        return self.identity.ip
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> Vm:
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.shutdown()
+        if exc is not None and not isinstance(exc, VmError):
+            log.error("%s: console log kept at %s", self.name, self.console_log)
+
+    def launch(self) -> None:
+        """Start QEMU (from the calling thread: the parent-death signal is tied to it)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in ("console.sock", "qmp.sock", "agent.sock", "link.sock", "console.log", "qemu.log"):
+            (self.directory / stale).unlink(missing_ok=True)
+        listeners = {role: _listen(self.directory / f"{role}.sock") for role in ("console", "qmp", "agent")}
+        try:
+            fields = qemu_cmdline.standard_fields(
+                self.identity, qemu=self.products.qemu, kernel=self.products.kernel, image=self.products.image,
+                accel=self.accel, memory_mib=self.memory_mib, directory=self.directory,
+                link_remote=self.link_remote, append_extra=self.append_extra)
+            fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
+            self.cmdline = [str(self.products.qemu["binary_path"]), *qemu_cmdline.render(fields)]
+            log.debug("%s: %s", self.name, " ".join(self.cmdline))
+            with self.qemu_log.open("wb") as qemu_out:
+                self._popen = subprocess.Popen(
+                    self.cmdline, stdin=subprocess.DEVNULL, stdout=qemu_out, stderr=subprocess.STDOUT,
+                    pass_fds=[s.fileno() for s in listeners.values()], start_new_session=self.detach,
+                    preexec_fn=None if self.detach else die_with_parent)
+        finally:
+            for sock in listeners.values():
+                sock.close()  # QEMU holds its own copies
+        self._launched_at = time.monotonic()
+        self.process = psutil.Process(self._popen.pid)
+        self._write_state()
+
+    def wait_ready(self) -> None:
+        deadline = self._launched_at + self.boot_timeout
+        self._watch_console(deadline)
+        try:
+            self.agent.wait_ready(deadline)
+        except Exception as err:
+            raise self._failure(GuestBootTimeout, f"guest agent did not answer: {err}") from err
+        self.boot_seconds = time.monotonic() - self._launched_at
+        log.info("%s ready in %.1f s (%s, %s)", self.name, self.boot_seconds, self.accel.upper(), self.address)
+        self._write_state()
+
+    def _watch_console(self, deadline: float) -> None:
+        console = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        seen = b""
+        try:
+            console.connect(str(self.directory / "console.sock"))
+            with selectors.DefaultSelector() as sel:
+                sel.register(console, selectors.EVENT_READ)
+                while True:
+                    if READY.search(seen):
+                        return
+                    if (match := PANIC.search(seen)) is not None:
+                        raise self._failure(GuestPanicError, "kernel panic: " + match.group().decode(errors="replace"),
+                                            wait_exit=True)
+                    if (match := GUEST_ERROR.search(seen)) is not None:
+                        raise self._failure(VmError, "start-up failed: " + match.group().decode(errors="replace"))
+                    if not self.running:
+                        raise self._failure(VmError, "QEMU exited during boot")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._failure(GuestBootTimeout, f"not ready within {self.boot_timeout:g} s")
+                    # Wake at least every half second to notice QEMU exiting without console output.
+                    if sel.select(min(remaining, 0.5)):
+                        chunk = console.recv(65536)
+                        if not chunk:
+                            raise self._failure(VmError, "QEMU closed the console", wait_exit=True)
+                        seen = (seen + chunk)[-65536:]
+        except OSError as err:
+            raise self._failure(VmError, f"console socket: {err}") from err
+        finally:
+            console.close()
+
+    @property
+    def running(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        if self.process is None:
+            return False
+        try:
+            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def shutdown(self) -> int | None:
+        """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Returns its exit status when it is our child."""
+        if self.process is None:
+            return None
+        if self.running:
+            try:
+                asyncio.run(_qmp_quit(self.directory / "qmp.sock", QUIT_TIMEOUT))
+            except Exception as err:  # noqa: BLE001 - any QMP failure falls through to signals
+                log.debug("%s: QMP quit failed: %s", self.name, err)
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None and self.running:
+                    log.warning("%s: QEMU did not quit, sending %s", self.name, sig.name)
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        self.process.send_signal(sig)
+                if self._wait_exit(QUIT_TIMEOUT):
+                    break
+        status = self._popen.wait() if self._popen is not None else None
+        self.process = None
+        with contextlib.suppress(OSError):
+            (self.directory / STATE_FILE).unlink()
+        return status
+
+    def _wait_exit(self, timeout: float) -> bool:
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        assert self.process is not None
+        try:
+            self.process.wait(timeout)
+        except psutil.TimeoutExpired:
+            return False
+        except psutil.NoSuchProcess:
+            pass
+        return True
+
+    def _failure(self, kind: type[VmError], reason: str, wait_exit: bool = False) -> VmError:
+        if wait_exit:  # a panicking guest reboots, which with -no-reboot ends QEMU: collect its status
+            self._wait_exit(5.0)
+        status = self._popen.poll() if self._popen is not None else None
+        return kind(self.name, reason, cmdline=self.cmdline, exit_status=status, console_log=self.console_log,
+                    console_tail=console_tail(self.console_log))
+
+    # -- commands ---------------------------------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], timeout: float = 300.0, env: Sequence[str] = ()) -> ExecResult:
+        """Run a command in the guest; its exit status and output come back (CommandTimeout past timeout)."""
+        if not self.running:
+            raise self._failure(VmError, "QEMU is not running")
+        return self.agent.run(argv, timeout=timeout, env=env)
+
+    def sh(self, script: str, timeout: float = 300.0) -> ExecResult:
+        """Run a shell script in the guest."""
+        return self.run(["/bin/sh", "-c", script], timeout=timeout)
+
+    # -- persistence for `vrdma vm` ---------------------------------------------------------------------------
+
+    def _write_state(self) -> None:
+        assert self.process is not None
+        state = {"name": self.name, "index": self.identity.index, "pid": self.process.pid,
+                 "create_time": self.process.create_time(), "accel": self.accel, "address": self.address,
+                 "boot_seconds": self.boot_seconds, "cmdline": self.cmdline}
+        tmp = self.directory / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.rename(self.directory / STATE_FILE)
+
+    @classmethod
+    def attach(cls, directory: Path) -> Vm | None:
+        """The guest whose state is in ``directory``, or None when its QEMU is gone."""
+        try:
+            state = json.loads((directory / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        vm = cls.__new__(cls)
+        vm.identity = qemu_cmdline.GuestIdentity(int(state["index"]))
+        vm.name = state["name"]
+        vm.directory = directory
+        vm.accel = state["accel"]
+        vm.cmdline = list(state["cmdline"])
+        vm.boot_seconds = state.get("boot_seconds")
+        vm._popen = None
+        vm.agent = GuestAgent(vm.name, directory / "agent.sock", directory / "agent.lock",
+                              directory / "console.log")
+        try:
+            process = psutil.Process(int(state["pid"]))
+            same = abs(process.create_time() - float(state["create_time"])) < 0.01
+        except psutil.NoSuchProcess:
+            same = False
+        vm.process = process if same else None
+        return vm
+
+
+def _listen(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(16)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _qmp_quit(path: Path, timeout: float) -> None:
+    from qemu.qmp import QMPClient
+
+    client = QMPClient("vrdma-harness")
+    await asyncio.wait_for(client.connect(str(path)), timeout)
+    try:
+        await asyncio.wait_for(client.execute("quit"), timeout)
+    except Exception:  # noqa: BLE001 - QEMU may close the connection before the reply arrives
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            await client.disconnect()
+
+
+def console_tail(path: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
+    try:
+        text = path.read_bytes()[-65536:].decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.replace("\r", "").splitlines()[-lines:])
+
+
+logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)  # its own disconnect chatter is noise for us
