@@ -29,7 +29,7 @@ def _cmd_vm_up(args: argparse.Namespace) -> int:
 
     guests = session.up(args.guests, accel=args.accel, memory_mib=args.memory, boot_timeout=args.boot_timeout)
     for guest in guests:
-        print(f"{guest.name}\t{guest.address}\tready in {guest.boot_seconds:.1f} s\t{guest.directory}")
+        print(f"{guest.name}\t{guest.address}\tready in {guest.boot_seconds or 0:.1f} s\t{guest.directory}")
     return 0
 
 
@@ -37,8 +37,6 @@ def _cmd_vm_exec(args: argparse.Namespace) -> int:
     from vrdma.harness import session
 
     command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
     if not command:
         raise SystemExit("vrdma vm exec: no command given (usage: vrdma vm exec GUEST -- CMD [ARG...])")
     result = session.exec_in(args.guest, command, timeout=args.timeout)
@@ -102,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("guest", help="guest name: vm0, vm1, ...")
     ex.add_argument("--timeout", type=float, default=300.0, metavar="S",
                     help="seconds before the command is killed and reported as timed out (default 300)")
-    ex.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+    ex.add_argument("command", nargs="*", help="the command and its arguments, after --")
     ex.set_defaults(func=_cmd_vm_exec)
     down = vm_sub.add_parser("down", help="stop every guest started by `vrdma vm up`")
     down.set_defaults(func=_cmd_vm_down)
@@ -129,7 +127,17 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is the guest command, untouched by option parsing.
+    guest_command: list[str] | None = None
+    if "--" in argv:
+        split = argv.index("--")
+        argv, guest_command = argv[:split], argv[split + 1:]
     args = build_parser().parse_args(argv)
+    if guest_command is not None:
+        if getattr(args, "vm_command", None) != "exec" or args.command:
+            build_parser().error("`--` separates the guest command in `vrdma vm exec GUEST [--timeout S] -- CMD`")
+        args.command = guest_command
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="[vrdma] %(message)s", stream=sys.stderr)
     try:

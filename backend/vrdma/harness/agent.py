@@ -136,17 +136,18 @@ class GuestAgent:
         return self.wait(self.spawn(argv, env, stdin), argv, timeout)
 
     def kill(self, pid: int) -> None:
-        """Kill a spawned command and its children (best effort: they may have exited already)."""
-        for argv in (["pkill", "-KILL", "-P", str(pid)], ["kill", "-KILL", str(pid)]):
-            try:
-                kill_pid = self.spawn(argv)
-                deadline = time.monotonic() + REQUEST_TIMEOUT
-                while self.poll(kill_pid) is None and time.monotonic() < deadline:
-                    time.sleep(POLL_FIRST)
-            except AgentError as err:
-                log.warning("could not kill process %d in %s: %s", pid, self.guest, err)
-        with contextlib.suppress(AgentError):
+        """Kill a spawned command and all its descendants (best effort: they may have exited already)."""
+        # Descendants first, found through /proc/PID/task/*/children, so none is re-parented and missed.
+        script = ('kill_tree() { for c in $(cat /proc/$1/task/*/children 2>/dev/null); do kill_tree $c; done; '
+                  'kill -KILL $1 2>/dev/null; }; kill_tree "$1"')
+        try:
+            kill_pid = self.spawn(["/bin/sh", "-c", script, "kill_tree", str(pid)])
+            deadline = time.monotonic() + REQUEST_TIMEOUT
+            while self.poll(kill_pid) is None and time.monotonic() < deadline:
+                time.sleep(POLL_FIRST)
             self.poll(pid)  # reap its status in the agent
+        except AgentError as err:
+            log.warning("could not kill process %d in %s: %s", pid, self.guest, err)
 
 
 class _Channel:

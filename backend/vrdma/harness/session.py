@@ -1,0 +1,140 @@
+"""Guests kept running in the background for the `vrdma vm up / exec / down / status` commands.
+
+State lives in the run directory (``build/run`` or ``$VRDMA_RUN_DIR``): ``session.json`` names the guests and
+the link hub; each guest's directory holds its sockets, console log, QEMU log and ``state.json``. Commands from
+several processes may use one session at once; only ``up`` and ``down`` take the session lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from vrdma import paths
+from vrdma.errors import VrdmaError
+from vrdma.harness.agent import ExecResult
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.errors import NoGuestsError, UnknownGuestError, VmError
+from vrdma.harness.vm import Vm
+
+log = logging.getLogger(__name__)
+
+SESSION_FILE = "session.json"
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "session.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _load(directory: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / SESSION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout: float = 120.0) -> list[Vm]:
+    """Boot ``count`` guests in the background and return once every one is ready."""
+    directory = paths.run_dir()
+    with _locked(directory):
+        existing = _load(directory)
+        if existing is not None and any(vm.running for vm in _attached(directory, existing)):
+            raise VrdmaError(f"guests are already up ({', '.join(existing['guests'])}) in {directory}; "
+                             "run `vrdma vm down` first")
+        if existing is not None:
+            _stop(directory, existing)  # leftovers of a session whose guests died: clear them
+        cluster = Cluster(count, directory, accel=accel, memory_mib=memory_mib, boot_timeout=boot_timeout,
+                          detach=True)
+        try:
+            cluster.start()
+        except BaseException:
+            cluster.stop()
+            raise
+        hub = psutil.Process(cluster.hub.pid) if cluster.hub is not None else None
+        session = {"guests": [vm.name for vm in cluster.vms], "accel": cluster.accel,
+                   "hub": {"pid": hub.pid, "create_time": hub.create_time()} if hub else None}
+        (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
+        return list(cluster.vms)
+
+
+def _attached(directory: Path, session: dict[str, Any]) -> list[Vm]:
+    vms = []
+    for name in session.get("guests", []):
+        vm = Vm.attach(directory / name)
+        if vm is not None:
+            vms.append(vm)
+    return vms
+
+
+def guest(name: str) -> Vm:
+    """The running guest called ``name``; a clear error when there is no session, no such guest, or it died."""
+    directory = paths.run_dir()
+    session = _load(directory)
+    if session is None:
+        raise NoGuestsError(f"no guests are up (nothing in {directory}): start them with `vrdma vm up`")
+    names = session.get("guests", [])
+    if name not in names:
+        raise UnknownGuestError(f"unknown guest {name!r}: the guests that are up are {', '.join(names)}")
+    vm = Vm.attach(directory / name)
+    if vm is None or not vm.running:
+        raise VmError(name, "is not running (its QEMU has exited); `vrdma vm down` clears the session",
+                      console_log=directory / name / "console.log")
+    return vm
+
+
+def exec_in(name: str, argv: Sequence[str], timeout: float = 300.0) -> ExecResult:
+    return guest(name).agent.run(argv, timeout=timeout)
+
+
+def down() -> list[str]:
+    """Stop every guest of the session and the link hub; returns the names of the guests stopped."""
+    directory = paths.run_dir()
+    with _locked(directory):
+        session = _load(directory)
+        if session is None:
+            log.info("no guests are up")
+            return []
+        return _stop(directory, session)
+
+
+def _stop(directory: Path, session: dict[str, Any]) -> list[str]:
+    stopped = []
+    for vm in _attached(directory, session):
+        if vm.running:
+            vm.shutdown()
+            stopped.append(vm.name)
+    hub = session.get("hub")
+    if hub:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(int(hub["pid"]))
+            if abs(process.create_time() - float(hub["create_time"])) < 0.01:
+                process.terminate()
+                process.wait(10)
+    (directory / SESSION_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def status() -> list[tuple[str, str, str, str]]:
+    """(name, address, state, directory) of every guest of the session."""
+    directory = paths.run_dir()
+    session = _load(directory)
+    if session is None:
+        return []
+    rows = []
+    for index, name in enumerate(session.get("guests", [])):
+        vm = Vm.attach(directory / name)
+        state = "running" if vm is not None and vm.running else "stopped"
+        rows.append((name, f"169.254.100.{index + 1}", state, str(directory / name)))
+    return rows

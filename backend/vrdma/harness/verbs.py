@@ -1,0 +1,82 @@
+"""RDMA helpers run inside guests: software RoCE links, GID lookup, and ibv_rc_pingpong between two guests."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from vrdma.harness.agent import AgentError
+from vrdma.harness.errors import CommandTimeout
+from vrdma.harness.vm import Vm
+
+PINGPONG_PORT = 18515  # ibv_rc_pingpong's default TCP port for exchanging QP addresses
+
+
+def add_rxe(vm: Vm, device: str = "rxe0", netdev: str = "eth0") -> None:
+    """Create a software RoCE device on a guest netdev (the kernel's rxe driver)."""
+    vm.run(["rdma", "link", "add", device, "type", "rxe", "netdev", netdev], timeout=60).check(
+        f"rdma link add {device} in {vm.name}")
+
+
+def ipv4_gid_index(vm: Vm, device: str, port: int = 1) -> int:
+    """Index of the RoCE v2 GID that carries the guest's IPv4 address (::ffff:a.b.c.d)."""
+    script = (f"cd /sys/class/infiniband/{device}/ports/{port} && for g in gids/*; do "
+              "i=${g#gids/}; echo \"$i $(cat $g) $(cat gid_attrs/types/$i 2>/dev/null)\"; done")
+    table = vm.sh(script, timeout=60).check(f"reading the GID table of {device} in {vm.name}").stdout
+    for line in table.splitlines():
+        fields = line.split(maxsplit=2)
+        if len(fields) == 3 and fields[1].startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in fields[2]:
+            return int(fields[0])
+    raise AgentError(f"{device} in {vm.name} has no RoCE v2 IPv4 GID; GID table:\n{table}")
+
+
+def wait_listening(vm: Vm, port: int, timeout: float = 60.0) -> None:
+    """Wait until a TCP port is listening in the guest (a server started in the background is ready)."""
+    deadline = time.monotonic() + timeout
+    pattern = re.compile(rf":{port}\s")
+    while time.monotonic() < deadline:
+        if pattern.search(vm.run(["ss", "-ltnH"], timeout=30).stdout):
+            return
+    raise AgentError(f"nothing listens on TCP port {port} in {vm.name} after {timeout:g} s")
+
+
+@dataclass(frozen=True)
+class PingPongResult:
+    size: int
+    iterations: int
+    seconds: float
+    mbit_per_s: float
+    usec_per_iter: float
+    server_output: str
+    client_output: str
+
+
+_BYTES = re.compile(r"(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec")
+_ITERS = re.compile(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter")
+
+
+def rc_pingpong(server: Vm, client: Vm, device: str, gid_index: int, *, size: int = 4096,
+                iterations: int = 1000, extra: tuple[str, ...] = (), timeout: float = 300.0) -> PingPongResult:
+    """Run ibv_rc_pingpong between two guests; raise with both outputs when either side fails."""
+    args = ["-d", device, "-g", str(gid_index), "-s", str(size), "-n", str(iterations), *extra]
+    server_argv = ["ibv_rc_pingpong", *args]
+    server_pid = server.agent.spawn(server_argv)
+    try:
+        wait_listening(server, PINGPONG_PORT, timeout=min(timeout, 60.0))
+        client_result = client.run(["ibv_rc_pingpong", *args, server.address], timeout=timeout)
+        server_result = server.agent.wait(server_pid, server_argv, timeout)
+    except (AgentError, CommandTimeout):
+        server.agent.kill(server_pid)
+        raise
+    if client_result.exit_status != 0 or server_result.exit_status != 0:
+        raise AgentError(f"ibv_rc_pingpong failed: server {server.name} exit {server_result.exit_status}, "
+                         f"client {client.name} exit {client_result.exit_status}\n"
+                         f"server output:\n{server_result.stdout}{server_result.stderr}\n"
+                         f"client output:\n{client_result.stdout}{client_result.stderr}")
+    rate, per_iter = _BYTES.search(client_result.stdout), _ITERS.search(client_result.stdout)
+    if rate is None or per_iter is None:
+        raise AgentError(f"unexpected ibv_rc_pingpong output from {client.name}:\n{client_result.stdout}")
+    return PingPongResult(size=size, iterations=int(per_iter.group(1)), seconds=float(per_iter.group(2)),
+                          mbit_per_s=float(rate.group(3)), usec_per_iter=float(per_iter.group(3)),
+                          server_output=server_result.stdout, client_output=client_result.stdout)
