@@ -36,10 +36,7 @@ def _cmd_vm_up(args: argparse.Namespace) -> int:
 def _cmd_vm_exec(args: argparse.Namespace) -> int:
     from vrdma.harness import session
 
-    command = list(args.command)
-    if not command:
-        raise SystemExit("vrdma vm exec: no command given (usage: vrdma vm exec GUEST -- CMD [ARG...])")
-    result = session.exec_in(args.guest, command, timeout=args.timeout)
+    result = session.exec_in(args.guest, list(args.command), timeout=args.timeout)
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     return result.exit_status
@@ -133,11 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         split = argv.index("--")
         argv, guest_command = argv[:split], argv[split + 1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    is_exec = getattr(args, "vm_command", None) == "exec"
     if guest_command is not None:
-        if getattr(args, "vm_command", None) != "exec" or args.command:
-            build_parser().error("`--` separates the guest command in `vrdma vm exec GUEST [--timeout S] -- CMD`")
+        if not is_exec or args.command:
+            parser.error("`--` separates the guest command in `vrdma vm exec GUEST [--timeout S] -- CMD`")
         args.command = guest_command
+    if is_exec and not args.command:
+        parser.error("no command given: vrdma vm exec GUEST [--timeout S] -- CMD [ARG...]")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="[vrdma] %(message)s", stream=sys.stderr)
     try:

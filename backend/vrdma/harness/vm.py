@@ -234,7 +234,7 @@ class Vm:
 
     def _failure(self, kind: type[VmError], reason: str, wait_exit: bool = False) -> VmError:
         if wait_exit:  # a panicking guest reboots, which with -no-reboot ends QEMU: collect its status
-            self._wait_exit(5.0)
+            self._wait_exit(30.0)
         status = self._popen.poll() if self._popen is not None else None
         return kind(self.name, reason, cmdline=self.cmdline, exit_status=status, console_log=self.console_log,
                     console_tail=console_tail(self.console_log))

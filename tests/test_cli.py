@@ -1,0 +1,73 @@
+"""The `vrdma vm` commands from a shell, as a person uses them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.vm
+
+
+def vrdma(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vrdma.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ.copy())
+
+
+def test_exec_without_guests_is_a_clear_error(run_dir: Path) -> None:
+    result = vrdma("vm", "exec", "vm0", "--", "true")
+    assert result.returncode == 1
+    assert "no guests are up" in result.stderr and "vrdma vm up" in result.stderr
+
+
+def test_bad_flags_are_usage_errors(run_dir: Path) -> None:
+    for args in (["vm", "up", "--guests", "0"], ["vm", "up", "--guests", "two"], ["vm", "exec", "vm0"],
+                 ["vm", "nope"]):
+        result = vrdma(*args)
+        assert result.returncode == 2, (args, result)
+        assert result.stderr.strip(), args
+
+
+def test_up_exec_down(run_dir: Path) -> None:
+    up = vrdma("vm", "up", "--guests", "2")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "vm0\t169.254.100.1\tready in" in up.stdout and "vm1\t169.254.100.2" in up.stdout
+        assert "accelerator: " in up.stderr
+
+        ping = vrdma("vm", "exec", "vm1", "--", "ping", "-c1", "169.254.100.1")
+        assert ping.returncode == 0, ping.stderr
+        assert "1 packets transmitted, 1 received" in ping.stdout
+
+        status = vrdma("vm", "exec", "vm0", "--", "sh", "-c", "echo out; echo err >&2; exit 5")
+        assert (status.returncode, status.stdout, status.stderr) == (5, "out\n", "err\n")
+
+        # Several exec calls at once, two against the same guest.
+        procs = [subprocess.Popen([sys.executable, "-m", "vrdma.cli", "vm", "exec", guest, "--", "sh", "-c",
+                                   f"sleep 1; echo {guest}-{i}"], stdout=subprocess.PIPE, text=True)
+                 for i, guest in enumerate(["vm0", "vm0", "vm1"])]
+        outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+        assert outputs == ["vm0-0", "vm0-1", "vm1-2"]
+        assert all(p.returncode == 0 for p in procs)
+
+        unknown = vrdma("vm", "exec", "vm7", "--", "true")
+        assert unknown.returncode == 1
+        assert "unknown guest 'vm7'" in unknown.stderr and "vm0, vm1" in unknown.stderr
+
+        slow = vrdma("vm", "exec", "vm0", "--timeout", "2", "--", "sleep", "60")
+        assert slow.returncode == 1
+        assert "command timed out in vm0 after 2 s and was killed: sleep 60" in slow.stderr
+
+        again = vrdma("vm", "up")
+        assert again.returncode == 1 and "already up" in again.stderr
+    finally:
+        down = vrdma("vm", "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped 2 guest(s): vm0, vm1" in down.stdout
+    qemus = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not qemus, "QEMU processes left after `vrdma vm down`"
+    assert vrdma("vm", "exec", "vm0", "--", "true").returncode == 1

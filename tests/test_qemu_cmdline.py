@@ -1,0 +1,57 @@
+"""The QEMU command line template in qemu-configs/ and how the harness fills it in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vrdma.errors import VrdmaError
+from vrdma.harness import qemu_cmdline
+from vrdma.harness.qemu_cmdline import GuestIdentity
+
+
+def test_guest_identities_are_on_the_private_link() -> None:
+    assert [GuestIdentity(i).name for i in range(3)] == ["vm0", "vm1", "vm2"]
+    assert GuestIdentity(0).address == "169.254.100.1/24"
+    assert GuestIdentity(1).ip == "169.254.100.2"
+    assert len({GuestIdentity(i).mac for i in range(8)}) == 8
+
+
+def test_template_parses_options_values_and_comments(tmp_path: Path) -> None:
+    template = tmp_path / "t.args"
+    template.write_text("# header\n\n-nodefaults   # comment\n-append console=ttyS0 x=${x}\n-m ${m}M\n")
+    assert qemu_cmdline.load_template(template) == [
+        ("-nodefaults", None), ("-append", "console=ttyS0 x=${x}"), ("-m", "${m}M")]
+    assert qemu_cmdline.render({"x": "1", "m": "512"}, template) == [
+        "-nodefaults", "-append", "console=ttyS0 x=1", "-m", "512M"]
+
+
+def test_missing_field_is_named(tmp_path: Path) -> None:
+    template = tmp_path / "t.args"
+    template.write_text("-m ${memory}M\n")
+    with pytest.raises(VrdmaError, match="no value for field 'memory'"):
+        qemu_cmdline.render({}, template)
+
+
+def test_line_that_is_not_an_option_is_rejected(tmp_path: Path) -> None:
+    template = tmp_path / "t.args"
+    template.write_text("nodefaults\n")
+    with pytest.raises(VrdmaError, match=r"t.args:1: expected an option"):
+        qemu_cmdline.load_template(template)
+
+
+def test_project_template_has_the_devices_the_harness_relies_on() -> None:
+    options = qemu_cmdline.load_template()
+    values = " ".join(v or "" for _, v in options)
+    assert ("-nodefaults", None) in options
+    assert "memory-backend-memfd,id=mem,size=${memory}M,share=on" in values
+    assert "name=org.qemu.guest_agent.0" in values
+    assert "-netdev" in dict(options) and dict(options)["-netdev"].startswith("dgram,")
+
+
+def test_kernel_command_line_carries_the_guest_parameters() -> None:
+    line = qemu_cmdline.kernel_append(GuestIdentity(1), "extra=1")
+    assert "console=ttyS0" in line and "panic=-1" in line
+    assert "vrdma.name=vm1" in line and "vrdma.addr=169.254.100.2/24" in line
+    assert line.endswith("extra=1")
