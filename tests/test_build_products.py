@@ -62,5 +62,5 @@ def test_module_closure_follows_modules_dep(tmp_path: Path) -> None:
         "kernel/a.ko: kernel/b.ko kernel/c-d.ko\nkernel/b.ko: kernel/c-d.ko\nkernel/c-d.ko:\nkernel/e.ko:\n")
     assert image.module_closure(tmp_path, ["a"]) == ["kernel/a.ko", "kernel/b.ko", "kernel/c-d.ko"]
     assert image.module_closure(tmp_path, ["c_d"]) == ["kernel/c-d.ko"]
-    with pytest.raises(Exception, match="not found.*nope"):
+    with pytest.raises(Exception, match=r"not found.*nope"):
         image.module_closure(tmp_path, ["nope"])

@@ -60,6 +60,6 @@ def test_missing_build_product_names_the_product_and_make_target(tmp_path: Path,
         Products.load()
     recorded["image"] = {"initrd_path": str(tmp_path / "deleted.cpio")}
     (checkout / "build" / "products.json").write_text(json.dumps(recorded))
-    with pytest.raises(MissingProductError, match=r"initrd_path .*deleted.cpio does not exist"):
-        with Cluster(1, tmp_path / "run"):
-            pass
+    with pytest.raises(MissingProductError, match=r"initrd_path .*deleted.cpio does not exist"), \
+            Cluster(1, tmp_path / "run"):
+        pass

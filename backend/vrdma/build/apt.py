@@ -61,7 +61,7 @@ class PrivateSourceArchive:
         versions = re.findall(r"^Version: (\S+)$", out, flags=re.M)
         if not versions:
             raise BuildError(f"no source package '{package}' in {self.suite}")
-        return max(versions, key=_DebVersionKey)
+        return str(max(versions, key=_DebVersionKey))
 
     def download_source(self, package: str, version: str, dest: Path) -> Path:
         """Download a source package into ``dest`` and return the path of its .dsc."""
@@ -81,7 +81,8 @@ class _DebVersionKey:
         self.version = version
 
     def __lt__(self, other: _DebVersionKey) -> bool:
-        return subprocess.run(["dpkg", "--compare-versions", self.version, "lt", other.version]).returncode == 0
+        compare = ["dpkg", "--compare-versions", self.version, "lt", other.version]
+        return subprocess.run(compare, check=False).returncode == 0
 
 
 @dataclass(frozen=True)

@@ -57,23 +57,24 @@ def run(cmd: Sequence[str | os.PathLike[str]], *, log_file: Path | None = None,
     log.debug("running %s", " ".join(argv))
     merged_env = {**os.environ, **(env or {})}
     if log_file is None:
-        proc = subprocess.run(argv, cwd=cwd, env=merged_env, capture_output=True, text=True)
-        output = proc.stdout + proc.stderr
+        captured = subprocess.run(argv, cwd=cwd, env=merged_env, capture_output=True, text=True, check=False)
+        status, output = captured.returncode, captured.stdout + captured.stderr
     else:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("ab") as out:
-            proc = subprocess.run(argv, cwd=cwd, env=merged_env, stdout=out, stderr=subprocess.STDOUT)
+            status = subprocess.run(argv, cwd=cwd, env=merged_env, stdout=out, stderr=subprocess.STDOUT,
+                                    check=False).returncode
         output = log_file.read_text(errors="replace")
-    if proc.returncode != 0:
+    if status != 0:
         tail = "\n".join(output.splitlines()[-25:])
         where = f" (full log: {log_file})" if log_file else ""
-        raise BuildError(f"command failed with exit status {proc.returncode}{where}: {' '.join(argv)}\n{tail}")
+        raise BuildError(f"command failed with exit status {status}{where}: {' '.join(argv)}\n{tail}")
 
 
 def capture(cmd: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None) -> str:
     """Run a query command and return its stdout; BuildError on failure."""
     argv = [str(a) for a in cmd]
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
     if proc.returncode != 0:
         raise BuildError(f"command failed with exit status {proc.returncode}: {' '.join(argv)}\n"
                          f"{proc.stderr.strip()}")

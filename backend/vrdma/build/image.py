@@ -167,6 +167,6 @@ def _pack_cpio(root: Path, dest: Path) -> None:
     files = subprocess.run(["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, check=True).stdout
     with dest.open("wb") as out:
         proc = subprocess.run(["cpio", "--quiet", "-o", "-H", "newc", "--owner=0:0"], cwd=root, input=files,
-                              stdout=out, stderr=subprocess.PIPE)
+                              stdout=out, stderr=subprocess.PIPE, check=False)
     if proc.returncode != 0:
         raise BuildError(f"cpio failed: {proc.stderr.decode(errors='replace')}")

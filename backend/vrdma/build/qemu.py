@@ -115,7 +115,7 @@ def _ninja_with_progress(builddir: Path, log_file: Path) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
-            tail = (tail + [line.rstrip()])[-25:]
+            tail = [*tail[-24:], line.rstrip()]
             match = progress.match(line)
             if match:
                 done, total = int(match.group(1)), int(match.group(2))

@@ -9,6 +9,7 @@ QEMU and kernel, so only the first guest after a reboot pays for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -77,10 +78,8 @@ def choose(requested: str, qemu_binary: str, firmware_dirs: list[str], kernel: s
     cache_file = paths.cache_dir() / "accel-probe.json"
     key = {"boot_id": _boot_id(), "qemu": qemu_binary, "kernel": kernel}
     cached = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         cached = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        pass
     if isinstance(cached, dict) and cached.get("key") == key:
         usable, reason = bool(cached["usable"]), str(cached["reason"])
     else:

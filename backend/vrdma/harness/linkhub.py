@@ -12,6 +12,7 @@ itself and passes it as a file descriptor, so the socket exists before any guest
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -49,10 +50,9 @@ def serve(sock: socket.socket, guests: Sequence[str]) -> None:
             targets = [g for g in guests if g != source]
         for target in targets:
             if target != source:
-                try:
+                # A guest that is not up (yet) or whose queue is full loses the frame, as on Ethernet.
+                with contextlib.suppress(OSError):
                     sock.sendto(frame, target)
-                except OSError:
-                    pass  # that guest is not up (yet) or its queue is full: a lossy link, like Ethernet
 
 
 def bind_hub_socket(path: Path) -> socket.socket:

@@ -6,8 +6,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from vrdma.harness.agent import AgentError
-from vrdma.harness.errors import CommandTimeout
+from vrdma.harness.errors import AgentError, CommandTimeout
 from vrdma.harness.vm import Vm
 
 PINGPONG_PORT = 18515  # ibv_rc_pingpong's default TCP port for exchanging QP addresses

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import selectors
 import signal
@@ -32,8 +31,8 @@ import psutil
 
 from vrdma.harness import qemu_cmdline
 from vrdma.harness.agent import ExecResult, GuestAgent
-from vrdma.harness.process import die_with_parent
 from vrdma.harness.errors import GuestBootTimeout, GuestPanicError, VmError
+from vrdma.harness.process import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +189,7 @@ class Vm:
         if self.process is None:
             return False
         try:
-            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
+            return bool(self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
             return False
 
@@ -201,7 +200,7 @@ class Vm:
         if self.running:
             try:
                 asyncio.run(_qmp_quit(self.directory / "qmp.sock", QUIT_TIMEOUT))
-            except Exception as err:  # noqa: BLE001 - any QMP failure falls through to signals
+            except Exception as err:
                 log.debug("%s: QMP quit failed: %s", self.name, err)
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 if sig is not None and self.running:
@@ -303,7 +302,7 @@ async def _qmp_quit(path: Path, timeout: float) -> None:
     await asyncio.wait_for(client.connect(str(path)), timeout)
     try:
         await asyncio.wait_for(client.execute("quit"), timeout)
-    except Exception:  # noqa: BLE001 - QEMU may close the connection before the reply arrives
+    except Exception:
         pass
     finally:
         with contextlib.suppress(Exception):
