@@ -62,12 +62,11 @@ image: kernel
 demo: image qemu
 	@$(TIMED) $(VRDMA) demo
 
-test: image qemu
+test: image qemu lint
 	@$(TIMED) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check backend tests
-	$(VENV)/bin/mypy
+	@$(TIMED) { $(VENV)/bin/ruff check backend tests && $(VENV)/bin/mypy; }
 
 clean:
 	rm -rf build

@@ -9,6 +9,8 @@ import pytest
 from vrdma.harness import accel
 from vrdma.harness.vm import Products
 
+pytestmark = pytest.mark.products
+
 
 def _choose(requested: str, products: Products) -> str:
     return accel.choose(requested, products.qemu["binary_path"], list(products.qemu["firmware_dirs"]),

@@ -10,6 +10,8 @@ import pytest
 from vrdma.build import image
 from vrdma.harness.vm import Products
 
+pytestmark = pytest.mark.products
+
 
 def test_qemu_is_the_patched_10_0_build(products: Products) -> None:
     version = subprocess.run([products.qemu["binary_path"], "--version"], capture_output=True, text=True,
