@@ -14,13 +14,13 @@ export VRDMA_CACHE
 VENV := .venv
 VRDMA := $(VENV)/bin/vrdma
 PYTEST_ARGS ?=
-# Each phase reports how long it took.
-TIMED = TIMEFORMAT='[make] $@: %1R s'; time
+# Each phase reports how long it took: $(call timed,NAME) COMMAND
+timed = TIMEFORMAT='[make] $(1): %1R s'; time
 
 # Debian packages the host needs: QEMU's build dependencies (the subset our configure uses), the kernel
 # module toolchain, the image tools and the firmware QEMU loads at run time (-L /usr/share/qemu, seabios).
 APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev \
-	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev \
+	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data
 
 .PHONY: all deps apt-deps venv qemu kernel image demo test lint vm-tests clean distclean
@@ -30,7 +30,7 @@ all: image qemu
 deps: apt-deps venv
 
 apt-deps:
-	@$(TIMED) { \
+	@$(call timed,apt-deps) { \
 	  missing=$$(dpkg-query -W -f='$${Package} $${db:Status-Status}\n' $(APT_PACKAGES) 2>/dev/null \
 	             | awk '$$2 != "installed" {print $$1}'; \
 	             for p in $(APT_PACKAGES); do dpkg-query -W $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -44,29 +44,29 @@ apt-deps:
 VENV_STAMP = $(VENV)/.stamp-$(shell sha256sum pyproject.toml | cut -c1-16)
 venv: $(VENV_STAMP)
 $(VENV_STAMP): pyproject.toml
-	@$(TIMED) { \
+	@$(call timed,venv) { \
 	  echo "[make] creating $(VENV) (vrdma and its Python dependencies)"; \
 	  rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
 	  $(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'; \
 	  touch $@; }
 
 qemu: deps
-	@$(TIMED) $(VRDMA) build qemu
+	@$(call timed,qemu) $(VRDMA) build qemu
 
 kernel: deps
-	@$(TIMED) $(VRDMA) build kernel
+	@$(call timed,kernel) $(VRDMA) build kernel
 
 image: kernel
-	@$(TIMED) $(VRDMA) build image
+	@$(call timed,image) $(VRDMA) build image
 
 demo: image qemu
-	@$(TIMED) $(VRDMA) demo
+	@$(call timed,demo) $(VRDMA) demo
 
 test: image qemu lint
-	@$(TIMED) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	@$(TIMED) { $(VENV)/bin/ruff check backend tests && $(VENV)/bin/mypy; }
+	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests && $(VENV)/bin/mypy; }
 
 clean:
 	rm -rf build

@@ -36,6 +36,7 @@ CONFIGURE_ARGS = [
     "--disable-tools",
     "--enable-kvm",
     "--enable-vhost-user",
+    "--disable-download",        # never fetch subprojects (dtc, slirp, ...) from the network: fail instead
 ]
 TARGET = "qemu-system-x86_64"
 # Bump when the build steps below change in a way that changes the product.
