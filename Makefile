@@ -9,7 +9,8 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
-VRDMA_CACHE ?= $(HOME)/.cache/vrdma
+# The build cache survives fresh clones (a CI clone reuses what a previous build made on the same machine).
+VRDMA_CACHE ?= $(or $(HOME),$(shell getent passwd "$$(id -u)" | cut -d: -f6))/.cache/vrdma
 export VRDMA_CACHE
 VENV := .venv
 VRDMA := $(VENV)/bin/vrdma
