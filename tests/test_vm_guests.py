@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+from pathlib import Path
 
 import pytest
 
 from vrdma.harness import verbs
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm
 log = logging.getLogger(__name__)
@@ -60,3 +62,12 @@ def test_rxe_rc_pingpong_between_guests(two_guests: Cluster) -> None:
     assert result.iterations == 500 and result.mbit_per_s > 0
     assert f"GID ::ffff:{two_guests[0].address}" in result.client_output  # the remote end is vm0's IPv4 GID
     log.info("rxe ibv_rc_pingpong 4096 B: %.1f Mbit/s, %.1f usec/iter", result.mbit_per_s, result.usec_per_iter)
+
+
+def test_three_guests_share_one_link_through_the_hub(products: Products, tmp_path: Path) -> None:
+    with Cluster(3, tmp_path, products=products) as guests:
+        assert guests.hub is not None
+        for vm in guests:
+            log.info("boot to ready, %s (3 guests), %s: %.1f s", vm.name, guests.accel.upper(), vm.boot_seconds)
+        for src, dst in ((0, 2), (2, 1), (1, 0)):
+            guests[src].run(["ping", "-c", "1", "-W", "5", guests[dst].address]).check(f"ping vm{src} -> vm{dst}")
