@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -124,6 +125,7 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `vrdma ... | head` ends quietly
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after the first `--` is the guest command, untouched by option parsing.
     guest_command: list[str] | None = None

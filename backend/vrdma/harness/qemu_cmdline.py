@@ -71,17 +71,21 @@ def load_template(path: Path | None = None) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def render(fields: Mapping[str, str], template: Path | None = None) -> list[str]:
-    """The argument vector (without the program) with every ${field} filled in; unknown fields are errors."""
-    argv: list[str] = []
+def render_pairs(fields: Mapping[str, str], template: Path | None = None) -> list[tuple[str, str | None]]:
+    """(option, value) pairs with every ${field} filled in; a field without a value is an error."""
+    pairs: list[tuple[str, str | None]] = []
     for option, value in load_template(template):
-        argv.append(option)
-        if value is not None:
-            try:
-                argv.append(string.Template(value).substitute(fields))
-            except KeyError as err:
-                raise VrdmaError(f"{TEMPLATE_NAME}: no value for field {err} in {option} {value}") from None
-    return argv
+        try:
+            pairs.append((option, None if value is None else string.Template(value).substitute(fields)))
+        except KeyError as err:
+            raise VrdmaError(f"{TEMPLATE_NAME}: no value for field {err} in {option} {value}") from None
+    return pairs
+
+
+def render(fields: Mapping[str, str], template: Path | None = None) -> list[str]:
+    """The argument vector (without the program) with every ${field} filled in."""
+    return [arg for option, value in render_pairs(fields, template)
+            for arg in ((option,) if value is None else (option, value))]
 
 
 def render_for_person(guests: int) -> str:
@@ -97,9 +101,9 @@ def render_for_person(guests: int) -> str:
         fields = standard_fields(ident, qemu=qemu, kernel=kernel, image=image, accel="tcg", memory_mib=1024,
                                  directory=Path(d), link_remote=_person_link_remote(run, index, guests))
         fields.update(console=f"path={d}/console.sock", qmp=f"path={d}/qmp.sock", agent=f"path={d}/agent.sock")
-        argv = [qemu["binary_path"], *render(fields)]
+        options = [o if v is None else f"{o} {shlex.quote(v)}" for o, v in render_pairs(fields)]
         lines.append(f"mkdir -p {d}")
-        lines.append(" \\\n    ".join(shlex.quote(a) for a in argv) + " &")
+        lines.append(" \\\n    ".join([shlex.quote(str(qemu["binary_path"])), *options]) + " &")
     if guests > 2:
         lines.insert(0, "# more than two guests need the link hub: `vrdma vm up` runs it for you")
     return "\n".join(lines)
