@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -39,6 +41,10 @@ def test_up_exec_down(run_dir: Path) -> None:
         assert "vm0\t169.254.100.1\tready in" in up.stdout and "vm1\t169.254.100.2" in up.stdout
         assert "accelerator: " in up.stderr
 
+        status_rows = vrdma("vm", "status").stdout.splitlines()
+        assert [row.split("\t")[:3] for row in status_rows] == [
+            ["vm0", "169.254.100.1", "running"], ["vm1", "169.254.100.2", "running"]]
+
         ping = vrdma("vm", "exec", "vm1", "--", "ping", "-c1", "169.254.100.1")
         assert ping.returncode == 0, ping.stderr
         assert "1 packets transmitted, 1 received" in ping.stdout
@@ -71,3 +77,21 @@ def test_up_exec_down(run_dir: Path) -> None:
     qemus = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
     assert not qemus, "QEMU processes left after `vrdma vm down`"
     assert vrdma("vm", "exec", "vm0", "--", "true").returncode == 1
+    assert "no guests are up" in vrdma("vm", "status").stdout
+
+
+def test_terminating_vm_up_while_booting_leaves_no_guest(run_dir: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "vm", "up", "--guests", "1"],
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the accelerator line comes right before QEMU starts
+        if "accelerator:" in line:
+            break
+    console = run_dir / "vm0" / "console.log"
+    deadline = time.monotonic() + 60
+    while not (console.exists() and console.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the guest is booting once its console has output
+    proc.terminate()
+    assert proc.wait(60) == 128 + signal.SIGTERM
+    qemus = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not qemus, "a QEMU outlived the terminated `vrdma vm up`"

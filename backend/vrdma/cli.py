@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 
 from vrdma.errors import VrdmaError
 
@@ -124,8 +125,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Unwind like Ctrl-C, so that `vm up` stops the guests it was starting instead of leaving them behind.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `vrdma ... | head` ends quietly
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after the first `--` is the guest command, untouched by option parsing.
     guest_command: list[str] | None = None
