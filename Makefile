@@ -24,9 +24,9 @@ APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-1
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data
 
-.PHONY: all deps apt-deps venv qemu kernel image demo test lint vm-tests clean distclean
+.PHONY: all deps apt-deps venv qemu kernel image backend demo test lint clean distclean
 
-all: image qemu
+all: image qemu backend
 
 deps: apt-deps venv
 
@@ -60,10 +60,14 @@ kernel: deps
 image: kernel
 	@$(call timed,image) $(VRDMA) build image
 
-demo: image qemu
+# The backend's cffi binding to libvhost-user, compiled from the QEMU source tree `make qemu` keeps.
+backend: qemu
+	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build
+
+demo: image qemu backend
 	@$(call timed,demo) $(VRDMA) demo
 
-test: image qemu lint
+test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -1,0 +1,171 @@
+"""cffi (API mode) build of QEMU's libvhost-user together with vrdma's glue: `python -m vrdma.vhost_user._build`.
+
+libvhost-user is compiled from ``subprojects/libvhost-user`` of the QEMU source tree that `make qemu` keeps
+(the same pinned version as the QEMU the guests run), found through ``VRDMA_LIBVHOST_USER_DIR`` or the checkout's
+``build/products.json``. The compiled module lands next to this file as ``_libvhost_user*.so``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import cffi
+
+HERE = Path(__file__).resolve().parent
+
+CDEF = r"""
+typedef struct VuDev VuDev;
+typedef struct VuVirtq VuVirtq;
+
+typedef struct VhostUserMsg VhostUserMsg;
+
+typedef void (*vu_watch_cb)(VuDev *dev, int condition, void *data);
+typedef void (*vu_queue_handler_cb)(VuDev *dev, int qidx);
+
+typedef struct VuDevIface {
+    uint64_t (*get_features)(VuDev *dev);
+    void (*set_features)(VuDev *dev, uint64_t features);
+    uint64_t (*get_protocol_features)(VuDev *dev);
+    void (*set_protocol_features)(VuDev *dev, uint64_t features);
+    int (*process_msg)(VuDev *dev, VhostUserMsg *vmsg, int *do_reply);
+    void (*queue_set_started)(VuDev *dev, int qidx, bool started);
+    bool (*queue_is_processed_in_order)(VuDev *dev, int qidx);
+    int (*get_config)(VuDev *dev, uint8_t *config, uint32_t len);
+    int (*set_config)(VuDev *dev, const uint8_t *data, uint32_t offset, uint32_t size, uint32_t flags);
+    int (*get_shared_object)(VuDev *dev, const unsigned char *uuid);
+} VuDevIface;
+
+struct iovec { void *iov_base; size_t iov_len; };
+
+typedef struct VuVirtqElement {
+    unsigned int index;
+    unsigned int out_num;
+    unsigned int in_num;
+    struct iovec *in_sg;
+    struct iovec *out_sg;
+} VuVirtqElement;
+
+typedef struct VrdmaVu {
+    VuDev dev;
+    void *handle;
+    ...;
+} VrdmaVu;
+
+struct VuDev {
+    int sock;
+    uint32_t nregions;
+    uint64_t features;
+    uint64_t protocol_features;
+    bool broken;
+    uint16_t max_queues;
+    ...;
+};
+
+bool vrdma_vu_init(VrdmaVu *vu, uint16_t max_queues, int sock, void *handle, const VuDevIface *iface);
+int vrdma_vu_dispatch(VrdmaVu *vu, uint32_t request, uint32_t flags, const uint8_t *payload, uint32_t size,
+                      const int *fds, int nfds);
+void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data);
+size_t vrdma_payload_size(void);
+int vrdma_max_fds(void);
+
+void vu_deinit(VuDev *dev);
+void *vu_gpa_to_va(VuDev *dev, uint64_t *plen, uint64_t guest_addr);
+VuVirtq *vu_get_queue(VuDev *dev, int qidx);
+void vu_set_queue_handler(VuDev *dev, VuVirtq *vq, vu_queue_handler_cb handler);
+bool vu_queue_enabled(VuDev *dev, VuVirtq *vq);
+bool vu_queue_started(const VuDev *dev, const VuVirtq *vq);
+void *vu_queue_pop(VuDev *dev, VuVirtq *vq, size_t sz);
+void vu_queue_push(VuDev *dev, VuVirtq *vq, const VuVirtqElement *elem, unsigned int len);
+void vu_queue_notify(VuDev *dev, VuVirtq *vq);
+void vu_config_change_msg(VuDev *dev);
+const char *vu_request_to_string(unsigned int req);
+void free(void *ptr);
+
+extern "Python" void vrdma_panic(VuDev *dev, const char *err);
+extern "Python" void vrdma_set_watch(VuDev *dev, int fd, int condition, vu_watch_cb cb, void *data);
+extern "Python" void vrdma_remove_watch(VuDev *dev, int fd);
+extern "Python" uint64_t vrdma_get_features(VuDev *dev);
+extern "Python" void vrdma_set_features(VuDev *dev, uint64_t features);
+extern "Python" uint64_t vrdma_get_protocol_features(VuDev *dev);
+extern "Python" void vrdma_set_protocol_features(VuDev *dev, uint64_t features);
+extern "Python" void vrdma_queue_set_started(VuDev *dev, int qidx, bool started);
+extern "Python" int vrdma_get_config(VuDev *dev, uint8_t *config, uint32_t len);
+extern "Python" int vrdma_set_config(VuDev *dev, const uint8_t *data, uint32_t offset, uint32_t size,
+                                     uint32_t flags);
+extern "Python" void vrdma_queue_handler(VuDev *dev, int qidx);
+"""
+
+PRELUDE = r"""
+#include <stdlib.h>
+#include <sys/uio.h>
+#include "_glue.h"
+static void vrdma_panic(VuDev *dev, const char *err);
+static void vrdma_set_watch(VuDev *dev, int fd, int condition, vu_watch_cb cb, void *data);
+static void vrdma_remove_watch(VuDev *dev, int fd);
+"""
+
+
+def libvhost_user_dir() -> Path:
+    env = os.environ.get("VRDMA_LIBVHOST_USER_DIR")
+    if env:
+        return Path(env)
+    sys.path.insert(0, str(HERE.parents[1]))
+    from vrdma.build.cache import product
+
+    return Path(product("qemu")["source_dir"]) / "subprojects" / "libvhost-user"
+
+
+def make_ffi() -> cffi.FFI:
+    lvu = libvhost_user_dir()
+    if not (lvu / "libvhost-user.c").is_file():
+        raise SystemExit(f"libvhost-user source not found in {lvu}: run `make qemu` first "
+                         "(or set VRDMA_LIBVHOST_USER_DIR)")
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    # The glue is included as source text: the extern "Python" callbacks it passes to vu_init are static
+    # functions that cffi defines in the same translation unit.
+    glue = (HERE / "_glue.c").read_text().replace('#include "_glue.h"', "")
+    ffi.set_source(
+        "vrdma.vhost_user._libvhost_user",
+        PRELUDE + glue,
+        sources=[str(lvu / "libvhost-user.c")],
+        include_dirs=[str(HERE), str(lvu), str(lvu / "include")],
+        define_macros=[("_GNU_SOURCE", None)],
+        extra_compile_args=["-O2", "-Wno-unused-function"],
+    )
+    return ffi
+
+
+def inputs_key() -> str:
+    """Hash of everything the compiled module depends on: glue, this recipe, libvhost-user's source."""
+    lvu = libvhost_user_dir()
+    digest = hashlib.sha256()
+    for path in (HERE / "_glue.c", HERE / "_glue.h", Path(__file__), lvu / "libvhost-user.c",
+                 lvu / "libvhost-user.h"):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def main() -> None:
+    stamp = HERE / "_libvhost_user.stamp"
+    key = inputs_key()
+    if stamp.exists() and stamp.read_text().strip() == key and list(HERE.glob("_libvhost_user*.so")):
+        print("libvhost-user binding is up to date")
+        return
+    ffi = make_ffi()
+    build_dir = HERE.parents[2] / "build" / "cffi"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    target = ffi.compile(tmpdir=str(build_dir), verbose=False)
+    built = Path(target)
+    dest = HERE / built.name
+    dest.unlink(missing_ok=True)
+    built.rename(dest)
+    stamp.write_text(key + "\n")
+    print(f"built {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+/*
+ * vrdma glue around QEMU's libvhost-user, compiled together with it by cffi (see _build.py).
+ *
+ * The Python side frames and validates every vhost-user message before libvhost-user sees it (libvhost-user's own
+ * reader asserts on peer data and blocks on partial messages). A validated message is parked in the device's
+ * `pending` slot and vu_dispatch() is called; the custom read_msg below hands it over.
+ */
+#ifndef VRDMA_VHOST_USER_GLUE_H
+#define VRDMA_VHOST_USER_GLUE_H
+
+#include "libvhost-user.h"
+
+typedef struct VrdmaVu {
+    VuDev dev;                /* first member: a VuDev * is a VrdmaVu * */
+    void *handle;             /* the Python VhostUserDevice (cffi handle) */
+    VhostUserMsg pending;     /* the next message for vu_dispatch() */
+    int has_pending;
+} VrdmaVu;
+
+#endif

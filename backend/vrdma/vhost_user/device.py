@@ -1,0 +1,341 @@
+"""One vhost-user device served over one connection, through libvhost-user (cffi binding).
+
+The rest of the backend sees only this module's small API: a ``DeviceModel`` supplies features and config space
+and handles queue kicks; ``VhostUserDevice`` owns the connection, the memory table and the vrings, and offers
+guest-memory translation and virtqueue pop/push/notify. No RDMA knowledge lives here.
+
+Every message is framed and validated by ``protocol`` before libvhost-user processes it. libvhost-user's panic
+callback and any protocol error mark only this device broken and close only its connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vrdma.vhost_user import protocol
+from vrdma.vhost_user.loop import EventLoop
+
+try:
+    from vrdma.vhost_user._libvhost_user import ffi, lib
+except ImportError as err:  # pragma: no cover - depends on the build
+    raise ImportError("the libvhost-user binding is not built: run `make backend` "
+                      "(python -m vrdma.vhost_user._build)") from err
+
+log = logging.getLogger(__name__)
+
+VU_WATCH_IN = 1 << 0
+VIRTIO_F_VERSION_1 = 1 << 32
+VHOST_USER_F_PROTOCOL_FEATURES = 1 << 30
+
+if lib.vrdma_payload_size() != protocol.MAX_PAYLOAD or lib.vrdma_max_fds() != protocol.MAX_FDS:
+    raise ImportError(f"libvhost-user's message layout ({lib.vrdma_payload_size()} bytes, {lib.vrdma_max_fds()} "
+                      f"fds) differs from vrdma.vhost_user.protocol ({protocol.MAX_PAYLOAD}, {protocol.MAX_FDS})")
+
+
+class DeviceModel(Protocol):
+    """What a device implementation gives the vhost-user layer."""
+
+    num_queues: int
+
+    def device_features(self) -> int: ...
+    def protocol_features(self) -> int: ...
+    def features_negotiated(self, features: int) -> None: ...
+    def config_space(self) -> bytes: ...
+    def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None: ...
+    def queue_kicked(self, device: VhostUserDevice, index: int) -> None: ...
+    def disconnected(self, device: VhostUserDevice, reason: str) -> None: ...
+
+
+class State(enum.Enum):
+    CONNECTED = "connected"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+@dataclass
+class Element:
+    """A popped virtqueue element: device-readable and device-writable buffers as (address, length)."""
+
+    out_sg: list[tuple[int, int]]
+    in_sg: list[tuple[int, int]]
+    handle: Any  # the VuVirtqElement *, freed after push
+
+
+class VhostUserDevice:
+    def __init__(self, name: str, sock: socket.socket, loop: EventLoop, model: DeviceModel) -> None:
+        self.name = name
+        self.sock = sock
+        self.loop = loop
+        self.model = model
+        self.state = State.CONNECTED
+        self.broken_reason = ""
+        self.sock.setblocking(False)
+        self.reader = protocol.MessageReader(sock)
+        self._handle = ffi.new_handle(self)
+        self._vu = ffi.new("VrdmaVu *")
+        self._iface = ffi.new("VuDevIface *")
+        self._iface.get_features = lib.vrdma_get_features
+        self._iface.set_features = lib.vrdma_set_features
+        self._iface.get_protocol_features = lib.vrdma_get_protocol_features
+        self._iface.set_protocol_features = lib.vrdma_set_protocol_features
+        self._iface.queue_set_started = lib.vrdma_queue_set_started
+        self._iface.get_config = lib.vrdma_get_config
+        self._iface.set_config = lib.vrdma_set_config
+        self._watches: dict[int, tuple[Any, Any]] = {}
+        if not lib.vrdma_vu_init(self._vu, model.num_queues, sock.fileno(), self._handle, self._iface):
+            raise OSError(f"{name}: libvhost-user could not initialise the device")
+        _DEVICES[int(ffi.cast("uintptr_t", self._dev))] = self
+        loop.add_reader(sock.fileno(), self._readable)
+        log.info("%s: frontend connected", name)
+
+    @property
+    def _dev(self) -> Any:
+        return ffi.cast("VuDev *", self._vu)
+
+    # -- incoming messages ------------------------------------------------------------------------------------
+
+    def _readable(self) -> None:
+        try:
+            messages = self.reader.read()
+        except EOFError:
+            self.close("the frontend disconnected")
+            return
+        except (protocol.ProtocolError, OSError) as err:
+            self.close(f"protocol error: {err}")
+            return
+        for message in messages:
+            if self.state is not State.CONNECTED:
+                message.close_fds()
+                continue
+            self._handle_message(message)
+
+    def _handle_message(self, message: protocol.Message) -> None:
+        try:
+            protocol.validate(message, self.model.num_queues)
+        except protocol.ProtocolError as err:
+            message.close_fds()
+            self.close(f"protocol error: {err}")
+            return
+        log.debug("%s: %s", self.name, message.name())
+        if message.request == protocol.Request.GET_PROTOCOL_FEATURES:
+            # libvhost-user would add features of its own (log, postcopy, backend channel) that this backend
+            # does not implement: the offer is the model's, limited to what the protocol layer accepts.
+            self._reply(message, protocol.U64.pack(self.offered_protocol_features))
+            return
+        if message.request == protocol.Request.SET_PROTOCOL_FEATURES:
+            unoffered = protocol.U64.unpack(message.payload)[0] & ~self.offered_protocol_features
+            if unoffered:
+                self.close(f"protocol error: SET_PROTOCOL_FEATURES with features never offered: {unoffered:#x}")
+                return
+        fds = ffi.new("int[]", message.fds or [0])
+        status = lib.vrdma_vu_dispatch(self._vu, message.request, message.flags, message.payload,
+                                       len(message.payload), fds, len(message.fds))
+        message.fds = []  # libvhost-user owns them now
+        if status != 0 or self._dev.broken:
+            self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}")
+
+    @property
+    def offered_protocol_features(self) -> int:
+        return self.model.protocol_features() & protocol.SUPPORTED_PROTOCOL_FEATURES
+
+    def _reply(self, message: protocol.Message, payload: bytes) -> None:
+        header = protocol.HEADER.pack(message.request, protocol.VERSION | protocol.FLAG_REPLY, len(payload))
+        try:
+            self.sock.sendall(header + payload)
+        except OSError as err:
+            self.close(f"cannot reply to {message.name()}: {err}")
+
+    # -- callbacks from libvhost-user -------------------------------------------------------------------------
+
+    def _panic(self, reason: str) -> None:
+        log.error("%s: libvhost-user: %s", self.name, reason)
+        self.broken_reason = reason
+        self.state = State.BROKEN
+
+    def _set_watch(self, fd: int, condition: int, cb: Any, data: Any) -> None:
+        self._watches[fd] = (cb, data)
+        self.loop.add_reader(fd, lambda: self._watch_ready(fd))
+
+    def _watch_ready(self, fd: int) -> None:
+        watch = self._watches.get(fd)
+        if watch is not None and self.state is State.CONNECTED:
+            lib.vrdma_call_watch(watch[0], self._dev, VU_WATCH_IN, watch[1])
+            if self._dev.broken:
+                self.close(self.broken_reason or "libvhost-user marked the device broken")
+
+    def _remove_watch(self, fd: int) -> None:
+        self._watches.pop(fd, None)
+        self.loop.remove_reader(fd)
+
+    # -- guest memory and virtqueues --------------------------------------------------------------------------
+
+    def gpa_to_va(self, gpa: int) -> tuple[int, int]:
+        """Host address of guest physical address ``gpa`` and how many bytes are contiguous from it (0: none)."""
+        plen = ffi.new("uint64_t *", 2**64 - 1)
+        ptr = lib.vu_gpa_to_va(self._dev, plen, gpa)
+        if ptr == ffi.NULL:
+            return 0, 0
+        return int(ffi.cast("uintptr_t", ptr)), int(plen[0])
+
+    def pop(self, index: int) -> Element | None:
+        vq = lib.vu_get_queue(self._dev, index)
+        raw = lib.vu_queue_pop(self._dev, vq, ffi.sizeof("VuVirtqElement"))
+        if raw == ffi.NULL:
+            return None
+        elem = ffi.cast("VuVirtqElement *", raw)
+        out_sg = [(int(ffi.cast("uintptr_t", elem.out_sg[i].iov_base)), int(elem.out_sg[i].iov_len))
+                  for i in range(elem.out_num)]
+        in_sg = [(int(ffi.cast("uintptr_t", elem.in_sg[i].iov_base)), int(elem.in_sg[i].iov_len))
+                 for i in range(elem.in_num)]
+        return Element(out_sg, in_sg, ffi.gc(elem, lib.free))
+
+    def push(self, index: int, element: Element, written: int) -> None:
+        vq = lib.vu_get_queue(self._dev, index)
+        lib.vu_queue_push(self._dev, vq, element.handle, written)
+
+    def notify(self, index: int) -> None:
+        lib.vu_queue_notify(self._dev, lib.vu_get_queue(self._dev, index))
+
+    def read(self, address: int, length: int) -> bytes:
+        """Bytes at a host address that libvhost-user translated from guest memory."""
+        return bytes(ffi.buffer(ffi.cast("char *", address), length))
+
+    def write(self, address: int, data: bytes) -> None:
+        ffi.memmove(ffi.cast("char *", address), data, len(data))
+
+    @property
+    def features(self) -> int:
+        return int(self._dev.features)
+
+    # -- teardown ---------------------------------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """Forget everything of this connection: memory table, vrings, fds, socket. Idempotent."""
+        if self.state is State.CLOSED:
+            return
+        level = logging.INFO if reason == "the frontend disconnected" else logging.ERROR
+        log.log(level, "%s: closing the device: %s", self.name, reason)
+        self.state = State.CLOSED
+        self.loop.remove_reader(self.sock.fileno())
+        # vu_deinit unmaps guest memory and closes the kick/call fds (removing their watches) and the socket.
+        lib.vu_deinit(self._dev)
+        self.sock.detach()
+        for fd in list(self._watches):
+            self._remove_watch(fd)
+        self.reader.close()
+        _DEVICES.pop(int(ffi.cast("uintptr_t", self._dev)), None)
+        self.model.disconnected(self, reason)
+
+
+_DEVICES: dict[int, VhostUserDevice] = {}
+
+
+def _device(dev: Any) -> VhostUserDevice:
+    return _DEVICES[int(ffi.cast("uintptr_t", dev))]
+
+
+def _guarded(default: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A Python exception must never unwind into C: log it, break the device, return a safe value."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(dev: Any, *args: Any) -> Any:
+            device = _DEVICES.get(int(ffi.cast("uintptr_t", dev)))
+            if device is None:
+                return default
+            try:
+                return fn(device, *args)
+            except Exception as err:  # reported, and only this device pays for it
+                log.exception("%s: error in %s", device.name, fn.__name__)
+                device._panic(f"{fn.__name__} failed: {err}")
+                return default
+
+        call.__name__ = fn.__name__
+        return call
+
+    return wrap
+
+
+@_guarded(None)
+def _panic_cb(device: VhostUserDevice, err: Any) -> None:
+    device._panic(ffi.string(err).decode(errors="replace").strip())
+
+
+@_guarded(None)
+def _set_watch_cb(device: VhostUserDevice, fd: int, condition: int, cb: Any, data: Any) -> None:
+    device._set_watch(fd, condition, cb, data)
+
+
+@_guarded(None)
+def _remove_watch_cb(device: VhostUserDevice, fd: int) -> None:
+    device._remove_watch(fd)
+
+
+@_guarded(0)
+def _get_features_cb(device: VhostUserDevice) -> int:
+    return device.model.device_features() | VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
+
+
+@_guarded(None)
+def _set_features_cb(device: VhostUserDevice, features: int) -> None:
+    log.info("%s: negotiated features %#x", device.name, features)
+    device.model.features_negotiated(features)
+
+
+@_guarded(0)
+def _get_protocol_features_cb(device: VhostUserDevice) -> int:
+    return device.model.protocol_features()
+
+
+@_guarded(None)
+def _set_protocol_features_cb(device: VhostUserDevice, features: int) -> None:
+    log.info("%s: negotiated protocol features %#x", device.name, features)
+
+
+@_guarded(None)
+def _queue_set_started_cb(device: VhostUserDevice, index: int, started: bool) -> None:
+    vq = lib.vu_get_queue(device._dev, index)
+    lib.vu_set_queue_handler(device._dev, vq, lib.vrdma_queue_handler if started else ffi.NULL)
+    device.model.queue_started(device, index, bool(started))
+
+
+@_guarded(None)
+def _queue_handler_cb(device: VhostUserDevice, index: int) -> None:
+    device.model.queue_kicked(device, index)
+
+
+@_guarded(-1)
+def _get_config_cb(device: VhostUserDevice, config: Any, length: int) -> int:
+    space = device.model.config_space()
+    log.info("%s: the driver reads config space (%d bytes)", device.name, length)
+    data = space[:length].ljust(length, b"\0")
+    ffi.memmove(config, data, length)
+    return 0
+
+
+@_guarded(-1)
+def _set_config_cb(device: VhostUserDevice, data: Any, offset: int, size: int, flags: int) -> int:
+    log.warning("%s: the driver wrote %d bytes of read-only config space at %d: refused", device.name, size,
+                offset)
+    return -1
+
+
+# libvhost-user calls these through the glue (see _build.py: extern "Python").
+for _c_name, _callback in {
+    "vrdma_panic": _panic_cb,
+    "vrdma_set_watch": _set_watch_cb,
+    "vrdma_remove_watch": _remove_watch_cb,
+    "vrdma_get_features": _get_features_cb,
+    "vrdma_set_features": _set_features_cb,
+    "vrdma_get_protocol_features": _get_protocol_features_cb,
+    "vrdma_set_protocol_features": _set_protocol_features_cb,
+    "vrdma_queue_set_started": _queue_set_started_cb,
+    "vrdma_queue_handler": _queue_handler_cb,
+    "vrdma_get_config": _get_config_cb,
+    "vrdma_set_config": _set_config_cb,
+}.items():
+    ffi.def_extern(name=_c_name)(_callback)

@@ -1,0 +1,310 @@
+"""The vhost-user wire protocol, frontend to backend: header, requests, framing and validation.
+
+Every message is framed and checked here, in layers, before libvhost-user sees it: header (version and flag
+bits, payload size bound) → exact payload size for the request → file descriptors only where the request carries
+them, in the right number → per-payload meaning (region counts, queue indices, config sizes). Each failure is a
+named ProtocolError with the values seen. Requests the backend does not implement are refused here too,
+VHOST_USER_NONE among them (libvhost-user would call exit(0) on it).
+
+Nothing here knows about RDMA.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vrdma.errors import VrdmaError
+
+HEADER = struct.Struct("<III")          # request, flags, payload size
+U64 = struct.Struct("<Q")
+VRING_STATE = struct.Struct("<II")      # index, num
+VRING_ADDR_SIZE = 40                    # index, flags, desc, used, avail, log
+MEMORY_REGION = struct.Struct("<QQQQ")  # guest_phys_addr, memory_size, userspace_addr, mmap_offset
+MEMORY_HEADER = struct.Struct("<II")    # nregions, padding
+CONFIG_HEADER = struct.Struct("<III")   # offset, size, flags
+
+VERSION = 0x1
+FLAG_VERSION_MASK = 0x3
+FLAG_REPLY = 0x1 << 2
+FLAG_NEED_REPLY = 0x1 << 3
+KNOWN_FLAGS = FLAG_VERSION_MASK | FLAG_REPLY | FLAG_NEED_REPLY
+
+MAX_FDS = 8                 # VHOST_MEMORY_BASELINE_NREGIONS: fds one message may carry
+MAX_PAYLOAD = 272           # sizeof(VhostUserMsg.payload) in libvhost-user (checked against the C build)
+MAX_CONFIG_SIZE = 256       # VHOST_USER_MAX_CONFIG_SIZE
+VRING_IDX_MASK = 0xFF
+VRING_NOFD = 0x1 << 8
+
+
+class ProtocolFeature(enum.IntFlag):
+    MQ = 1 << 0
+    LOG_SHMFD = 1 << 1
+    REPLY_ACK = 1 << 3
+    BACKEND_REQ = 1 << 5
+    CONFIG = 1 << 9
+    CONFIGURE_MEM_SLOTS = 1 << 15
+
+
+# What the message table below implements; a device may offer less, never more.
+SUPPORTED_PROTOCOL_FEATURES = (ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG
+                               | ProtocolFeature.CONFIGURE_MEM_SLOTS)
+
+
+class Request(enum.IntEnum):
+    NONE = 0
+    GET_FEATURES = 1
+    SET_FEATURES = 2
+    SET_OWNER = 3
+    RESET_OWNER = 4
+    SET_MEM_TABLE = 5
+    SET_LOG_BASE = 6
+    SET_LOG_FD = 7
+    SET_VRING_NUM = 8
+    SET_VRING_ADDR = 9
+    SET_VRING_BASE = 10
+    GET_VRING_BASE = 11
+    SET_VRING_KICK = 12
+    SET_VRING_CALL = 13
+    SET_VRING_ERR = 14
+    GET_PROTOCOL_FEATURES = 15
+    SET_PROTOCOL_FEATURES = 16
+    GET_QUEUE_NUM = 17
+    SET_VRING_ENABLE = 18
+    SEND_RARP = 19
+    NET_SET_MTU = 20
+    SET_BACKEND_REQ_FD = 21
+    IOTLB_MSG = 22
+    SET_VRING_ENDIAN = 23
+    GET_CONFIG = 24
+    SET_CONFIG = 25
+    GET_INFLIGHT_FD = 31
+    SET_INFLIGHT_FD = 32
+    GET_MAX_MEM_SLOTS = 36
+    ADD_MEM_REG = 37
+    REM_MEM_REG = 38
+
+
+class ProtocolError(VrdmaError):
+    """A message from the frontend broke the protocol; the connection it came on is not trusted further."""
+
+
+class BadHeader(ProtocolError):
+    pass
+
+
+class UnsupportedRequest(ProtocolError):
+    pass
+
+
+class PayloadSizeMismatch(ProtocolError):
+    pass
+
+
+class FdCountMismatch(ProtocolError):
+    pass
+
+
+class BadPayload(ProtocolError):
+    pass
+
+
+@dataclass
+class Message:
+    request: int
+    flags: int
+    payload: bytes
+    fds: list[int] = field(default_factory=list)
+
+    @property
+    def need_reply(self) -> bool:
+        return bool(self.flags & FLAG_NEED_REPLY)
+
+    def name(self) -> str:
+        try:
+            return Request(self.request).name
+        except ValueError:
+            return f"request {self.request}"
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            socket.close(fd)
+        self.fds = []
+
+
+def _u64(message: Message) -> int:
+    return int(U64.unpack(message.payload)[0])
+
+
+# -- per-request rules: (payload size check, fd count check) -------------------------------------------------------
+
+SizeRule = Callable[[Message], int]          # the exact size the payload must have
+FdRule = Callable[[Message, int], int]       # the exact number of fds, given the number of queues
+
+
+def _fixed(size: int) -> SizeRule:
+    return lambda message: size
+
+
+def _no_fds(message: Message, num_queues: int) -> int:
+    return 0
+
+
+def _one_fd(message: Message, num_queues: int) -> int:
+    return 1
+
+
+def _mem_table_size(message: Message) -> int:
+    if len(message.payload) < MEMORY_HEADER.size:
+        return MEMORY_HEADER.size
+    nregions, _ = MEMORY_HEADER.unpack_from(message.payload)
+    if not 1 <= nregions <= MAX_FDS:
+        raise BadPayload(f"SET_MEM_TABLE with {nregions} regions (allowed: 1 to {MAX_FDS})")
+    return MEMORY_HEADER.size + int(nregions) * MEMORY_REGION.size
+
+
+def _mem_table_fds(message: Message, num_queues: int) -> int:
+    return int(MEMORY_HEADER.unpack_from(message.payload)[0])
+
+
+def _config_size(message: Message) -> int:
+    if len(message.payload) < CONFIG_HEADER.size:
+        return CONFIG_HEADER.size
+    offset, size, _ = CONFIG_HEADER.unpack_from(message.payload)
+    if size > MAX_CONFIG_SIZE or offset > MAX_CONFIG_SIZE - size:
+        raise BadPayload(f"{message.name()} of {size} bytes at offset {offset} (config space is at most "
+                         f"{MAX_CONFIG_SIZE} bytes)")
+    return CONFIG_HEADER.size + int(size)
+
+
+def _vring_index(message: Message, num_queues: int) -> int:
+    index = (_u64(message) if len(message.payload) == U64.size else VRING_STATE.unpack_from(message.payload)[0])
+    index &= VRING_IDX_MASK
+    if index >= num_queues:
+        raise BadPayload(f"{message.name()} for queue {index}; the device has {num_queues} queues")
+    return index
+
+
+def _vring_state_fds(message: Message, num_queues: int) -> int:
+    _vring_index(message, num_queues)
+    return 0
+
+
+def _vring_addr_fds(message: Message, num_queues: int) -> int:
+    index = struct.unpack_from("<I", message.payload)[0]
+    if index >= num_queues:
+        raise BadPayload(f"SET_VRING_ADDR for queue {index}; the device has {num_queues} queues")
+    return 0
+
+
+def _vring_fd(message: Message, num_queues: int) -> int:
+    _vring_index(message, num_queues)
+    value = _u64(message)
+    if value & ~(VRING_IDX_MASK | VRING_NOFD):
+        raise BadPayload(f"{message.name()} payload {value:#x} has unknown bits")
+    return 0 if value & VRING_NOFD else 1
+
+
+def _rem_mem_reg_fds(message: Message, num_queues: int) -> int:
+    return len(message.fds) if len(message.fds) <= 1 else 1  # QEMU may or may not attach the region's fd
+
+
+# One table: every request the backend accepts, how big its payload is, and which fds it carries.
+RULES: dict[Request, tuple[SizeRule, FdRule]] = {
+    Request.GET_FEATURES: (_fixed(0), _no_fds),
+    Request.SET_FEATURES: (_fixed(U64.size), _no_fds),
+    Request.SET_OWNER: (_fixed(0), _no_fds),
+    Request.RESET_OWNER: (_fixed(0), _no_fds),
+    Request.SET_MEM_TABLE: (_mem_table_size, _mem_table_fds),
+    Request.SET_VRING_NUM: (_fixed(VRING_STATE.size), _vring_state_fds),
+    Request.SET_VRING_ADDR: (_fixed(VRING_ADDR_SIZE), _vring_addr_fds),
+    Request.SET_VRING_BASE: (_fixed(VRING_STATE.size), _vring_state_fds),
+    Request.GET_VRING_BASE: (_fixed(VRING_STATE.size), _vring_state_fds),
+    Request.SET_VRING_KICK: (_fixed(U64.size), _vring_fd),
+    Request.SET_VRING_CALL: (_fixed(U64.size), _vring_fd),
+    Request.SET_VRING_ERR: (_fixed(U64.size), _vring_fd),
+    Request.GET_PROTOCOL_FEATURES: (_fixed(0), _no_fds),
+    Request.SET_PROTOCOL_FEATURES: (_fixed(U64.size), _no_fds),
+    Request.GET_QUEUE_NUM: (_fixed(0), _no_fds),
+    Request.SET_VRING_ENABLE: (_fixed(VRING_STATE.size), _vring_state_fds),
+    Request.GET_CONFIG: (_config_size, _no_fds),
+    Request.SET_CONFIG: (_config_size, _no_fds),
+    Request.GET_MAX_MEM_SLOTS: (_fixed(0), _no_fds),
+    Request.ADD_MEM_REG: (_fixed(U64.size + MEMORY_REGION.size), _one_fd),
+    Request.REM_MEM_REG: (_fixed(U64.size + MEMORY_REGION.size), _rem_mem_reg_fds),
+}
+
+
+def validate(message: Message, num_queues: int) -> None:
+    """Check a framed message against the table; raise the ProtocolError that names what is wrong."""
+    if message.flags & ~KNOWN_FLAGS:
+        raise BadHeader(f"{message.name()} has unknown flag bits {message.flags & ~KNOWN_FLAGS:#x}")
+    if message.flags & FLAG_REPLY:
+        raise BadHeader(f"{message.name()} has the reply flag set: replies do not flow to the backend")
+    try:
+        request = Request(message.request)
+        size_rule, fd_rule = RULES[request]
+    except (ValueError, KeyError):
+        raise UnsupportedRequest(f"{message.name()} is not supported by this backend") from None
+    expected = size_rule(message)
+    if len(message.payload) != expected:
+        raise PayloadSizeMismatch(f"{request.name} with a {len(message.payload)}-byte payload "
+                                  f"(expected {expected})")
+    fds = fd_rule(message, num_queues)
+    if len(message.fds) != fds:
+        raise FdCountMismatch(f"{request.name} came with {len(message.fds)} file descriptors (expected {fds})")
+
+
+class MessageReader:
+    """Frames messages out of a non-blocking stream socket, keeping partial ones until they are whole.
+
+    File descriptors received with a chunk belong to the message that chunk starts or continues. A peer that
+    stalls mid-message blocks nothing: the reader just waits for more bytes.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.fds: list[int] = []
+
+    def read(self) -> list[Message]:
+        """Read what is available; return the complete messages. EOFError when the peer closed."""
+        fds_space = socket.CMSG_SPACE(4 * MAX_FDS * 4)
+        try:
+            data, ancdata, msg_flags, _ = self.sock.recvmsg(65536, fds_space)
+        except BlockingIOError:
+            return []
+        received: list[int] = []
+        for level, kind, cmsg in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                count = len(cmsg) // 4
+                received.extend(struct.unpack(f"<{count}i", cmsg[: count * 4]))
+        self.fds.extend(received)
+        if msg_flags & socket.MSG_CTRUNC:
+            raise FdCountMismatch(f"a message carried more than {4 * MAX_FDS} file descriptors")
+        if not data:
+            raise EOFError("the frontend closed the connection")
+        self.buffer += data
+        messages = []
+        while len(self.buffer) >= HEADER.size:
+            request, flags, size = HEADER.unpack_from(self.buffer)
+            if flags & FLAG_VERSION_MASK != VERSION:
+                raise BadHeader(f"request {request} with protocol version {flags & FLAG_VERSION_MASK} "
+                                f"(flags {flags:#x}); only version {VERSION} exists")
+            if size > MAX_PAYLOAD:
+                raise BadHeader(f"request {request} announces a {size}-byte payload (at most {MAX_PAYLOAD})")
+            if len(self.buffer) < HEADER.size + size:
+                break
+            payload = bytes(self.buffer[HEADER.size:HEADER.size + size])
+            del self.buffer[:HEADER.size + size]
+            messages.append(Message(request, flags, payload, self.fds))
+            self.fds = []
+        return messages
+
+    def close(self) -> None:
+        for fd in self.fds:
+            socket.close(fd)
+        self.fds = []

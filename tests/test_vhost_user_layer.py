@@ -1,0 +1,185 @@
+"""The vhost-user layer over a real socket: framing, validation and libvhost-user behind the cffi binding."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+
+import pytest
+
+from vrdma.vhost_user import protocol
+from vrdma.vhost_user.device import (
+    VHOST_USER_F_PROTOCOL_FEATURES,
+    VIRTIO_F_VERSION_1,
+    State,
+    VhostUserDevice,
+)
+from vrdma.vhost_user.loop import EventLoop
+from vrdma.vhost_user.protocol import Request
+
+pytestmark = pytest.mark.backend
+
+CONFIG = bytes(range(64))
+
+
+class FakeModel:
+    num_queues = 2
+
+    def __init__(self) -> None:
+        self.negotiated: int | None = None
+        self.disconnect_reason: str | None = None
+        self.started: list[tuple[int, bool]] = []
+
+    def device_features(self) -> int:
+        return 0
+
+    def protocol_features(self) -> int:
+        return (1 << 0) | (1 << 9)  # MQ, CONFIG
+
+    def features_negotiated(self, features: int) -> None:
+        self.negotiated = features
+
+    def config_space(self) -> bytes:
+        return CONFIG
+
+    def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None:
+        self.started.append((index, started))
+
+    def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
+        pass
+
+    def disconnected(self, device: VhostUserDevice, reason: str) -> None:
+        self.disconnect_reason = reason
+
+
+class Frontend:
+    """The frontend end of the socket: sends raw messages, reads replies, runs the backend's loop."""
+
+    def __init__(self, sock: socket.socket, loop: EventLoop) -> None:
+        self.sock = sock
+        self.loop = loop
+        self.sock.settimeout(5)
+
+    def send(self, request: int, payload: bytes = b"", flags: int = protocol.VERSION,
+             fds: list[int] | None = None, size: int | None = None) -> None:
+        header = protocol.HEADER.pack(request, flags, len(payload) if size is None else size)
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
+        self.sock.sendmsg([header + payload], ancillary)
+        while self.loop.run_once(0):
+            pass
+
+    def reply(self) -> tuple[int, int, bytes]:
+        header = self.sock.recv(protocol.HEADER.size, socket.MSG_WAITALL)
+        request, flags, size = protocol.HEADER.unpack(header)
+        return request, flags, self.sock.recv(size, socket.MSG_WAITALL) if size else b""
+
+    def u64(self, request: int) -> int:
+        self.send(request)
+        got, flags, payload = self.reply()
+        assert got == request and flags == protocol.VERSION | protocol.FLAG_REPLY
+        return int(protocol.U64.unpack(payload)[0])
+
+
+@pytest.fixture()
+def pair() -> Iterator[tuple[Frontend, VhostUserDevice, FakeModel]]:
+    loop = EventLoop()
+    front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    model = FakeModel()
+    device = VhostUserDevice("vm-test", back, loop, model)
+    yield Frontend(front, loop), device, model
+    device.close("test over")
+    front.close()
+    loop.close()
+
+
+def closed(device: VhostUserDevice, model: FakeModel, reason: str) -> bool:
+    return device.state is State.CLOSED and reason in (model.disconnect_reason or "")
+
+
+def test_feature_negotiation(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    front, device, model = pair
+    features = front.u64(Request.GET_FEATURES)
+    assert features & VIRTIO_F_VERSION_1 and features & VHOST_USER_F_PROTOCOL_FEATURES
+    assert front.u64(Request.GET_PROTOCOL_FEATURES) == model.protocol_features()
+    front.send(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1))
+    assert model.negotiated == VIRTIO_F_VERSION_1
+    assert front.u64(Request.GET_QUEUE_NUM) == 2
+    assert device.state is State.CONNECTED
+
+
+def test_get_config_returns_the_model_config(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    front, _, model = pair
+    front.u64(Request.GET_FEATURES)
+    front.send(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(model.protocol_features()))
+    front.send(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, 16, 0) + bytes(16))
+    request, _, payload = front.reply()
+    assert request == Request.GET_CONFIG
+    assert payload[protocol.CONFIG_HEADER.size:] == CONFIG[:16]
+
+
+def test_none_request_disconnects_only_and_does_not_exit(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    front, device, model = pair
+    assert front.u64(Request.GET_FEATURES)
+    front.send(Request.NONE)
+    assert closed(device, model, "NONE is not supported")  # and this test process is still alive
+
+
+@pytest.mark.parametrize(("request_", "payload", "flags", "size", "reason"), [
+    (Request.GET_FEATURES, b"", 0x0, None, "protocol version 0"),
+    (Request.GET_FEATURES, b"", 0x2, None, "protocol version 2"),
+    (Request.GET_FEATURES, b"", 0x1 | 0x10, None, "unknown flag bits 0x10"),
+    (Request.GET_FEATURES, b"", 0x1 | protocol.FLAG_REPLY, None, "reply flag"),
+    (Request.GET_FEATURES, b"", 0x1, 4096, "announces a 4096-byte payload"),
+    (Request.SET_FEATURES, b"\0" * 4, 0x1, None, "SET_FEATURES with a 4-byte payload (expected 8)"),
+    (Request.GET_FEATURES, b"\0" * 8, 0x1, None, "GET_FEATURES with a 8-byte payload (expected 0)"),
+    (999, b"", 0x1, None, "request 999 is not supported"),
+    (Request.SET_LOG_BASE, b"\0" * 16, 0x1, None, "SET_LOG_BASE is not supported"),
+    (Request.SET_VRING_NUM, protocol.VRING_STATE.pack(2, 64), 0x1, None, "queue 2; the device has 2 queues"),
+    (Request.SET_VRING_KICK, protocol.U64.pack(7 | protocol.VRING_NOFD), 0x1, None, "queue 7"),
+    (Request.SET_VRING_KICK, protocol.U64.pack(0), 0x1, None, "came with 0 file descriptors (expected 1)"),
+    (Request.SET_VRING_KICK, protocol.U64.pack(1 << 20 | protocol.VRING_NOFD), 0x1, None, "unknown bits"),
+    (Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(0, 0), 0x1, None, "with 0 regions"),
+    (Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(9, 0), 0x1, None, "with 9 regions"),
+    (Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(1, 0) + bytes(32), 0x1, None,
+     "came with 0 file descriptors (expected 1)"),
+    (Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, 300, 0), 0x1, None, "GET_CONFIG of 300 bytes"),
+    (Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(250, 16, 0) + bytes(16), 0x1, None, "at offset 250"),
+    (Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, 16, 0), 0x1, None, "with a 12-byte payload"),
+])
+def test_malformed_message_closes_the_device(pair: tuple[Frontend, VhostUserDevice, FakeModel], request_: int,
+                                             payload: bytes, flags: int, size: int | None, reason: str) -> None:
+    front, device, model = pair
+    front.send(request_, payload, flags=flags, size=size)
+    assert closed(device, model, reason), model.disconnect_reason
+
+
+def test_unexpected_file_descriptor_is_refused_and_closed(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    front, device, model = pair
+    read_end, write_end = os.pipe()
+    front.send(Request.GET_FEATURES, fds=[read_end])
+    assert closed(device, model, "GET_FEATURES came with 1 file descriptors (expected 0)")
+    os.close(read_end)
+    os.close(write_end)
+
+
+def test_partial_message_waits_without_blocking(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    front, device, model = pair
+    header = protocol.HEADER.pack(Request.SET_FEATURES, protocol.VERSION, 8)
+    front.sock.sendall(header + b"\0\0")  # header and 2 of 8 payload bytes
+    while front.loop.run_once(0):
+        pass
+    assert device.state is State.CONNECTED and model.negotiated is None
+    front.sock.sendall(protocol.U64.pack(VIRTIO_F_VERSION_1)[2:])
+    while front.loop.run_once(0):
+        pass
+    assert model.negotiated == VIRTIO_F_VERSION_1
+
+
+def test_frontend_hang_up_frees_the_device(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    front, device, model = pair
+    front.sock.close()
+    while front.loop.run_once(0):
+        pass
+    assert closed(device, model, "the frontend disconnected")
