@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from vrdma.errors import VrdmaError
 
@@ -70,6 +73,59 @@ def _cmd_vm_cmdline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_backend(args: argparse.Namespace) -> int:
+    import json
+
+    from vrdma.backend import server
+
+    if args.print_capabilities:
+        print(json.dumps(server.capabilities(), indent=2))
+        return 0
+    specs = _endpoint_specs(args)
+    if not specs:
+        raise server.BackendError("nothing to serve: give --socket-path PATH or --fd N (see --help)")
+    with server.Backend(specs) as backend:
+        if args.ready_fd is not None:
+            try:
+                os.write(args.ready_fd, b"READY\n")
+                os.close(args.ready_fd)
+            except OSError as err:
+                raise server.BackendError(f"--ready-fd {args.ready_fd}: {err}") from err
+        backend.run()
+    return 0
+
+
+def _endpoint_specs(args: argparse.Namespace) -> list[Any]:
+    from vrdma.backend.server import BackendError, EndpointSpec
+
+    macs: dict[str, bytes] = {}
+    for item in args.mac:
+        name, _, text = item.partition("=")
+        try:
+            mac = bytes.fromhex(text.replace(":", ""))
+        except ValueError:
+            mac = b""
+        if not name or len(mac) != 6:
+            raise BackendError(f"--mac {item!r}: expected NAME=xx:xx:xx:xx:xx:xx")
+        macs[name] = mac
+    specs = []
+    for item in args.socket_path:
+        name, sep, path_text = item.partition("=")
+        if not sep or "/" in name:
+            name, path_text = Path(item).stem, item
+        path = Path(path_text).absolute()
+        doorbell_dir = Path(args.doorbell_dir) if args.doorbell_dir else path.parent
+        specs.append(EndpointSpec(name=name, socket_path=path, mac=macs.pop(name, bytes(6)),
+                                  doorbell_path=doorbell_dir / f"{name}.doorbell"))
+    for fd in args.fd:
+        name = f"fd{fd}"
+        doorbell = Path(args.doorbell_dir) / f"{name}.doorbell" if args.doorbell_dir else None
+        specs.append(EndpointSpec(name=name, fd=fd, mac=macs.pop(name, bytes(6)), doorbell_path=doorbell))
+    if macs:
+        raise BackendError(f"--mac for unknown VM(s): {', '.join(macs)}")
+    return specs
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from vrdma import demo
 
@@ -108,6 +164,26 @@ def build_parser() -> argparse.ArgumentParser:
     cl = vm_sub.add_parser("cmdline", help="print the QEMU command lines the harness would run")
     cl.add_argument("--guests", type=_positive_int, default=2)
     cl.set_defaults(func=_cmd_vm_cmdline)
+
+    backend = sub.add_parser(
+        "backend", help="run the vrdma device backend (vhost-user) for one or more VMs",
+        description="Serve one vrdma device (virtio ID 42) per VM over vhost-user. Runs in the foreground until "
+                    "SIGTERM or SIGINT.")
+    backend.add_argument("--socket-path", action="append", default=[], metavar="[NAME=]PATH",
+                         help="listen for a VM's QEMU on this unix socket (repeatable, one device each); the VM "
+                              "name defaults to the file's stem")
+    backend.add_argument("--fd", action="append", default=[], type=int, metavar="N",
+                         help="serve a VM over this inherited, already connected socket (repeatable)")
+    backend.add_argument("--mac", action="append", default=[], metavar="NAME=MAC",
+                         help="MAC of the virtio-net netdev paired with VM NAME's device")
+    backend.add_argument("--doorbell-dir", metavar="DIR",
+                         help="where to create each VM's doorbell region NAME.doorbell (default: next to its "
+                              "socket)")
+    backend.add_argument("--ready-fd", type=int, metavar="N",
+                         help="write READY to this inherited fd once every socket listens")
+    backend.add_argument("--print-capabilities", action="store_true",
+                         help="print the backend's capabilities as JSON and exit")
+    backend.set_defaults(func=_cmd_backend)
 
     demo = sub.add_parser("demo", help="the main job: boot two guests and run RDMA ping-pong between them")
     demo.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto", help=accel_help)
@@ -148,8 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command = guest_command
     if is_exec and not args.command:
         parser.error("no command given: vrdma vm exec GUEST [--timeout S] -- CMD [ARG...]")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="[vrdma] %(message)s", stream=sys.stderr)
+    log_format = ("%(asctime)s %(levelname)s %(name)s: %(message)s" if args.command == "backend"
+                  else "[vrdma] %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=log_format,
+                        stream=sys.stderr)
     try:
         status: int = args.func(args)
     except VrdmaError as err:

@@ -1,0 +1,201 @@
+"""The backend process: one event loop serving one vhost-user device per VM.
+
+Each VM has its own socket, its own RDMA device state and its own doorbell region. A listening socket takes one
+frontend connection at a time; when that connection ends (or breaks), everything the VM owned is freed and the
+socket waits for QEMU to reconnect. Nothing one VM sends can reach another VM's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from vrdma.backend.doorbell import DoorbellRegion
+from vrdma.backend.transport import VirtioRdmaTransport
+from vrdma.device import abi
+from vrdma.device.model import RdmaDevice
+from vrdma.errors import VrdmaError
+from vrdma.vhost_user.device import State, VhostUserDevice
+from vrdma.vhost_user.loop import EventLoop
+
+log = logging.getLogger(__name__)
+
+
+class BackendError(VrdmaError):
+    """The backend cannot start as asked (a socket path it cannot use, a bad option value)."""
+
+
+@dataclass
+class EndpointSpec:
+    name: str
+    socket_path: Path | None = None   # listen here
+    fd: int | None = None             # or use this already connected socket
+    mac: bytes = bytes(6)
+    doorbell_path: Path | None = None
+
+
+class VmEndpoint:
+    """One VM: its socket, its device model, its doorbell region and its current connection."""
+
+    def __init__(self, spec: EndpointSpec, loop: EventLoop) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.loop = loop
+        self.rdma = RdmaDevice(spec.name, mac=spec.mac)
+        self.transport = VirtioRdmaTransport(self.rdma)
+        self.connection: VhostUserDevice | None = None
+        self.listener: socket.socket | None = None
+        if spec.socket_path is not None:
+            self.listener = _listen(spec.socket_path)
+        doorbell_path = spec.doorbell_path or Path(f"/dev/shm/vrdma-{os.getpid()}-{spec.name}.doorbell")
+        try:
+            self.doorbell = DoorbellRegion(doorbell_path, self.rdma.doorbell_size, self.rdma.doorbell_header())
+        except OSError as err:
+            if self.listener is not None:
+                self.listener.close()
+            raise BackendError(f"{self.name}: cannot create the doorbell region {doorbell_path}: "
+                               f"{err.strerror}") from err
+        if self.listener is not None:
+            loop.add_reader(self.listener.fileno(), self._accept)
+            log.info("%s: listening on %s (doorbell region %s)", self.name, spec.socket_path, doorbell_path)
+        elif spec.fd is not None:
+            try:
+                sock = socket.socket(fileno=spec.fd)
+            except OSError as err:
+                raise BackendError(f"{self.name}: --fd {spec.fd} is not a socket: {err}") from err
+            self._serve(sock)
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            sock, _ = self.listener.accept()
+        except OSError as err:
+            log.warning("%s: accept failed: %s", self.name, err)
+            return
+        if self.connection is not None and self.connection.state is State.CONNECTED:
+            log.error("%s: refusing a second frontend connection while one is active", self.name)
+            sock.close()
+            return
+        self._serve(sock)
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            self.connection = VhostUserDevice(self.name, sock, self.loop, self.transport)
+        except OSError as err:
+            log.error("%s: cannot serve the connection: %s", self.name, err)
+            sock.close()
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close("the backend is stopping")
+        if self.listener is not None:
+            self.loop.remove_reader(self.listener.fileno())
+            self.listener.close()
+            if self.spec.socket_path is not None:
+                self.spec.socket_path.unlink(missing_ok=True)
+        self.doorbell.close()
+
+
+def _listen(path: Path) -> socket.socket:
+    if not path.parent.is_dir():
+        raise BackendError(f"cannot listen on {path}: directory {path.parent} does not exist")
+    if path.exists() or path.is_symlink():
+        if not path.is_socket():
+            raise BackendError(f"cannot listen on {path}: it exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink()  # a stale socket of a backend that died
+        except OSError as err:
+            raise BackendError(f"cannot listen on {path}: {err}") from err
+        else:
+            raise BackendError(f"cannot listen on {path}: another process is serving it")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        sock.listen(4)
+    except OSError as err:
+        sock.close()
+        reason = "path too long" if err.errno == errno.EINVAL or len(str(path)) > 107 else err.strerror
+        raise BackendError(f"cannot listen on {path}: {reason}") from err
+    return sock
+
+
+class Backend:
+    """``with Backend(specs) as backend: backend.run()`` until SIGTERM/SIGINT or ``stop()``."""
+
+    def __init__(self, specs: list[EndpointSpec]) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise BackendError(f"VM names must be unique: {', '.join(names)}")
+        self.loop = EventLoop()
+        self.endpoints: list[VmEndpoint] = []
+        self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.stopping = False
+        try:
+            for spec in specs:
+                self.endpoints.append(VmEndpoint(spec, self.loop))
+        except BaseException:
+            self.close()
+            raise
+        self.loop.add_reader(self._stop_r, self._drain_stop)
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stop(self) -> None:
+        """Ask run() to return; safe from a signal handler."""
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+
+    def _drain_stop(self) -> None:
+        while True:
+            try:
+                if not os.read(self._stop_r, 64):
+                    break
+            except BlockingIOError:
+                break
+
+    def run(self) -> None:
+        previous = {sig: signal.signal(sig, lambda *_: self.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while not self.stopping:
+                self.loop.run_once(None)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        log.info("stopping")
+
+    def close(self) -> None:
+        for endpoint in self.endpoints:
+            endpoint.close()
+        self.endpoints = []
+        for fd in (self._stop_r, self._stop_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.loop.close()
+
+
+def capabilities() -> dict[str, object]:
+    """What `vrdma backend --print-capabilities` prints (vhost-user backend program conventions)."""
+    return {
+        "type": "rdma",
+        "virtio-id": abi.const("VRDMA_VIRTIO_ID"),
+        "abi-version": abi.const("VRDMA_ABI_VERSION"),
+        "num-queues": abi.const("VRDMA_NUM_QUEUES"),
+        "config-size": abi.sizeof("vrdma_config"),
+        "features": [],
+    }

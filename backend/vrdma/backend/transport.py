@@ -1,0 +1,126 @@
+"""The virtio transport of one VM's RDMA device: control and event virtqueues over a vhost-user device.
+
+It moves bytes between virtqueue elements and the device model and bounds every loop and copy: a kick processes
+at most one queue's worth of chains, a command is read up to the device's largest command plus one byte, a
+response is written only into the device-writable buffers the driver supplied.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vrdma.device import abi
+from vrdma.device.model import RdmaDevice, ResponseTooSmall
+from vrdma.vhost_user import protocol
+from vrdma.vhost_user.device import Element, VhostUserDevice
+
+log = logging.getLogger(__name__)
+
+CONTROL = abi.const("VRDMA_QUEUE_CONTROL")
+EVENT = abi.const("VRDMA_QUEUE_EVENT")
+MAX_CHAINS_PER_KICK = 1024  # the largest split ring; a guest cannot keep the loop running longer
+EVENT_SIZE = abi.sizeof("vrdma_event")
+
+
+def gather(device: VhostUserDevice, element: Element, limit: int) -> bytes:
+    """The device-readable bytes of a chain, at most ``limit`` of them."""
+    parts = []
+    remaining = limit
+    for address, length in element.out_sg:
+        take = min(length, remaining)
+        if take:
+            parts.append(device.read(address, take))
+        remaining -= take
+        if remaining == 0:
+            break
+    return b"".join(parts)
+
+
+def scatter(device: VhostUserDevice, element: Element, data: bytes) -> int:
+    """Write ``data`` into the chain's device-writable buffers; return how many bytes fit."""
+    offset = 0
+    for address, length in element.in_sg:
+        chunk = data[offset:offset + length]
+        if not chunk:
+            break
+        device.write(address, chunk)
+        offset += len(chunk)
+    return offset
+
+
+class VirtioRdmaTransport:
+    """vhost-user DeviceModel of the vrdma device (see vrdma.vhost_user.device.DeviceModel)."""
+
+    num_queues = abi.const("VRDMA_NUM_QUEUES")
+
+    def __init__(self, rdma: RdmaDevice) -> None:
+        self.rdma = rdma
+        self.device: VhostUserDevice | None = None
+        self.started: set[int] = set()
+
+    def device_features(self) -> int:
+        return 0
+
+    def protocol_features(self) -> int:
+        return (protocol.ProtocolFeature.MQ | protocol.ProtocolFeature.REPLY_ACK | protocol.ProtocolFeature.CONFIG
+                | protocol.ProtocolFeature.CONFIGURE_MEM_SLOTS)
+
+    def features_negotiated(self, features: int) -> None:
+        pass
+
+    def config_space(self) -> bytes:
+        return self.rdma.config_space()
+
+    def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None:
+        log.info("%s: %s queue %s", self.rdma.name, "control" if index == CONTROL else "event",
+                 "started" if started else "stopped")
+        self.device = device
+        (self.started.add if started else self.started.discard)(index)
+        if started and index == EVENT:
+            self.deliver_events()
+
+    def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
+        self.device = device
+        if index == CONTROL:
+            self.process_commands(device)
+        elif index == EVENT:
+            self.deliver_events()
+
+    def process_commands(self, device: VhostUserDevice) -> None:
+        limit = self.rdma.limits.max_command_size
+        done = 0
+        while done < MAX_CHAINS_PER_KICK:
+            element = device.pop(CONTROL)
+            if element is None:
+                break
+            request = gather(device, element, limit + 1)
+            capacity = sum(length for _, length in element.in_sg)
+            try:
+                response = self.rdma.execute(request, capacity)
+            except ResponseTooSmall as err:
+                log.warning("%s: control chain without room for a response: %s", self.rdma.name, err)
+                response = b""
+            device.push(CONTROL, element, scatter(device, element, response))
+            done += 1
+        if done:
+            device.notify(CONTROL)
+
+    def deliver_events(self) -> None:
+        device = self.device
+        if device is None or EVENT not in self.started or not self.rdma.events:
+            return
+        delivered = 0
+        while self.rdma.events and delivered < MAX_CHAINS_PER_KICK:
+            element = device.pop(EVENT)
+            if element is None:
+                break  # no buffer posted: the events wait for the driver's next kick
+            event = self.rdma.events.popleft()
+            device.push(EVENT, element, scatter(device, element, event))
+            delivered += 1
+        if delivered:
+            device.notify(EVENT)
+
+    def disconnected(self, device: VhostUserDevice, reason: str) -> None:
+        self.device = None
+        self.started.clear()
+        self.rdma.reset()

@@ -1,0 +1,83 @@
+"""Control commands: one dispatch table of opcode -> (request struct, response struct, handler).
+
+A command arrives as the bytes of a control-queue chain's device-readable part. Checks run in order: the header
+fits, the opcode is known, the request has exactly its struct's size, the response fits the space the driver
+gave. Anything else gets a response header with a status; nothing in a request is used before it is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vrdma.device import abi
+
+if TYPE_CHECKING:
+    from vrdma.device.model import RdmaDevice
+
+STATUS_OK = abi.const("VRDMA_STATUS_OK")
+STATUS_NOT_SUPPORTED = abi.const("VRDMA_STATUS_NOT_SUPPORTED")
+STATUS_INVALID = abi.const("VRDMA_STATUS_INVALID")
+STATUS_BAD_LENGTH = abi.const("VRDMA_STATUS_BAD_LENGTH")
+RESP_HDR_SIZE = abi.sizeof("vrdma_resp_hdr")
+CMD_HDR_SIZE = abi.sizeof("vrdma_cmd_hdr")
+
+
+class CommandFailed(Exception):
+    """A handler refuses a request; becomes the response status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        super().__init__(reason)
+
+
+Handler = Callable[["RdmaDevice", Any, Any], None]  # (device, request, response to fill)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    request: str
+    response: str
+    handler: Handler
+
+
+def _query_device(device: RdmaDevice, request: Any, response: Any) -> None:
+    limits = device.limits
+    for field in ("max_qp", "max_qp_wr", "max_sge", "max_cq", "max_cqe", "max_mr", "max_pd", "max_srq",
+                  "max_srq_wr", "max_srq_sge", "max_ah", "max_inline_data", "max_mr_size", "page_size_cap"):
+        setattr(response, field, getattr(limits, field))
+    response.max_qp_rd_atom = limits.max_qp_rd_atom
+    response.max_qp_init_rd_atom = limits.max_qp_rd_atom
+    response.fw_ver = device.fw_version
+    response.node_guid = device.node_guid
+    response.sys_image_guid = device.node_guid
+    response.vendor_id = 0x1AF4
+    response.vendor_part_id = abi.const("VRDMA_VIRTIO_ID")
+    response.hw_ver = abi.const("VRDMA_ABI_VERSION")
+
+
+def _query_port(device: RdmaDevice, request: Any, response: Any) -> None:
+    if request.port != 1:
+        raise CommandFailed(STATUS_INVALID, f"port {request.port} does not exist (the device has port 1)")
+    if any(request.reserved):
+        raise CommandFailed(STATUS_INVALID, "reserved bytes of QUERY_PORT are not zero")
+    response.state = abi.const("VRDMA_PORT_STATE_ACTIVE")
+    response.max_mtu = 5       # IB_MTU_4096
+    response.active_mtu = 3    # IB_MTU_1024, what a 1500-byte Ethernet link carries in RoCE
+    response.gid_tbl_len = device.limits.gid_table_len
+    response.max_msg_sz = device.limits.max_msg_size
+    response.pkey_tbl_len = 1
+    response.link_layer = abi.const("VRDMA_LINK_LAYER_ETHERNET")
+    response.active_speed = 1  # SDR
+    response.active_width = 1  # 1X
+    response.phys_state = 5    # LinkUp
+
+
+COMMANDS: dict[int, Command] = {
+    abi.const("VRDMA_CMD_QUERY_DEVICE"): Command("QUERY_DEVICE", "vrdma_cmd_query_device",
+                                                 "vrdma_resp_query_device", _query_device),
+    abi.const("VRDMA_CMD_QUERY_PORT"): Command("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port",
+                                               _query_port),
+}

@@ -1,0 +1,136 @@
+"""One VM's RDMA device: identity, config space, command execution, pending events, counters."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vrdma.device import abi
+from vrdma.device.commands import (
+    CMD_HDR_SIZE,
+    COMMANDS,
+    RESP_HDR_SIZE,
+    STATUS_BAD_LENGTH,
+    STATUS_NOT_SUPPORTED,
+    STATUS_OK,
+    CommandFailed,
+)
+from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
+
+log = logging.getLogger(__name__)
+
+FW_VERSION = 1
+
+
+@dataclass
+class Counters:
+    commands: int = 0
+    command_errors: int = 0
+    events_posted: int = 0
+    events_dropped: int = 0
+    by_opcode: dict[str, int] = field(default_factory=dict)
+
+
+class ResponseTooSmall(Exception):
+    """The driver gave less device-writable space than a response header: nothing can be said."""
+
+
+class RdmaDevice:
+    def __init__(self, name: str, *, mac: bytes = bytes(6), limits: DeviceLimits = DEFAULT_LIMITS,
+                 pairing_id: int | None = None) -> None:
+        if len(mac) != 6:
+            raise ValueError(f"a MAC address has 6 bytes, not {len(mac)}")
+        self.name = name
+        self.mac = mac
+        self.limits = limits
+        self.pairing_id = pairing_id if pairing_id is not None else secrets.randbits(64)
+        self.node_guid = (secrets.randbits(64) & ~0xFF) | 0x02  # locally administered
+        self.fw_version = FW_VERSION
+        self.counters = Counters()
+        self.events: collections.deque[bytes] = collections.deque()
+        self.on_event: Callable[[], None] | None = None
+
+    # -- config space and doorbell region -----------------------------------------------------------------
+
+    def config_space(self) -> bytes:
+        limits = self.limits
+        config = abi.new("vrdma_config", abi_version=abi.const("VRDMA_ABI_VERSION"),
+                         doorbell_page_size=abi.const("VRDMA_DOORBELL_PAGE_SIZE"), pairing_id=self.pairing_id,
+                         doorbell_pages=limits.doorbell_pages, max_ucontext=limits.doorbell_pages - 1)
+        config.mac = list(self.mac)
+        for name in ("max_qp", "max_qp_wr", "max_sge", "max_inline_data", "max_cq", "max_cqe", "max_mr", "max_pd",
+                     "max_srq", "max_srq_wr", "max_ah", "max_mr_size"):
+            setattr(config, name, getattr(limits, name))
+        return abi.to_bytes(config)
+
+    def doorbell_header(self) -> bytes:
+        header = abi.new("vrdma_doorbell_header", magic=abi.const("VRDMA_DOORBELL_MAGIC"),
+                         pairing_id=self.pairing_id, abi_version=abi.const("VRDMA_ABI_VERSION"),
+                         page_size=abi.const("VRDMA_DOORBELL_PAGE_SIZE"), num_pages=self.limits.doorbell_pages)
+        return abi.to_bytes(header)
+
+    @property
+    def doorbell_size(self) -> int:
+        return self.limits.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
+
+    # -- control commands ---------------------------------------------------------------------------------
+
+    def execute(self, request: bytes, capacity: int) -> bytes:
+        """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits."""
+        if capacity < RESP_HDR_SIZE:
+            self.counters.command_errors += 1
+            raise ResponseTooSmall(f"{capacity} device-writable bytes, a response needs at least {RESP_HDR_SIZE}")
+        self.counters.commands += 1
+        if len(request) < CMD_HDR_SIZE:
+            return self._error(0, 0, STATUS_BAD_LENGTH, f"a {len(request)}-byte command has no header")
+        hdr = abi.from_bytes("vrdma_cmd_hdr", request[:CMD_HDR_SIZE])
+        opcode, seq = int(hdr.opcode), int(hdr.seq)
+        command = COMMANDS.get(opcode)
+        if command is None:
+            return self._error(opcode, seq, STATUS_NOT_SUPPORTED, f"unknown command {opcode}")
+        self.counters.by_opcode[command.name] = self.counters.by_opcode.get(command.name, 0) + 1
+        if hdr.reserved:
+            return self._error(opcode, seq, abi.const("VRDMA_STATUS_INVALID"),
+                               f"{command.name}: reserved header field is {hdr.reserved}")
+        expected = abi.sizeof(command.request)
+        if len(request) != expected:
+            return self._error(opcode, seq, STATUS_BAD_LENGTH,
+                               f"{command.name} of {len(request)} bytes (expected {expected})")
+        response_size = abi.sizeof(command.response)
+        if capacity < response_size:
+            return self._error(opcode, seq, STATUS_BAD_LENGTH,
+                               f"{command.name} response needs {response_size} bytes, the driver gave {capacity}")
+        body = abi.from_bytes(command.request, request)
+        response = abi.new(command.response)
+        response.hdr.opcode, response.hdr.seq = opcode, seq
+        try:
+            command.handler(self, body, response)
+        except CommandFailed as err:
+            return self._error(opcode, seq, err.status, f"{command.name}: {err}")
+        response.hdr.status = STATUS_OK
+        log.debug("%s: %s seq %d ok", self.name, command.name, seq)
+        return abi.to_bytes(response)
+
+    def _error(self, opcode: int, seq: int, status: int, reason: str) -> bytes:
+        self.counters.command_errors += 1
+        log.warning("%s: command refused (status %d): %s", self.name, status, reason)
+        return abi.to_bytes(abi.new("vrdma_resp_hdr", opcode=opcode, status=status, seq=seq))
+
+    # -- events -------------------------------------------------------------------------------------------
+
+    def post_event(self, event_type: int, handle: int = 0, data: int = 0) -> None:
+        """Queue an event for the driver; the oldest are dropped (and counted) past the limit."""
+        if len(self.events) >= self.limits.max_pending_events:
+            self.events.popleft()
+            self.counters.events_dropped += 1
+        self.events.append(abi.to_bytes(abi.new("vrdma_event", type=event_type, handle=handle, data=data)))
+        self.counters.events_posted += 1
+        if self.on_event is not None:
+            self.on_event()
+
+    def reset(self) -> None:
+        """The guest reset the device or went away: forget everything it owned."""
+        self.events.clear()

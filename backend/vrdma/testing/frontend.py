@@ -1,0 +1,261 @@
+"""A simulated vhost-user frontend: what QEMU and a guest driver do to a backend, done from Python.
+
+It connects to a backend's socket, negotiates features, shares memfd "guest memory" through SET_MEM_TABLE,
+lays out real split virtqueues in that memory, kicks through eventfds and waits on call eventfds. Tests use it
+for everything that does not need a real guest (including malformed input, through ``send_raw``); benchmarks
+use it to drive the backend at native speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from vrdma.vhost_user import protocol
+from vrdma.vhost_user.protocol import Request
+
+VIRTIO_F_VERSION_1 = 1 << 32
+VHOST_USER_F_PROTOCOL_FEATURES = 1 << 30
+DESC = struct.Struct("<QIHH")        # addr, len, flags, next
+VRING_DESC_F_NEXT, VRING_DESC_F_WRITE = 1, 2
+USER_BASE = 0x7F00_0000_0000         # the "QEMU virtual address" of guest memory, as a real frontend has one
+
+
+class FrontendError(Exception):
+    pass
+
+
+class GuestMemory:
+    """Guest RAM in a memfd: guest physical address 0 is offset 0, with a bump allocator."""
+
+    def __init__(self, size: int = 16 << 20) -> None:
+        self.size = size
+        self.fd = os.memfd_create("vrdma-guest", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size)
+        self.next = 0x1000  # keep gpa 0 unused, as a null pointer should be
+
+    def alloc(self, size: int, align: int = 16) -> int:
+        start = (self.next + align - 1) & ~(align - 1)
+        if start + size > self.size:
+            raise FrontendError(f"guest memory exhausted ({self.size} bytes)")
+        self.next = start + size
+        return start
+
+    def read(self, gpa: int, length: int) -> bytes:
+        return bytes(self.map[gpa:gpa + length])
+
+    def write(self, gpa: int, data: bytes) -> None:
+        self.map[gpa:gpa + len(data)] = data
+
+    def region(self) -> bytes:
+        return protocol.MEMORY_REGION.pack(0, self.size, USER_BASE, 0)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+@dataclass
+class Virtqueue:
+    """A split virtqueue laid out in guest memory, with its kick and call eventfds."""
+
+    memory: GuestMemory
+    index: int
+    size: int = 64
+    desc: int = 0
+    avail: int = 0
+    used: int = 0
+    avail_idx: int = 0
+    used_seen: int = 0
+    free: list[int] = field(default_factory=list)
+    kick: int = -1
+    call: int = -1
+
+    def __post_init__(self) -> None:
+        self.desc = self.memory.alloc(16 * self.size, 16)
+        self.avail = self.memory.alloc(6 + 2 * self.size, 2)
+        self.used = self.memory.alloc(6 + 8 * self.size, 4)
+        self.free = list(range(self.size))
+        self.kick = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.call = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+
+    def address_payload(self) -> bytes:
+        """SET_VRING_ADDR payload: ring addresses are frontend virtual addresses."""
+        return struct.pack("<IIQQQQ", self.index, 0, USER_BASE + self.desc, USER_BASE + self.used,
+                           USER_BASE + self.avail, 0)
+
+    def add(self, out: list[bytes], in_sizes: list[int]) -> tuple[int, list[int]]:
+        """Post a chain of device-readable buffers then device-writable ones; return (head, in buffer gpas)."""
+        count = len(out) + len(in_sizes)
+        if count == 0 or count > len(self.free):
+            raise FrontendError(f"cannot post a chain of {count} descriptors ({len(self.free)} free)")
+        ids = [self.free.pop(0) for _ in range(count)]
+        in_gpas = []
+        buffers = [(data, 0) for data in out] + [(bytes(size), VRING_DESC_F_WRITE) for size in in_sizes]
+        for position, (desc_id, (data, flags)) in enumerate(zip(ids, buffers, strict=True)):
+            gpa = self.memory.alloc(max(len(data), 1), 8)
+            self.memory.write(gpa, data)
+            if flags & VRING_DESC_F_WRITE:
+                in_gpas.append(gpa)
+            last = position == count - 1
+            self.write_desc(desc_id, gpa, len(data), flags | (0 if last else VRING_DESC_F_NEXT),
+                            0 if last else ids[position + 1])
+        self.publish(ids[0])
+        return ids[0], in_gpas
+
+    def write_desc(self, desc_id: int, addr: int, length: int, flags: int, next_id: int) -> None:
+        self.memory.write(self.desc + 16 * desc_id, DESC.pack(addr, length, flags, next_id))
+
+    def publish(self, head: int) -> None:
+        slot = self.avail_idx % self.size
+        self.memory.write(self.avail + 4 + 2 * slot, struct.pack("<H", head))
+        self.avail_idx = (self.avail_idx + 1) & 0xFFFF
+        self.memory.write(self.avail + 2, struct.pack("<H", self.avail_idx))
+
+    def notify(self) -> None:
+        os.eventfd_write(self.kick, 1)
+
+    def wait_used(self, timeout: float = 5.0) -> list[tuple[int, int]]:
+        """Wait for the device to signal the call eventfd; return the new used entries (id, length)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            entries = self.reap()
+            if entries:
+                return entries
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FrontendError(f"queue {self.index}: no used buffer within {timeout:g} s")
+            ready, _, _ = select.select([self.call], [], [], remaining)
+            if ready:
+                with contextlib.suppress(BlockingIOError):  # another reader consumed it
+                    os.eventfd_read(self.call)
+
+    def reap(self) -> list[tuple[int, int]]:
+        used_idx = struct.unpack("<H", self.memory.read(self.used + 2, 2))[0]
+        entries = []
+        while self.used_seen != used_idx:
+            slot = self.used_seen % self.size
+            desc_id, length = struct.unpack("<II", self.memory.read(self.used + 4 + 8 * slot, 8))
+            entries.append((desc_id, length))
+            self.used_seen = (self.used_seen + 1) & 0xFFFF
+            self._free_chain(desc_id)
+        return entries
+
+    def _free_chain(self, head: int) -> None:
+        desc_id = head
+        for _ in range(self.size):
+            _, _, flags, next_id = DESC.unpack(self.memory.read(self.desc + 16 * desc_id, 16))
+            self.free.append(desc_id)
+            if not flags & VRING_DESC_F_NEXT:
+                return
+            desc_id = next_id
+
+    def close(self) -> None:
+        os.close(self.kick)
+        os.close(self.call)
+
+
+class Frontend:
+    """``with Frontend(path) as fe: fe.start(); fe.command(...)`` — one simulated VM."""
+
+    def __init__(self, socket_path: str, memory_size: int = 16 << 20, timeout: float = 5.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(socket_path)
+        self.memory = GuestMemory(memory_size)
+        self.queues: list[Virtqueue] = []
+
+    def __enter__(self) -> Frontend:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- messages -------------------------------------------------------------------------------------------
+
+    def send_raw(self, request: int, payload: bytes = b"", flags: int = protocol.VERSION,
+                 fds: list[int] | None = None, size: int | None = None) -> None:
+        header = protocol.HEADER.pack(request, flags, len(payload) if size is None else size)
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
+        self.sock.sendmsg([header + payload], ancillary)
+
+    def reply(self, request: int) -> bytes:
+        header = self._recv_exact(protocol.HEADER.size)
+        got, flags, size = protocol.HEADER.unpack(header)
+        if got != request or flags != protocol.VERSION | protocol.FLAG_REPLY:
+            raise FrontendError(f"reply to {request} came as request {got} with flags {flags:#x}")
+        return self._recv_exact(size)
+
+    def _recv_exact(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise FrontendError("the backend closed the connection")
+            data += chunk
+        return data
+
+    def get_u64(self, request: int) -> int:
+        self.send_raw(request)
+        return int(protocol.U64.unpack(self.reply(request))[0])
+
+    def acked(self, request: int, payload: bytes = b"", fds: list[int] | None = None) -> None:
+        """Send with NEED_REPLY (REPLY_ACK) and check the backend reports success."""
+        self.send_raw(request, payload, flags=protocol.VERSION | protocol.FLAG_NEED_REPLY, fds=fds)
+        status = protocol.U64.unpack(self.reply(request))[0]
+        if status != 0:
+            raise FrontendError(f"{Request(request).name} failed in the backend (status {status})")
+
+    # -- device set-up --------------------------------------------------------------------------------------
+
+    def start(self, num_queues: int = 2, queue_size: int = 64) -> None:
+        """Do what QEMU does up to DRIVER_OK: negotiate, share memory, set up and enable every queue."""
+        features = self.get_u64(Request.GET_FEATURES)
+        if not features & VHOST_USER_F_PROTOCOL_FEATURES:
+            raise FrontendError(f"backend features {features:#x} lack PROTOCOL_FEATURES")
+        protocol_features = self.get_u64(Request.GET_PROTOCOL_FEATURES)
+        self.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(protocol_features))
+        self.acked(Request.SET_OWNER)
+        self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES))
+        self.acked(Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(1, 0) + self.memory.region(),
+                   fds=[self.memory.fd])
+        for index in range(num_queues):
+            vq = Virtqueue(self.memory, index, queue_size)
+            self.queues.append(vq)
+            self.acked(Request.SET_VRING_NUM, protocol.VRING_STATE.pack(index, queue_size))
+            self.acked(Request.SET_VRING_BASE, protocol.VRING_STATE.pack(index, 0))
+            self.acked(Request.SET_VRING_ADDR, vq.address_payload())
+            self.acked(Request.SET_VRING_CALL, protocol.U64.pack(index), fds=[vq.call])
+            self.acked(Request.SET_VRING_KICK, protocol.U64.pack(index), fds=[vq.kick])
+            self.acked(Request.SET_VRING_ENABLE, protocol.VRING_STATE.pack(index, 1))
+
+    def get_config(self, size: int) -> bytes:
+        self.send_raw(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, size, 0) + bytes(size))
+        return self.reply(Request.GET_CONFIG)[protocol.CONFIG_HEADER.size:]
+
+    # -- the driver's side of the queues --------------------------------------------------------------------
+
+    def command(self, request: bytes, response_size: int, queue: int = 0, timeout: float = 5.0) -> bytes:
+        """Post a command chain on a queue, kick, wait for it to be used, return what the device wrote."""
+        vq = self.queues[queue]
+        head, in_gpas = vq.add([request], [response_size])
+        vq.notify()
+        for desc_id, length in vq.wait_used(timeout):
+            if desc_id == head:
+                return self.memory.read(in_gpas[0], min(length, response_size))
+        raise FrontendError(f"queue {queue}: used ring returned another chain than {head}")
+
+    def close(self) -> None:
+        self.sock.close()
+        for vq in self.queues:
+            vq.close()
+        self.memory.close()

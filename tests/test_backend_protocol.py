@@ -1,0 +1,121 @@
+"""The backend process driven through the simulated frontend: the vrdma device over real vhost-user."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vrdma.device import abi
+from vrdma.testing.frontend import Frontend, FrontendError
+
+pytestmark = pytest.mark.backend
+
+
+class BackendProcess:
+    """`vrdma backend` serving vm0 and vm1, started and stopped by a test."""
+
+    def __init__(self, directory: Path, names: tuple[str, ...] = ("vm0", "vm1")) -> None:
+        self.directory = directory
+        self.sockets = {name: directory / f"{name}.sock" for name in names}
+        self.log = directory / "backend.log"
+        read_end, write_end = os.pipe()
+        args = [a for name, path in self.sockets.items() for a in ("--socket-path", f"{name}={path}")]
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vrdma.cli", "-v", "backend", *args, "--mac", "vm0=52:54:00:76:72:00",
+                 "--ready-fd", str(write_end)], pass_fds=[write_end], stdout=log, stderr=subprocess.STDOUT)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as ready:
+            line = ready.read()  # EOF without READY: the backend failed to start
+        if line != b"READY\n":
+            self.proc.kill()
+            raise AssertionError(f"backend did not start:\n{self.log.read_text()}")
+
+    def frontend(self, name: str) -> Frontend:
+        return Frontend(str(self.sockets[name]))
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(10)
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
+        """The backend logs asynchronously to a file: poll it until ``text`` appears (or fail with the log)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log_text():
+            assert time.monotonic() < deadline, f"{text!r} not logged:\n{self.log_text()}"
+            time.sleep(0.01)
+
+
+@pytest.fixture()
+def backend(tmp_path: Path) -> Iterator[BackendProcess]:
+    process = BackendProcess(tmp_path)
+    yield process
+    if process.proc.poll() is None:
+        assert process.stop() == 0, process.log_text()
+
+
+def query_device(fe: Frontend, seq: int = 1) -> object:
+    request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE"),
+                                                                  "seq": seq}))
+    response = fe.command(request, abi.sizeof("vrdma_resp_query_device"))
+    return abi.from_bytes("vrdma_resp_query_device", response)
+
+
+def test_print_capabilities_is_json() -> None:
+    out = subprocess.run([sys.executable, "-m", "vrdma.cli", "backend", "--print-capabilities"],
+                         capture_output=True, text=True, check=True).stdout
+    caps = json.loads(out)
+    assert caps["type"] == "rdma" and caps["virtio-id"] == 42 and caps["num-queues"] == 2
+
+
+def test_config_space(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe:
+        fe.start()
+        config = abi.from_bytes("vrdma_config", fe.get_config(abi.sizeof("vrdma_config")))
+    assert config.abi_version == abi.const("VRDMA_ABI_VERSION")
+    assert bytes(config.mac) == bytes.fromhex("525400767200")
+    assert config.doorbell_page_size == 4096 and config.max_ucontext == config.doorbell_pages - 1
+    doorbell = (backend.directory / "vm0.doorbell").read_bytes()
+    header = abi.from_bytes("vrdma_doorbell_header", doorbell[:abi.sizeof("vrdma_doorbell_header")])
+    assert header.magic == abi.const("VRDMA_DOORBELL_MAGIC") and header.pairing_id == config.pairing_id
+    assert len(doorbell) == config.doorbell_pages * 4096
+
+
+def test_query_device_round_trip(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe:
+        fe.start()
+        response = query_device(fe, seq=42)
+    assert response.hdr.status == abi.const("VRDMA_STATUS_OK") and response.hdr.seq == 42
+    assert response.vendor_id == 0x1AF4 and response.max_qp > 0
+    assert "vm0: negotiated features" in backend.log_text()
+
+
+def test_unknown_command_is_not_supported(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe:
+        fe.start()
+        raw = fe.command(abi.to_bytes(abi.new("vrdma_cmd_hdr", opcode=0x7777, seq=5)), 64)
+    response = abi.from_bytes("vrdma_resp_hdr", raw[:8])
+    assert (response.opcode, response.status, response.seq) == (0x7777, abi.const("VRDMA_STATUS_NOT_SUPPORTED"), 5)
+
+
+def test_one_vm_breaking_the_protocol_leaves_the_other_served(backend: BackendProcess) -> None:
+    with backend.frontend("vm1") as good, backend.frontend("vm0") as bad:
+        good.start()
+        bad.send_raw(0)  # VHOST_USER_NONE: libvhost-user alone would exit(0) the whole process
+        with pytest.raises(FrontendError, match="closed the connection"):
+            bad.reply(0)
+        assert query_device(good).hdr.status == 0
+    backend.wait_for_log("vm0: closing the device: protocol error: NONE is not supported")
+    with backend.frontend("vm0") as again:  # the VM's socket accepts a new connection
+        again.start()
+        assert query_device(again).hdr.status == 0
