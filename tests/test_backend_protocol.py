@@ -49,10 +49,13 @@ class BackendProcess:
         return self.log.read_text()
 
     def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
-        """The backend logs asynchronously to a file: poll it until ``text`` appears (or fail with the log)."""
+        self.wait_for_log_count(text, 1, timeout)
+
+    def wait_for_log_count(self, text: str, count: int, timeout: float = 10.0) -> None:
+        """The backend logs to a file as it goes: poll it until ``text`` appears ``count`` times."""
         deadline = time.monotonic() + timeout
-        while text not in self.log_text():
-            assert time.monotonic() < deadline, f"{text!r} not logged:\n{self.log_text()}"
+        while self.log_text().count(text) < count:
+            assert time.monotonic() < deadline, f"{text!r} not logged {count} times:\n{self.log_text()}"
             time.sleep(0.01)
 
 
