@@ -122,3 +122,25 @@ def test_one_vm_breaking_the_protocol_leaves_the_other_served(backend: BackendPr
     with backend.frontend("vm0") as again:  # the VM's socket accepts a new connection
         again.start()
         assert query_device(again).hdr.status == 0
+
+
+def pairing_id(backend: BackendProcess, name: str) -> int:
+    with backend.frontend(name) as fe:
+        fe.start()
+        return int(abi.from_bytes("vrdma_config", fe.get_config(abi.sizeof("vrdma_config"))).pairing_id)
+
+
+def test_restarted_backend_keeps_the_doorbell_region_and_pairing(tmp_path: Path) -> None:
+    first = BackendProcess(tmp_path)
+    before = pairing_id(first, "vm0"), pairing_id(first, "vm1")
+    inode = (tmp_path / "vm0.doorbell").stat().st_ino
+    first.proc.kill()  # as a crash would
+    first.proc.wait()
+    second = BackendProcess(tmp_path)
+    try:
+        assert (pairing_id(second, "vm0"), pairing_id(second, "vm1")) == before
+        assert before[0] != before[1]
+        assert (tmp_path / "vm0.doorbell").stat().st_ino == inode  # QEMU's mapping stays valid
+        assert "vm0: listening on" in second.log_text() and "reused" in second.log_text()
+    finally:
+        assert second.stop() == 0

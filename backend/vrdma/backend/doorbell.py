@@ -3,28 +3,48 @@
 Page 0 holds ``struct vrdma_doorbell_header`` (magic, pairing identifier, ABI version, geometry); the driver
 finds its ivshmem device by the pairing identifier it also reads from the virtio config space. Later pages
 are the user contexts' doorbell pages.
+
+The region belongs to the VM, not to one backend process: QEMU maps the file for the VM's lifetime, so a
+restarted backend opens the same file (never a new inode) and keeps its pairing identifier, and no backend
+removes it on exit. Whoever created the VM's run directory removes it with the VM.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import secrets
 from pathlib import Path
+
+from vrdma.device import abi
+
+HEADER_SIZE = abi.sizeof("vrdma_doorbell_header")
 
 
 class DoorbellRegion:
-    def __init__(self, path: Path, size: int, header: bytes) -> None:
+    def __init__(self, path: Path, size: int) -> None:
         if size <= 0 or size & (size - 1):
             raise ValueError(f"ivshmem needs a power-of-two region size, not {size}")
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.size = size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, size)
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
             self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        header = abi.from_bytes("vrdma_doorbell_header", self.map[:HEADER_SIZE])
+        if (header.magic == abi.const("VRDMA_DOORBELL_MAGIC") and header.num_pages * header.page_size == size
+                and header.pairing_id):
+            self.pairing_id = int(header.pairing_id)
+            self.reused = True
+        else:
+            self.pairing_id = secrets.randbits(64) or 1
+            self.reused = False
+
+    def write_header(self, header: bytes) -> None:
         self.map[:len(header)] = header
 
     def close(self) -> None:
         self.map.close()
-        self.path.unlink(missing_ok=True)

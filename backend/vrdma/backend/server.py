@@ -20,6 +20,7 @@ from vrdma.backend.doorbell import DoorbellRegion
 from vrdma.backend.transport import VirtioRdmaTransport
 from vrdma.device import abi
 from vrdma.device.model import RdmaDevice
+from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.errors import VrdmaError
 from vrdma.vhost_user.device import State, VhostUserDevice
 from vrdma.vhost_user.loop import EventLoop
@@ -47,23 +48,27 @@ class VmEndpoint:
         self.spec = spec
         self.name = spec.name
         self.loop = loop
-        self.rdma = RdmaDevice(spec.name, mac=spec.mac)
-        self.transport = VirtioRdmaTransport(self.rdma)
         self.connection: VhostUserDevice | None = None
         self.listener: socket.socket | None = None
         if spec.socket_path is not None:
             self.listener = _listen(spec.socket_path)
         doorbell_path = spec.doorbell_path or Path(f"/dev/shm/vrdma-{os.getpid()}-{spec.name}.doorbell")
+        size = DEFAULT_LIMITS.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
         try:
-            self.doorbell = DoorbellRegion(doorbell_path, self.rdma.doorbell_size, self.rdma.doorbell_header())
+            self.doorbell = DoorbellRegion(doorbell_path, size)
         except OSError as err:
             if self.listener is not None:
                 self.listener.close()
             raise BackendError(f"{self.name}: cannot create the doorbell region {doorbell_path}: "
                                f"{err.strerror}") from err
+        self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id)
+        self.doorbell.write_header(self.rdma.doorbell_header())
+        self.transport = VirtioRdmaTransport(self.rdma)
         if self.listener is not None:
             loop.add_reader(self.listener.fileno(), self._accept)
-            log.info("%s: listening on %s (doorbell region %s)", self.name, spec.socket_path, doorbell_path)
+            log.info("%s: listening on %s (doorbell region %s, %s, pairing id %#018x)", self.name,
+                     spec.socket_path, doorbell_path, "reused" if self.doorbell.reused else "new",
+                     self.rdma.pairing_id)
         elif spec.fd is not None:
             try:
                 sock = socket.socket(fileno=spec.fd)
