@@ -32,7 +32,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_vm_up(args: argparse.Namespace) -> int:
     from vrdma.harness import session
 
-    guests = session.up(args.guests, accel=args.accel, memory_mib=args.memory, boot_timeout=args.boot_timeout)
+    guests = session.up(args.guests, accel=args.accel, memory_mib=args.memory, boot_timeout=args.boot_timeout,
+                        with_device=not args.no_device)
     for guest in guests:
         print(f"{guest.name}\t{guest.address}\tready in {guest.boot_seconds or 0:.1f} s\t{guest.directory}")
     return 0
@@ -150,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--memory", type=_positive_int, default=1024, metavar="MIB", help="guest RAM (default 1024)")
     up.add_argument("--boot-timeout", type=float, default=120.0, metavar="S",
                     help="seconds a guest may take to become ready (default 120)")
+    up.add_argument("--no-device", action="store_true",
+                    help="boot the guests without the vrdma device (and without starting the backend)")
     up.set_defaults(func=_cmd_vm_up)
     ex = vm_sub.add_parser("exec", help="run a command in a guest: vrdma vm exec vm0 -- CMD [ARG...]")
     ex.add_argument("guest", help="guest name: vm0, vm1, ...")

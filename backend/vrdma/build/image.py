@@ -29,6 +29,7 @@ PACKAGES = [
     "kmod",                # modprobe that understands modules.dep and aliases
     "iproute2",            # ip and the `rdma` tool
     "iputils-ping",
+    "pciutils",            # lspci (Debian's busybox has none)
     "qemu-guest-agent",    # how the host runs commands in the guest
     "libibverbs1",
     "ibverbs-utils",       # ibv_devices, ibv_devinfo, ibv_rc_pingpong, ...

@@ -11,6 +11,7 @@ from types import TracebackType
 
 from vrdma.harness import accel as accel_probe
 from vrdma.harness import linkhub
+from vrdma.harness.backend import BackendService
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.vm import Products, Vm
 
@@ -22,7 +23,7 @@ class Cluster:
 
     def __init__(self, count: int, directory: Path, *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, detach: bool = False, products: Products | None = None,
-                 append_extra: dict[int, str] | None = None) -> None:
+                 append_extra: dict[int, str] | None = None, with_device: bool = True) -> None:
         if count < 1:
             raise ValueError(f"a cluster needs at least one guest, not {count}")
         self.count = count
@@ -33,8 +34,10 @@ class Cluster:
         self.detach = detach
         self.products = products
         self.append_extra = append_extra or {}
+        self.with_device = with_device
         self.vms: list[Vm] = []
         self.hub: subprocess.Popen[bytes] | None = None
+        self.backend: BackendService | None = None
         self.accel = ""
 
     def __enter__(self) -> Cluster:
@@ -72,6 +75,10 @@ class Cluster:
         self.accel = accel_probe.choose(self.requested_accel, str(products.qemu["binary_path"]),
                                         list(products.qemu["firmware_dirs"]), str(products.kernel["vmlinuz_path"]))
         identities = [GuestIdentity(i) for i in range(self.count)]
+        if self.with_device:
+            # One backend for all guests, listening before any QEMU starts.
+            self.backend = BackendService(self.directory, identities, detach=self.detach)
+            self.backend.start()
         if self.count > 2:
             guests = [self.directory / ident.name / "link.sock" for ident in identities]
             self.hub = linkhub.start(self.directory / "hub.sock", guests, self.directory / "hub.log", self.detach)
@@ -79,7 +86,8 @@ class Cluster:
             self.vms.append(Vm(ident, self.directory / ident.name, accel=self.accel, products=products,
                                link_remote=self.link_paths(ident.index), memory_mib=self.memory_mib,
                                boot_timeout=self.boot_timeout, detach=self.detach,
-                               append_extra=self.append_extra.get(ident.index, "")))
+                               append_extra=self.append_extra.get(ident.index, ""),
+                               with_device=self.with_device))
         for vm in self.vms:
             vm.launch()  # from this thread: QEMU's parent-death signal follows the launching thread
         with concurrent.futures.ThreadPoolExecutor(len(self.vms)) as pool:
@@ -93,6 +101,9 @@ class Cluster:
         for vm in self.vms:
             with contextlib.suppress(Exception):
                 vm.shutdown()
+        if self.backend is not None:
+            self.backend.stop()
+            self.backend = None
         if self.hub is not None:
             self.hub.terminate()
             try:

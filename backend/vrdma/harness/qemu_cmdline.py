@@ -14,11 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vrdma import paths
+from vrdma.device import abi
+from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.errors import VrdmaError
 
 TEMPLATE_NAME = "guest.args"
+DEVICE_TEMPLATE_NAME = "vrdma-device.args"  # appended for guests with a vrdma device
 LINK_NET = "169.254.100"  # the guests' private link: vm0 is .1, vm1 is .2, ...
 LINK_PREFIX = 24
+DOORBELL_SIZE = DEFAULT_LIMITS.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
+CONFIG_SIZE = abi.sizeof("vrdma_config")
 
 
 @dataclass(frozen=True)
@@ -88,21 +93,35 @@ def render(fields: Mapping[str, str], template: Path | None = None) -> list[str]
             for arg in ((option,) if value is None else (option, value))]
 
 
+def render_guest(fields: Mapping[str, str], with_device: bool) -> list[str]:
+    """A guest's arguments: guest.args, then vrdma-device.args when it has a vrdma device."""
+    argv = render(fields)
+    if with_device:
+        argv += render(fields, paths.qemu_configs_dir() / DEVICE_TEMPLATE_NAME)
+    return argv
+
+
 def render_for_person(guests: int) -> str:
     """Shell command lines for ``guests`` guests as a person would run them by hand, with path sockets."""
     from vrdma.build.cache import product
 
     qemu, kernel, image = product("qemu"), product("kernel"), product("image")
     run = "/tmp/vrdma-guests"
-    lines = [f"mkdir -p {run}"]
+    names = " ".join(f"--socket-path vm{i}={run}/vm{i}/vrdma.sock --mac vm{i}={GuestIdentity(i).mac}"
+                     for i in range(guests))
+    lines = [f"mkdir -p {run}/backend " + " ".join(f"{run}/vm{i}" for i in range(guests)),
+             "# the vrdma backend must listen before QEMU starts",
+             f"{shlex.quote(str(paths.project_root() / '.venv' / 'bin' / 'vrdma'))} backend {names} "
+             f"--doorbell-dir {run}/backend &"]
     for index in range(guests):
         ident = GuestIdentity(index)
         d = f"{run}/{ident.name}"
         fields = standard_fields(ident, qemu=qemu, kernel=kernel, image=image, accel="tcg", memory_mib=1024,
                                  directory=Path(d), link_remote=_person_link_remote(run, index, guests))
         fields.update(console=f"path={d}/console.sock", qmp=f"path={d}/qmp.sock", agent=f"path={d}/agent.sock")
-        options = [o if v is None else f"{o} {shlex.quote(v)}" for o, v in render_pairs(fields)]
-        lines.append(f"mkdir -p {d}")
+        fields.update(vrdma_socket=f"{d}/vrdma.sock", vrdma_doorbell=f"{run}/backend/{ident.name}.doorbell")
+        pairs = render_pairs(fields) + render_pairs(fields, paths.qemu_configs_dir() / DEVICE_TEMPLATE_NAME)
+        options = [o if v is None else f"{o} {shlex.quote(v)}" for o, v in pairs]
         lines.append(" \\\n    ".join([shlex.quote(str(qemu["binary_path"])), *options]) + " &")
     if guests > 2:
         lines.insert(0, "# more than two guests need the link hub: `vrdma vm up` runs it for you")
@@ -134,4 +153,8 @@ def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel:
         "link_local": str(directory / "link.sock"),
         "link_remote": link_remote,
         "mac": ident.mac,
+        "vrdma_socket": str(directory / "vrdma.sock"),
+        "vrdma_doorbell": str(directory.parent / "backend" / f"{ident.name}.doorbell"),
+        "vrdma_doorbell_size": str(DOORBELL_SIZE),
+        "vrdma_config_size": str(CONFIG_SIZE),
     }

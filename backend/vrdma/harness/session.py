@@ -45,7 +45,8 @@ def _load(directory: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout: float = 120.0) -> list[Vm]:
+def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout: float = 120.0,
+       with_device: bool = True) -> list[Vm]:
     """Boot ``count`` guests in the background and return once every one is ready."""
     directory = paths.run_dir()
     with _locked(directory):
@@ -56,15 +57,17 @@ def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout:
         if existing is not None:
             _stop(directory, existing)  # leftovers of a session whose guests died: clear them
         cluster = Cluster(count, directory, accel=accel, memory_mib=memory_mib, boot_timeout=boot_timeout,
-                          detach=True)
+                          detach=True, with_device=with_device)
         try:
             cluster.start()
         except BaseException:
             cluster.stop()
             raise
         hub = psutil.Process(cluster.hub.pid) if cluster.hub is not None else None
+        backend = cluster.backend.process if cluster.backend is not None else None
         session = {"guests": [vm.name for vm in cluster.vms], "accel": cluster.accel,
-                   "hub": {"pid": hub.pid, "create_time": hub.create_time()} if hub else None}
+                   "hub": {"pid": hub.pid, "create_time": hub.create_time()} if hub else None,
+                   "backend": {"pid": backend.pid, "create_time": backend.create_time()} if backend else None}
         (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
         return list(cluster.vms)
 
@@ -115,15 +118,23 @@ def _stop(directory: Path, session: dict[str, Any]) -> list[str]:
         if vm.running:
             vm.shutdown()
             stopped.append(vm.name)
-    hub = session.get("hub")
-    if hub:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process = psutil.Process(int(hub["pid"]))
-            if abs(process.create_time() - float(hub["create_time"])) < 0.01:
-                process.terminate()
-                process.wait(10)
+    for helper in ("backend", "hub"):  # after the guests: QEMU leaves the backend cleanly
+        _stop_process(session.get(helper))
     (directory / SESSION_FILE).unlink(missing_ok=True)
     return stopped
+
+
+def _stop_process(record: dict[str, Any] | None) -> None:
+    """Terminate a helper process recorded as {pid, create_time}, if it is still that process."""
+    if record:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(int(record["pid"]))
+            if abs(process.create_time() - float(record["create_time"])) < 0.01:
+                process.terminate()
+                try:
+                    process.wait(10)
+                except psutil.TimeoutExpired:
+                    process.kill()
 
 
 def status() -> list[tuple[str, str, str, str]]:

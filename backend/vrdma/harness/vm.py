@@ -64,7 +64,7 @@ class Vm:
 
     def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
                  products: Products, link_remote: str, memory_mib: int = 1024, boot_timeout: float = 120.0,
-                 detach: bool = False, append_extra: str = "") -> None:
+                 detach: bool = False, append_extra: str = "", with_device: bool = True) -> None:
         self.identity = identity
         self.name = identity.name
         self.directory = directory
@@ -75,6 +75,7 @@ class Vm:
         self.boot_timeout = boot_timeout
         self.detach = detach
         self.append_extra = append_extra
+        self.with_device = with_device
         self.cmdline: list[str] = []
         self.process: psutil.Process | None = None
         self._popen: subprocess.Popen[bytes] | None = None
@@ -126,7 +127,8 @@ class Vm:
                 accel=self.accel, memory_mib=self.memory_mib, directory=self.directory,
                 link_remote=self.link_remote, append_extra=self.append_extra)
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
-            self.cmdline = [str(self.products.qemu["binary_path"]), *qemu_cmdline.render(fields)]
+            self.cmdline = [str(self.products.qemu["binary_path"]),
+                            *qemu_cmdline.render_guest(fields, self.with_device)]
             log.debug("%s: %s", self.name, " ".join(self.cmdline))
             with self.qemu_log.open("wb") as qemu_out:
                 self._popen = subprocess.Popen(

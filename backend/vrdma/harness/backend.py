@@ -1,0 +1,144 @@
+"""The vrdma backend process as the harness runs it: started before QEMU, one process for all guests.
+
+Readiness is an event: the backend writes READY on an inherited pipe once every socket listens (``--ready-fd``).
+The backend is stopped with SIGTERM (then SIGKILL) and its log is kept in the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+from vrdma.errors import VrdmaError
+from vrdma.harness.process import die_with_parent
+from vrdma.harness.qemu_cmdline import GuestIdentity
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+
+
+class BackendStartError(VrdmaError):
+    pass
+
+
+def socket_path(directory: Path, ident: GuestIdentity) -> Path:
+    """Where the backend listens for a guest; the same path qemu_cmdline gives QEMU."""
+    return directory / ident.name / "vrdma.sock"
+
+
+class BackendService:
+    """``with BackendService(directory, identities):`` runs `vrdma backend` for those guests."""
+
+    def __init__(self, directory: Path, identities: list[GuestIdentity], detach: bool = False) -> None:
+        self.directory = directory
+        self.identities = identities
+        self.detach = detach
+        self.log_file = directory / "backend.log"
+        self.process: psutil.Process | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> BackendService:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def argv(self, ready_fd: int) -> list[str]:
+        argv = [sys.executable, "-m", "vrdma.cli", "backend", "--doorbell-dir", str(self.directory / "backend"),
+                "--ready-fd", str(ready_fd)]
+        for ident in self.identities:
+            argv += ["--socket-path", f"{ident.name}={socket_path(self.directory, ident)}",
+                     "--mac", f"{ident.name}={ident.mac}"]
+        return argv
+
+    def start(self) -> None:
+        (self.directory / "backend").mkdir(parents=True, exist_ok=True)
+        for ident in self.identities:
+            socket_path(self.directory, ident).parent.mkdir(parents=True, exist_ok=True)
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            with self.log_file.open("ab") as log:
+                self._popen = subprocess.Popen(
+                    self.argv(write_end), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=[write_end], start_new_session=self.detach,
+                    preexec_fn=None if self.detach else die_with_parent)
+            os.close(write_end)
+            write_end = -1
+            self.process = psutil.Process(self._popen.pid)
+            ready = _read_until_eof(read_end, START_TIMEOUT)
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
+        if ready != b"READY\n":
+            self.stop()
+            tail = "\n".join(self.log_file.read_text(errors="replace").splitlines()[-20:])
+            raise BackendStartError(f"the vrdma backend did not become ready (log: {self.log_file}):\n{tail}")
+
+    @property
+    def running(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        try:
+            return self.process is not None and self.process.is_running() and \
+                self.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT)
+            except psutil.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT)
+        if self._popen is not None:
+            self._popen.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would end it (tests of reconnection)."""
+        if self.process is not None:
+            self.process.kill()
+            if self._popen is not None:
+                self._popen.wait()
+            self.process = None
+
+    @classmethod
+    def attach(cls, directory: Path, identities: list[GuestIdentity], pid: int, create_time: float
+               ) -> BackendService:
+        service = cls(directory, identities, detach=True)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            if abs(process.create_time() - create_time) < 0.01:
+                service.process = process
+        return service
+
+
+def _read_until_eof(fd: int, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while (remaining := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        data += chunk
+        if data.endswith(b"\n"):
+            break
+    return data

@@ -1,0 +1,105 @@
+"""A guest with the vrdma device: PCI identity, config space read from the guest, and backend restarts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vrdma.device import abi
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.vm import Products
+
+pytestmark = pytest.mark.vm
+
+# Run in the guest: find the virtio device-config capability of the 1af4:106a device and read its config space
+# through the BAR with 32-bit loads (what a driver does), print it as hex.
+READ_CONFIG = r"""
+import ctypes, glob, mmap, os, struct, sys
+size = int(sys.argv[1])
+for dev in glob.glob("/sys/bus/pci/devices/*"):
+    ids = [open(f"{dev}/{f}").read().strip() for f in ("vendor", "device")]
+    if ids == ["0x1af4", "0x106a"]:
+        break
+else:
+    sys.exit("no 1af4:106a device")
+cfg = open(f"{dev}/config", "rb").read()
+ptr = cfg[0x34]
+while ptr:
+    if cfg[ptr] == 0x09 and cfg[ptr + 3] == 4:  # vendor capability, VIRTIO_PCI_CAP_DEVICE_CFG
+        bar, (offset, length) = cfg[ptr + 4], struct.unpack_from("<II", cfg, ptr + 8)
+        break
+    ptr = cfg[ptr + 1]
+else:
+    sys.exit("no device config capability")
+# virtio_pci claims the BARs, and the Debian kernel (IO_STRICT_DEVMEM) then refuses user mappings: unbind it.
+if os.path.exists(f"{dev}/driver"):
+    open(f"{dev}/driver/unbind", "w").write(os.path.basename(dev))
+if open(f"{dev}/enable").read().strip() != "1":
+    open(f"{dev}/enable", "w").write("1")
+fd = os.open(f"{dev}/resource{bar}", os.O_RDWR | os.O_SYNC)
+region = mmap.mmap(fd, os.fstat(fd).st_size)
+words = [ctypes.c_uint32.from_buffer(region, offset + i).value for i in range(0, min(size, length), 4)]
+print(struct.pack(f"<{len(words)}I", *words).hex())
+"""
+
+
+@pytest.fixture(scope="module")
+def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(1, tmp_path_factory.mktemp("device"), products=products) as cluster:
+        yield cluster
+
+
+def backend_log(cluster: Cluster) -> str:
+    assert cluster.backend is not None
+    return cluster.backend.log_file.read_text()
+
+
+def wait_for_log_count(cluster: Cluster, text: str, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while backend_log(cluster).count(text) < count:
+        assert time.monotonic() < deadline, f"{text!r} not logged {count} times:\n{backend_log(cluster)}"
+        time.sleep(0.05)
+
+
+def read_config(cluster: Cluster) -> object:
+    size = abi.sizeof("vrdma_config")
+    result = cluster[0].run(["python3", "-c", READ_CONFIG, str(size)]).check("reading config space")
+    return abi.from_bytes("vrdma_config", bytes.fromhex(result.stdout.strip()))
+
+
+def test_guest_sees_the_device_and_its_doorbell_region(guest: Cluster) -> None:
+    lspci = guest[0].run(["lspci", "-n"]).check("lspci").stdout
+    assert "1af4:106a" in lspci and "1af4:1110" in lspci, lspci
+    ids = guest[0].sh("cat /sys/bus/virtio/devices/*/device").check("virtio device ids").stdout.split()
+    assert "0x002a" in ids
+    assert "vm0: negotiated protocol features" in backend_log(guest)
+    # The patched PCI proxy gives one MSI-X vector per queue plus one for config changes (stock: 1).
+    verbose = guest[0].run(["lspci", "-vv", "-d", "1af4:106a"]).check("lspci -vv").stdout
+    assert "MSI-X: Enable" in verbose and "Count=3" in verbose, verbose
+
+
+def test_guest_reads_the_config_space(guest: Cluster) -> None:
+    config = read_config(guest)
+    assert config.abi_version == abi.const("VRDMA_ABI_VERSION")  # type: ignore[attr-defined]
+    assert bytes(config.mac) == bytes.fromhex(guest[0].identity.mac.replace(":", ""))  # type: ignore[attr-defined]
+    assert "vm0: the driver reads config space" in backend_log(guest)
+    doorbell = Path(guest.directory / "backend" / "vm0.doorbell").read_bytes()
+    header = abi.from_bytes("vrdma_doorbell_header", doorbell[:abi.sizeof("vrdma_doorbell_header")])
+    assert header.pairing_id == config.pairing_id  # type: ignore[attr-defined]
+
+
+def test_backend_killed_and_restarted_serves_the_guest_again(guest: Cluster) -> None:
+    assert guest.backend is not None
+    connected = backend_log(guest).count("vm0: frontend connected")
+    before = read_config(guest)
+    guest.backend.kill()
+    assert guest[0].run(["true"]).exit_status == 0  # the guest keeps running without its backend
+    guest.backend.start()
+    wait_for_log_count(guest, "vm0: frontend connected", connected + 1)  # QEMU reconnected by itself
+    after = read_config(guest)
+    assert after.pairing_id == before.pairing_id  # type: ignore[attr-defined]
+    assert guest[0].run(["cat", "/proc/uptime"]).exit_status == 0
+    assert guest[0].running
