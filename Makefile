@@ -2,6 +2,7 @@
 #
 #   make demo    install and build whatever is missing, boot two guests, run the main job
 #   make test    install and build whatever is missing, run every test (PYTEST_ARGS=... goes to pytest)
+#   make bench   benchmarks, written to build/bench/results.json
 #
 # Every step is idempotent: products are cached under $(VRDMA_CACHE), keyed by their inputs, and a step whose
 # product is cached finishes in seconds. See docs/build-chain.md.
@@ -24,7 +25,7 @@ APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-1
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data
 
-.PHONY: all deps apt-deps venv qemu kernel image backend demo test lint clean distclean
+.PHONY: all deps apt-deps venv qemu kernel image backend bench demo test lint clean distclean
 
 all: image qemu backend
 
@@ -63,6 +64,9 @@ image: kernel
 # The backend's cffi binding to libvhost-user, compiled from the QEMU source tree `make qemu` keeps.
 backend: qemu
 	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build
+
+bench: backend
+	@$(call timed,bench) $(VRDMA) bench
 
 demo: image qemu backend
 	@$(call timed,demo) $(VRDMA) demo

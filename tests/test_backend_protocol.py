@@ -144,3 +144,13 @@ def test_restarted_backend_keeps_the_doorbell_region_and_pairing(tmp_path: Path)
         assert "vm0: listening on" in second.log_text() and "reused" in second.log_text()
     finally:
         assert second.stop() == 0
+
+
+def test_bench_writes_results_json(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    subprocess.run([sys.executable, "-m", "vrdma.cli", "bench", "--iterations", "100", "--output", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    results = {r["name"]: r for r in json.loads(out.read_text())}
+    assert set(results) == {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us"}
+    assert all(r["unit"] == "us" and r["value"] > 0 and r["command"].startswith("vrdma bench") for r in results.values())
+    assert results["backend_control_rtt_p50_us"]["value"] <= results["backend_control_rtt_p99_us"]["value"]

@@ -127,6 +127,12 @@ def _endpoint_specs(args: argparse.Namespace) -> list[Any]:
     return specs
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from vrdma import bench
+
+    return bench.run(iterations=args.iterations, output=Path(args.output) if args.output else None)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from vrdma import demo
 
@@ -187,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     backend.add_argument("--print-capabilities", action="store_true",
                          help="print the backend's capabilities as JSON and exit")
     backend.set_defaults(func=_cmd_backend)
+
+    bench = sub.add_parser("bench", help="run the benchmarks; results go to build/bench/results.json")
+    bench.add_argument("--iterations", type=_positive_int, default=5000,
+                       help="control-command round trips to time (default 5000)")
+    bench.add_argument("--output", metavar="PATH", help="results file (default build/bench/results.json)")
+    bench.set_defaults(func=_cmd_bench)
 
     demo = sub.add_parser("demo", help="the main job: boot two guests and run RDMA ping-pong between them")
     demo.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto", help=accel_help)
