@@ -152,5 +152,6 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
                    check=True, capture_output=True, timeout=120)
     results = {r["name"]: r for r in json.loads(out.read_text())}
     assert set(results) == {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us"}
-    assert all(r["unit"] == "us" and r["value"] > 0 and r["command"].startswith("vrdma bench") for r in results.values())
+    for result in results.values():
+        assert result["unit"] == "us" and result["value"] > 0 and result["command"].startswith("vrdma bench")
     assert results["backend_control_rtt_p50_us"]["value"] <= results["backend_control_rtt_p99_us"]["value"]
