@@ -77,6 +77,8 @@ class VirtioRdmaTransport:
         self.device = device
         (self.started.add if started else self.started.discard)(index)
         if started and index == EVENT:
+            # The first thing a driver learns on its event queue: the port is up.
+            self.rdma.post_event(abi.const("VRDMA_EVENT_PORT_ACTIVE"), handle=1)
             self.deliver_events()
 
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None:

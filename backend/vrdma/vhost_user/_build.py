@@ -93,8 +93,6 @@ extern "Python" uint64_t vrdma_get_protocol_features(VuDev *dev);
 extern "Python" void vrdma_set_protocol_features(VuDev *dev, uint64_t features);
 extern "Python" void vrdma_queue_set_started(VuDev *dev, int qidx, bool started);
 extern "Python" int vrdma_get_config(VuDev *dev, uint8_t *config, uint32_t len);
-extern "Python" int vrdma_set_config(VuDev *dev, const uint8_t *data, uint32_t offset, uint32_t size,
-                                     uint32_t flags);
 extern "Python" void vrdma_queue_handler(VuDev *dev, int qidx);
 """
 

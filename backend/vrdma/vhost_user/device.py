@@ -85,7 +85,6 @@ class VhostUserDevice:
         self._iface.set_protocol_features = lib.vrdma_set_protocol_features
         self._iface.queue_set_started = lib.vrdma_queue_set_started
         self._iface.get_config = lib.vrdma_get_config
-        self._iface.set_config = lib.vrdma_set_config
         self._watches: dict[int, tuple[Any, Any]] = {}
         if not lib.vrdma_vu_init(self._vu, model.num_queues, sock.fileno(), self._handle, self._iface):
             raise OSError(f"{name}: libvhost-user could not initialise the device")
@@ -126,6 +125,13 @@ class VhostUserDevice:
             # libvhost-user would add features of its own (log, postcopy, backend channel) that this backend
             # does not implement: the offer is the model's, limited to what the protocol layer accepts.
             self._reply(message, protocol.U64.pack(self.offered_protocol_features))
+            return
+        if message.request == protocol.Request.SET_CONFIG:
+            # Config space is read-only. libvhost-user would call panic (and so drop the device) when the model
+            # refuses a write; a refusal is an answer, not a protocol error: REPLY_ACK failure, if asked for.
+            log.warning("%s: the driver wrote read-only config space: refused", self.name)
+            if message.need_reply:
+                self._reply(message, protocol.U64.pack(1))
             return
         if message.request == protocol.Request.SET_PROTOCOL_FEATURES:
             unoffered = protocol.U64.unpack(message.payload)[0] & ~self.offered_protocol_features
@@ -317,13 +323,6 @@ def _get_config_cb(device: VhostUserDevice, config: Any, length: int) -> int:
     return 0
 
 
-@_guarded(-1)
-def _set_config_cb(device: VhostUserDevice, data: Any, offset: int, size: int, flags: int) -> int:
-    log.warning("%s: the driver wrote %d bytes of read-only config space at %d: refused", device.name, size,
-                offset)
-    return -1
-
-
 # libvhost-user calls these through the glue (see _build.py: extern "Python").
 for _c_name, _callback in {
     "vrdma_panic": _panic_cb,
@@ -336,6 +335,5 @@ for _c_name, _callback in {
     "vrdma_queue_set_started": _queue_set_started_cb,
     "vrdma_queue_handler": _queue_handler_cb,
     "vrdma_get_config": _get_config_cb,
-    "vrdma_set_config": _set_config_cb,
 }.items():
     ffi.def_extern(name=_c_name)(_callback)
