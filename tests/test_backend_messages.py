@@ -146,3 +146,12 @@ def test_backend_flags_and_paths_fail_in_one_line(tmp_path: Path) -> None:
         assert result.returncode == 1, (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
+def test_stopping_every_queue_resets_the_device(fe: Frontend, backend: BackendProcess) -> None:
+    fe.start()
+    for index in range(2):  # what QEMU does when the guest resets the device: fetch each ring's base
+        fe.send_raw(Request.GET_VRING_BASE, protocol.VRING_STATE.pack(index, 0))
+        fe.reply(Request.GET_VRING_BASE)
+    backend.wait_for_log("vm0: event queue stopped")
+    backend.wait_for_log("vm0: device reset")

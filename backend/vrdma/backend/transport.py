@@ -80,6 +80,9 @@ class VirtioRdmaTransport:
             # The first thing a driver learns on its event queue: the port is up.
             self.rdma.post_event(abi.const("VRDMA_EVENT_PORT_ACTIVE"), handle=1)
             self.deliver_events()
+        if not started and not self.started:
+            # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes.
+            self.rdma.reset()
 
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
         self.device = device

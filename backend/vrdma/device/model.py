@@ -133,4 +133,5 @@ class RdmaDevice:
 
     def reset(self) -> None:
         """The guest reset the device or went away: forget everything it owned."""
+        log.info("%s: device reset (%d pending events dropped)", self.name, len(self.events))
         self.events.clear()
