@@ -98,43 +98,30 @@ def ring_outside_memory(fe: Frontend) -> None:
     expect_closed(fe)
 
 
-def looping_chain(fe: Frontend) -> None:
-    fe.start()
-    vq = fe.queues[0]
+Descriptor = tuple[int, int, int, int]  # addr, len, flags, next
+
+
+def bad_chain(descriptors: Callable[[Frontend], list[Descriptor]]) -> Callable[[Frontend], None]:
+    """Start the device, write raw descriptors 0, 1, ... on the control queue, publish 0 and kick: the backend
+    must drop the VM."""
+    def attack(fe: Frontend) -> None:
+        fe.start()
+        vq = fe.queues[0]
+        for desc_id, (addr, length, flags, next_id) in enumerate(descriptors(fe)):
+            vq.write_desc(desc_id, addr, length, flags, next_id)
+        vq.publish(0)
+        vq.notify()
+        expect_closed(fe)
+    return attack
+
+
+def _looping(fe: Frontend) -> list[Descriptor]:
     gpa = fe.memory.alloc(64)
-    vq.write_desc(0, gpa, 8, VRING_DESC_F_NEXT, 1)
-    vq.write_desc(1, gpa, 8, VRING_DESC_F_NEXT, 0)  # 0 -> 1 -> 0 -> ...
-    vq.publish(0)
-    vq.notify()
-    expect_closed(fe)
+    return [(gpa, 8, VRING_DESC_F_NEXT, 1), (gpa, 8, VRING_DESC_F_NEXT, 0)]  # 0 -> 1 -> 0 -> ...
 
 
-def descriptor_outside_memory(fe: Frontend) -> None:
-    fe.start()
-    vq = fe.queues[0]
-    vq.write_desc(0, fe.memory.size + 0x100000, 8, 0, 0)
-    vq.publish(0)
-    vq.notify()
-    expect_closed(fe)
-
-
-def descriptor_straddling_memory_end(fe: Frontend) -> None:
-    fe.start()
-    vq = fe.queues[0]
-    vq.write_desc(0, fe.memory.size - 4, 64, 0, 0)
-    vq.publish(0)
-    vq.notify()
-    expect_closed(fe)
-
-
-def next_index_out_of_range(fe: Frontend) -> None:
-    fe.start()
-    vq = fe.queues[0]
-    gpa = fe.memory.alloc(64)
-    vq.write_desc(0, gpa, 8, VRING_DESC_F_NEXT, 1000)
-    vq.publish(0)
-    vq.notify()
-    expect_closed(fe)
+def _readable_after_writable(fe: Frontend) -> list[Descriptor]:
+    return [(fe.memory.alloc(8), 8, VRING_DESC_F_WRITE | VRING_DESC_F_NEXT, 1), (fe.memory.alloc(16), 16, 0, 0)]
 
 
 def avail_index_far_ahead(fe: Frontend) -> None:
@@ -168,26 +155,14 @@ def device_readable_response_buffer(fe: Frontend) -> None:
     assert vq.wait_used() == [(head, 0)]
 
 
-def write_flag_on_request(fe: Frontend) -> None:
-    fe.start()
-    vq = fe.queues[0]
-    gpa_in = fe.memory.alloc(8)
-    gpa_out = fe.memory.alloc(16)
-    vq.write_desc(0, gpa_in, 8, VRING_DESC_F_WRITE | VRING_DESC_F_NEXT, 1)
-    vq.write_desc(1, gpa_out, 16, 0, 0)  # a readable buffer after a writable one: not a valid chain
-    vq.publish(0)
-    vq.notify()
-    expect_closed(fe)
-
-
 RING_ATTACKS = {
     "ring addresses outside guest memory": ring_outside_memory,
-    "descriptor chain that loops": looping_chain,
-    "descriptor outside guest memory": descriptor_outside_memory,
-    "descriptor across the end of guest memory": descriptor_straddling_memory_end,
-    "next index out of range": next_index_out_of_range,
+    "descriptor chain that loops": bad_chain(_looping),
+    "descriptor outside guest memory": bad_chain(lambda fe: [(fe.memory.size + 0x100000, 8, 0, 0)]),
+    "descriptor across the end of guest memory": bad_chain(lambda fe: [(fe.memory.size - 4, 64, 0, 0)]),
+    "next index out of range": bad_chain(lambda fe: [(fe.memory.alloc(64), 8, VRING_DESC_F_NEXT, 1000)]),
     "avail index far ahead of the ring": avail_index_far_ahead,
-    "readable descriptor after a writable one": write_flag_on_request,
+    "readable descriptor after a writable one": bad_chain(_readable_after_writable),
     "oversized command": command_status(cmd(QUERY_DEVICE, size=8192), 128, BAD_LENGTH),
     "truncated command header": command_status(cmd(QUERY_DEVICE)[:5], 128, BAD_LENGTH),
     "command longer than its struct": command_status(cmd(QUERY_DEVICE, size=16), 128, BAD_LENGTH),

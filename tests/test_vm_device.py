@@ -14,35 +14,54 @@ from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm
 
-# Run in the guest: find the virtio device-config capability of the 1af4:106a device and read its config space
-# through the BAR with 32-bit loads (what a driver does), print it as hex.
-READ_CONFIG = r"""
+# Run in the guest: a minimal user-space virtio-pci driver for the 1af4:106a device. It maps the BAR that holds
+# the virtio structures (after unbinding virtio_pci, which claims the BARs: the Debian kernel's IO_STRICT_DEVMEM
+# then refuses user mappings) and either prints the device config space as hex ("config"), read with 32-bit
+# loads as a driver does, or negotiates VIRTIO_F_VERSION_1 and sets DRIVER_OK ("negotiate").
+GUEST_DRIVER = r"""
 import ctypes, glob, mmap, os, struct, sys
-size = int(sys.argv[1])
+mode, size = sys.argv[1], int(sys.argv[2])
 for dev in glob.glob("/sys/bus/pci/devices/*"):
-    ids = [open(f"{dev}/{f}").read().strip() for f in ("vendor", "device")]
-    if ids == ["0x1af4", "0x106a"]:
+    if [open(f"{dev}/{f}").read().strip() for f in ("vendor", "device")] == ["0x1af4", "0x106a"]:
         break
 else:
     sys.exit("no 1af4:106a device")
 cfg = open(f"{dev}/config", "rb").read()
-ptr = cfg[0x34]
+caps, ptr = {}, cfg[0x34]
 while ptr:
-    if cfg[ptr] == 0x09 and cfg[ptr + 3] == 4:  # vendor capability, VIRTIO_PCI_CAP_DEVICE_CFG
-        bar, (offset, length) = cfg[ptr + 4], struct.unpack_from("<II", cfg, ptr + 8)
-        break
+    if cfg[ptr] == 0x09:  # virtio vendor capability: cfg_type, bar, offset, length
+        caps[cfg[ptr + 3]] = (cfg[ptr + 4], *struct.unpack_from("<II", cfg, ptr + 8))
     ptr = cfg[ptr + 1]
-else:
-    sys.exit("no device config capability")
-# virtio_pci claims the BARs, and the Debian kernel (IO_STRICT_DEVMEM) then refuses user mappings: unbind it.
 if os.path.exists(f"{dev}/driver"):
     open(f"{dev}/driver/unbind", "w").write(os.path.basename(dev))
 if open(f"{dev}/enable").read().strip() != "1":
     open(f"{dev}/enable", "w").write("1")
-fd = os.open(f"{dev}/resource{bar}", os.O_RDWR | os.O_SYNC)
-region = mmap.mmap(fd, os.fstat(fd).st_size)
-words = [ctypes.c_uint32.from_buffer(region, offset + i).value for i in range(0, min(size, length), 4)]
-print(struct.pack(f"<{len(words)}I", *words).hex())
+regions = {}
+def region(bar):
+    if bar not in regions:
+        fd = os.open(f"{dev}/resource{bar}", os.O_RDWR | os.O_SYNC)
+        regions[bar] = mmap.mmap(fd, os.fstat(fd).st_size)
+    return regions[bar]
+def reg(cap, offset, ctype):
+    bar, base, _ = caps[cap]
+    return ctype.from_buffer(region(bar), base + offset)
+if mode == "config":
+    bar, base, length = caps[4]  # VIRTIO_PCI_CAP_DEVICE_CFG
+    words = [reg(4, i, ctypes.c_uint32).value for i in range(0, min(size, length), 4)]
+    print(struct.pack(f"<{len(words)}I", *words).hex())
+elif mode == "negotiate":
+    status = reg(1, 0x14, ctypes.c_uint8)  # VIRTIO_PCI_CAP_COMMON_CFG: device_status
+    status.value = 0
+    status.value = 1 | 2  # ACKNOWLEDGE | DRIVER
+    reg(1, 0x00, ctypes.c_uint32).value = 1  # device_feature_select: bits 32..63
+    offered = reg(1, 0x04, ctypes.c_uint32).value
+    reg(1, 0x08, ctypes.c_uint32).value = 1  # driver_feature_select
+    reg(1, 0x0C, ctypes.c_uint32).value = offered & 1  # VIRTIO_F_VERSION_1 only
+    status.value = 1 | 2 | 8  # FEATURES_OK
+    if not status.value & 8:
+        sys.exit(f"device refused the features (status {status.value:#x})")
+    status.value = 1 | 2 | 8 | 4  # DRIVER_OK
+    print(f"status {status.value:#x}")
 """
 
 
@@ -66,7 +85,7 @@ def wait_for_log_count(cluster: Cluster, text: str, count: int, timeout: float =
 
 def read_config(cluster: Cluster) -> object:
     size = abi.sizeof("vrdma_config")
-    result = cluster[0].run(["python3", "-c", READ_CONFIG, str(size)]).check("reading config space")
+    result = cluster[0].run(["python3", "-c", GUEST_DRIVER, "config", str(size)]).check("reading config space")
     return abi.from_bytes("vrdma_config", bytes.fromhex(result.stdout.strip()))
 
 
@@ -89,6 +108,12 @@ def test_guest_reads_the_config_space(guest: Cluster) -> None:
     doorbell = Path(guest.directory / "backend" / "vm0.doorbell").read_bytes()
     header = abi.from_bytes("vrdma_doorbell_header", doorbell[:abi.sizeof("vrdma_doorbell_header")])
     assert header.pairing_id == config.pairing_id  # type: ignore[attr-defined]
+
+
+def test_guest_negotiates_features(guest: Cluster) -> None:
+    result = guest[0].run(["python3", "-c", GUEST_DRIVER, "negotiate", "0"]).check("feature negotiation")
+    assert result.stdout.strip() == "status 0xf"
+    wait_for_log_count(guest, "vm0: negotiated features 0x100000000", 1)
 
 
 def test_backend_killed_and_restarted_serves_the_guest_again(guest: Cluster) -> None:
