@@ -183,3 +183,21 @@ def test_frontend_hang_up_frees_the_device(pair: tuple[Frontend, VhostUserDevice
     while front.loop.run_once(0):
         pass
     assert closed(device, model, "the frontend disconnected")
+
+
+def test_descriptors_belong_to_the_message_they_were_sent_with(
+        pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+    """QEMU sends SET_FEATURES and then SET_VRING_CALL (with an eventfd) back to back: both wait in the socket
+    before the backend reads, and the eventfd must go with the second message, not the first."""
+    front, device, model = pair
+    call = os.eventfd(0)
+    header = protocol.HEADER.pack(Request.SET_FEATURES, protocol.VERSION, 8)
+    front.sock.sendmsg([header + protocol.U64.pack(VIRTIO_F_VERSION_1)])
+    header = protocol.HEADER.pack(Request.SET_VRING_CALL, protocol.VERSION, 8)
+    front.sock.sendmsg([header + protocol.U64.pack(0)],
+                       [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", call))])
+    os.close(call)
+    while front.loop.run_once(0):
+        pass
+    assert device.state is State.CONNECTED, model.disconnect_reason
+    assert model.negotiated == VIRTIO_F_VERSION_1

@@ -261,47 +261,58 @@ def validate(message: Message, num_queues: int) -> None:
 class MessageReader:
     """Frames messages out of a non-blocking stream socket, keeping partial ones until they are whole.
 
-    File descriptors received with a chunk belong to the message that chunk starts or continues. A peer that
-    stalls mid-message blocks nothing: the reader just waits for more bytes.
+    It never reads past the end of the message it is assembling: a unix stream socket hands over the file
+    descriptors of a sendmsg() with the first read that touches that sendmsg's bytes, so reading message by
+    message ties every descriptor to the message it was sent with (a read spanning two messages would hand the
+    second one's descriptors over with the first one's bytes). A peer that stalls mid-message blocks nothing.
     """
+
+    MAX_MESSAGES_PER_READ = 64  # then yield to the other VMs' sockets; the rest stays in the socket
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
         self.fds: list[int] = []
 
+    def _wanted(self) -> int:
+        if len(self.buffer) < HEADER.size:
+            return HEADER.size - len(self.buffer)
+        request, flags, size = HEADER.unpack_from(self.buffer)
+        if flags & FLAG_VERSION_MASK != VERSION:
+            raise BadHeader(f"request {request} with protocol version {flags & FLAG_VERSION_MASK} "
+                            f"(flags {flags:#x}); only version {VERSION} exists")
+        if size > MAX_PAYLOAD:
+            raise BadHeader(f"request {request} announces a {size}-byte payload (at most {MAX_PAYLOAD})")
+        return HEADER.size + int(size) - len(self.buffer)
+
     def read(self) -> list[Message]:
         """Read what is available; return the complete messages. EOFError when the peer closed."""
-        fds_space = socket.CMSG_SPACE(4 * MAX_FDS * 4)
-        try:
-            data, ancdata, msg_flags, _ = self.sock.recvmsg(65536, fds_space)
-        except BlockingIOError:
-            return []
-        received: list[int] = []
-        for level, kind, cmsg in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                count = len(cmsg) // 4
-                received.extend(struct.unpack(f"<{count}i", cmsg[: count * 4]))
-        self.fds.extend(received)
-        if msg_flags & socket.MSG_CTRUNC:
-            raise FdCountMismatch(f"a message carried more than {4 * MAX_FDS} file descriptors")
-        if not data:
-            raise EOFError("the frontend closed the connection")
-        self.buffer += data
-        messages = []
-        while len(self.buffer) >= HEADER.size:
-            request, flags, size = HEADER.unpack_from(self.buffer)
-            if flags & FLAG_VERSION_MASK != VERSION:
-                raise BadHeader(f"request {request} with protocol version {flags & FLAG_VERSION_MASK} "
-                                f"(flags {flags:#x}); only version {VERSION} exists")
-            if size > MAX_PAYLOAD:
-                raise BadHeader(f"request {request} announces a {size}-byte payload (at most {MAX_PAYLOAD})")
-            if len(self.buffer) < HEADER.size + size:
+        messages: list[Message] = []
+        while len(messages) < self.MAX_MESSAGES_PER_READ:
+            wanted = self._wanted()
+            if wanted == 0:
+                request, flags, _ = HEADER.unpack_from(self.buffer)
+                messages.append(Message(request, flags, bytes(self.buffer[HEADER.size:]), self.fds))
+                self.buffer = bytearray()
+                self.fds = []
+                continue
+            try:
+                data, ancdata, msg_flags, _ = self.sock.recvmsg(wanted, socket.CMSG_SPACE(4 * MAX_FDS * 4))
+            except BlockingIOError:
                 break
-            payload = bytes(self.buffer[HEADER.size:HEADER.size + size])
-            del self.buffer[:HEADER.size + size]
-            messages.append(Message(request, flags, payload, self.fds))
-            self.fds = []
+            for level, kind, cmsg in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    count = len(cmsg) // 4
+                    self.fds.extend(struct.unpack(f"<{count}i", cmsg[: count * 4]))
+            if msg_flags & socket.MSG_CTRUNC:
+                raise FdCountMismatch(f"a message carried more than {4 * MAX_FDS} file descriptors")
+            if not data:
+                if messages:
+                    break  # hand over what is complete; the next read reports the end
+                raise EOFError("the frontend closed the connection")
+            self.buffer += data
+        if len(self.buffer) >= HEADER.size:
+            self._wanted()  # check a waiting header now rather than when its payload arrives
         return messages
 
     def close(self) -> None:
