@@ -74,6 +74,7 @@ class VhostUserDevice:
         self.model = model
         self.state = State.CONNECTED
         self.broken_reason = ""
+        self.config_reads = 0
         self.sock.setblocking(False)
         self.reader = protocol.MessageReader(sock)
         self._handle = ffi.new_handle(self)
@@ -317,7 +318,10 @@ def _queue_handler_cb(device: VhostUserDevice, index: int) -> None:
 @_guarded(-1)
 def _get_config_cb(device: VhostUserDevice, config: Any, length: int) -> int:
     space = device.model.config_space()
-    log.info("%s: the driver reads config space (%d bytes)", device.name, length)
+    device.config_reads += 1
+    # QEMU fetches the whole space for every guest access: say it once per connection, then only in debug.
+    log.log(logging.INFO if device.config_reads == 1 else logging.DEBUG, "%s: the driver reads config space "
+            "(%d bytes, read %d)", device.name, length, device.config_reads)
     data = space[:length].ljust(length, b"\0")
     ffi.memmove(config, data, length)
     return 0
