@@ -28,7 +28,9 @@ class AbiError(VrdmaError):
 
 
 def header_path() -> Path:
-    return paths.project_root() / HEADER
+    """The checkout's header; an installed package carries a copy next to this module (see setup.py)."""
+    packaged = Path(__file__).with_name(HEADER.name)
+    return packaged if packaged.is_file() else paths.project_root() / HEADER
 
 
 def _load() -> tuple[Any, dict[str, int], dict[str, int]]:

@@ -123,13 +123,13 @@ def make_ffi() -> cffi.FFI:
                          "(or set VRDMA_LIBVHOST_USER_DIR)")
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    # The glue is included as source text: the extern "Python" callbacks it passes to vu_init are static
-    # functions that cffi defines in the same translation unit.
+    # One translation unit: libvhost-user.c is included (no separate source file, so nothing outside the project
+    # is named to setuptools, which refuses such paths), then the glue, as text, because the extern "Python"
+    # callbacks it hands to vu_init are static functions cffi defines in this same unit.
     glue = (HERE / "_glue.c").read_text().replace('#include "_glue.h"', "")
     ffi.set_source(
         "vrdma.vhost_user._libvhost_user",
-        PRELUDE + glue,
-        sources=[str(lvu / "libvhost-user.c")],
+        '#include "libvhost-user.c"\n' + PRELUDE + glue,
         include_dirs=[str(HERE), str(lvu), str(lvu / "include")],
         define_macros=[("_GNU_SOURCE", None)],
         extra_compile_args=["-O2", "-Wno-unused-function"],

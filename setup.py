@@ -1,0 +1,44 @@
+"""Build hook for the one compiled part of the package: the cffi binding to QEMU's libvhost-user.
+
+Metadata lives in pyproject.toml. The binding compiles from the QEMU source tree that `make qemu` keeps (or
+VRDMA_LIBVHOST_USER_DIR): with it, `pip install .` builds the extension into the package; without it (a first
+`make deps`, before QEMU exists) the package installs without the extension and `make backend` builds it later.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+sys.path.insert(0, str(Path(__file__).parent / "backend"))
+
+
+def _libvhost_user_available() -> bool:
+    try:
+        from vrdma.vhost_user._build import libvhost_user_dir
+        return (libvhost_user_dir() / "libvhost-user.c").is_file()
+    except Exception:  # noqa: BLE001 - no QEMU product recorded yet
+        return False
+
+
+ABI_HEADER = Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"
+
+
+class BuildPyWithAbiHeader(build_py):
+    """Ship the device ABI header inside the package: the backend loads its layouts from that text."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable install reads the header from the checkout
+        target = Path(self.build_lib) / "vrdma" / "device" / ABI_HEADER.name
+        self.mkpath(str(target.parent))
+        self.copy_file(str(Path(__file__).parent / ABI_HEADER), str(target))
+
+
+editable = any(arg.startswith(("editable_wheel", "develop")) for arg in sys.argv)
+use_cffi = _libvhost_user_available() and not editable and not os.environ.get("VRDMA_NO_CFFI_BUILD")
+setup(cffi_modules=["backend/vrdma/vhost_user/_build.py:make_ffi"] if use_cffi else [],
+      cmdclass={"build_py": BuildPyWithAbiHeader})
