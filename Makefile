@@ -75,7 +75,7 @@ test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests && $(VENV)/bin/mypy; }
+	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests setup.py && $(VENV)/bin/mypy; }
 
 clean:
 	rm -rf build

@@ -19,7 +19,7 @@ def _libvhost_user_available() -> bool:
     try:
         from vrdma.vhost_user._build import libvhost_user_dir
         return (libvhost_user_dir() / "libvhost-user.c").is_file()
-    except Exception:  # noqa: BLE001 - no QEMU product recorded yet
+    except Exception:  # no QEMU product recorded yet
         return False
 
 
