@@ -155,3 +155,16 @@ def test_stopping_every_queue_resets_the_device(fe: Frontend, backend: BackendPr
         fe.reply(Request.GET_VRING_BASE)
     backend.wait_for_log("vm0: event queue stopped")
     backend.wait_for_log("vm0: device reset")
+
+
+def test_event_buffer_too_small_is_returned_empty_and_the_event_kept(fe: Frontend) -> None:
+    fe.start()
+    vq = fe.queues[abi.const("VRDMA_QUEUE_EVENT")]
+    small, _ = vq.add([], [8])
+    vq.notify()
+    assert vq.wait_used() == [(small, 0)]
+    head, gpas = vq.add([], [abi.sizeof("vrdma_event")])
+    vq.notify()
+    assert vq.wait_used() == [(head, abi.sizeof("vrdma_event"))]
+    event = abi.from_bytes("vrdma_event", fe.memory.read(gpas[0], abi.sizeof("vrdma_event")))
+    assert event.type == abi.const("VRDMA_EVENT_PORT_ACTIVE")

@@ -119,8 +119,12 @@ class VirtioRdmaTransport:
             element = device.pop(EVENT)
             if element is None:
                 break  # no buffer posted: the events wait for the driver's next kick
-            event = self.rdma.events.popleft()
-            device.push(EVENT, element, scatter(device, element, event))
+            if sum(length for _, length in element.in_sg) < EVENT_SIZE:
+                # A buffer an event does not fit in is returned empty; the event waits for a proper one.
+                log.warning("%s: event buffer smaller than %d bytes returned unused", self.rdma.name, EVENT_SIZE)
+                device.push(EVENT, element, 0)
+            else:
+                device.push(EVENT, element, scatter(device, element, self.rdma.events.popleft()))
             delivered += 1
         if delivered:
             device.notify(EVENT)
