@@ -1,7 +1,8 @@
 """`make demo` / `vrdma demo`: the main job.
 
-For now (before the vrdma device exists) it boots two guests on their private link, gives each a software
-RoCE device (rxe) on eth0 and runs ibv_rc_pingpong between them at a few message sizes, then prints a table.
+For now (the vrdma device answers control commands but has no guest driver yet) it boots two guests with the
+device on their private link, gives each a software RoCE device (rxe) on eth0 and runs ibv_rc_pingpong between
+them at a few message sizes, then prints a table and where the vrdma device is.
 """
 
 from __future__ import annotations
@@ -34,5 +35,10 @@ def run(accel: str = "auto") -> int:
         for r in results:
             print(f"{r.size:>10} {r.iterations:>7} {r.mbit_per_s:>10.2f} {r.usec_per_iter:>11.2f}")
         boots = ", ".join(f"{vm.name} {vm.boot_seconds:.1f} s" for vm in guests if vm.boot_seconds is not None)
-        print(f"boot to ready: {boots}\n")
+        print(f"boot to ready: {boots}")
+        with_device = [vm.name for vm in guests if "1af4:106a" in vm.run(["lspci", "-n", "-d", "1af4:106a"]).stdout]
+        if guests.backend is not None:
+            print(f"vrdma device (virtio 42, 1af4:106a) in: {', '.join(with_device) or 'none'}; "
+                  f"backend log: {guests.backend.log_file}")
+        print()
     return 0
