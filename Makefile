@@ -25,7 +25,7 @@ APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-1
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data
 
-.PHONY: all deps apt-deps venv qemu kernel image backend bench demo test lint clean distclean
+.PHONY: all deps apt-deps venv qemu kernel driver image backend bench demo test lint clean distclean
 
 all: image qemu backend
 
@@ -58,7 +58,11 @@ qemu: deps
 kernel: deps
 	@$(call timed,kernel) $(VRDMA) build kernel
 
-image: kernel
+# The guest driver, vrdma.ko, built against the guest kernel's headers; the image carries it.
+driver: kernel
+	@$(call timed,driver) $(VRDMA) build driver
+
+image: kernel driver
 	@$(call timed,image) $(VRDMA) build image
 
 # The backend's cffi binding to libvhost-user, compiled from the QEMU source tree `make qemu` keeps.

@@ -59,6 +59,17 @@ def test_image_has_the_rdma_modules_and_their_dependencies(image_files: set[str]
     assert f"lib/modules/{release}/modules.dep.bin" in image_files
 
 
+def test_image_carries_the_vrdma_driver_built_for_its_kernel(image_files: set[str], products: Products) -> None:
+    from vrdma.build.cache import product
+
+    release = products.kernel["release"]
+    assert f"lib/modules/{release}/extra/vrdma.ko" in image_files
+    driver = product("driver")
+    info = subprocess.run(["modinfo", driver["module_path"]], capture_output=True, text=True, check=True).stdout
+    assert f"vermagic:       {release} " in info
+    assert "alias:          virtio:d0000002Av*" in info  # binds virtio device ID 42
+
+
 def test_module_closure_follows_modules_dep(tmp_path: Path) -> None:
     (tmp_path / "modules.dep").write_text(
         "kernel/a.ko: kernel/b.ko kernel/c-d.ko\nkernel/b.ko: kernel/c-d.ko\nkernel/c-d.ko:\nkernel/e.ko:\n")

@@ -53,5 +53,5 @@ def test_project_template_has_the_devices_the_harness_relies_on() -> None:
 def test_kernel_command_line_carries_the_guest_parameters() -> None:
     line = qemu_cmdline.kernel_append(GuestIdentity(1), "extra=1")
     assert "console=ttyS0" in line and "panic=-1" in line
-    assert "vrdma.name=vm1" in line and "vrdma.addr=169.254.100.2/24" in line
+    assert "vrdma_guest.name=vm1" in line and "vrdma_guest.addr=169.254.100.2/24" in line
     assert line.endswith("extra=1")

@@ -89,6 +89,17 @@ def read_config(cluster: Cluster) -> object:
     return abi.from_bytes("vrdma_config", bytes.fromhex(result.stdout.strip()))
 
 
+def test_guest_driver_binds_pairs_and_queries_the_device(guest: Cluster) -> None:
+    """vrdma.ko (loaded at boot) bound the device, found its doorbell region and ran QUERY_DEVICE/QUERY_PORT."""
+    dmesg = guest[0].run(["dmesg"]).check("dmesg").stdout
+    assert "vrdma virtio" in dmesg and "doorbell region: " in dmesg, dmesg
+    assert f"vrdma device: max_qp 1024 max_cq 1024 max_mr 4096 max_pd 1024, port state 4, MAC {guest[0].identity.mac}" \
+        in dmesg, dmesg
+    bound = guest[0].run(["ls", "/sys/bus/virtio/drivers/vrdma/"]).check("vrdma driver in sysfs").stdout.split()
+    assert any(name.startswith("virtio") for name in bound), bound
+    assert "vm0: control queue started" in backend_log(guest)
+
+
 def test_guest_sees_the_device_and_its_doorbell_region(guest: Cluster) -> None:
     lspci = guest[0].run(["lspci", "-n"]).check("lspci").stdout
     assert "1af4:106a" in lspci and "1af4:1110" in lspci, lspci

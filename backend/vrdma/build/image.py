@@ -52,18 +52,20 @@ PYTHON_TAG = "3.11"  # bookworm's python3
 
 def build() -> dict[str, Any]:
     kernel = product("kernel")
+    driver = product("driver")
     with step("resolving the guest packages"):
         versions = {pkg: c.version for pkg, c in apt.candidates(PACKAGES).items()}
     recipe = {name: file_digest(GUEST_FILES / name) for name in sorted(os.listdir(GUEST_FILES))}
     recipe["image.py"] = file_digest(Path(__file__))
     cached = CachedProduct("image", {"packages": versions, "kernel": kernel["version"],
                                      "release": kernel["release"], "modules": MODULES,
-                                     "excludes": EXCLUDES, "recipe": content_key(recipe)})
+                                     "excludes": EXCLUDES, "recipe": content_key(recipe),
+                                     "driver": driver["key"]})
     if cached.complete:
         log.info("guest image is cached in %s", cached.path)
     else:
         with cached.building() as scratch:
-            _build_into(scratch, kernel)
+            _build_into(scratch, kernel, driver)
     initrd = cached.path / "initrd.cpio"
     info = {"initrd_path": str(initrd), "kernel_release": kernel["release"],
             "size_mib": round(initrd.stat().st_size / 2**20, 1)}
@@ -71,7 +73,7 @@ def build() -> dict[str, Any]:
     return info
 
 
-def _build_into(out: Path, kernel: dict[str, Any]) -> None:
+def _build_into(out: Path, kernel: dict[str, Any], driver: dict[str, Any]) -> None:
     tarball = out / "rootfs.tar"
     with step(f"unpacking {len(PACKAGES)} Debian {SUITE} packages and their dependencies (mmdebstrap)"):
         run(["mmdebstrap", "--variant=extract", "--include=" + ",".join(PACKAGES), "--format=tar",
@@ -82,7 +84,7 @@ def _build_into(out: Path, kernel: dict[str, Any]) -> None:
         run(["tar", "-C", root, "-xf", tarball, *(f"--exclude=./{x}" for x in EXCLUDES)])
         tarball.unlink()
         _add_base_files(root)
-        _add_modules(root, Path(kernel["modules_dir"]), kernel["release"])
+        _add_modules(root, Path(kernel["modules_dir"]), kernel["release"], Path(driver["module_path"]))
         run(["ldconfig", "-r", root])
         _compile_python(root)
     with step("packing the initramfs"):
@@ -142,9 +144,11 @@ def module_closure(modules_dir: Path, wanted: list[str]) -> list[str]:
     return sorted(closure)
 
 
-def _add_modules(root: Path, modules_dir: Path, release: str) -> None:
+def _add_modules(root: Path, modules_dir: Path, release: str, vrdma_ko: Path) -> None:
     dest = root / "lib" / "modules" / release
     dest.mkdir(parents=True)
+    (dest / "extra").mkdir()
+    shutil.copy2(vrdma_ko, dest / "extra" / "vrdma.ko")  # the project's driver, found by modprobe after depmod
     for rel in module_closure(modules_dir, MODULES):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(modules_dir / rel, dest / rel)

@@ -52,7 +52,8 @@ class GuestIdentity:
 
 def kernel_append(identity: GuestIdentity, extra: str = "") -> str:
     """The guest kernel command line; the vrdma.* parameters are read by the image's start-up script."""
-    parts = ["console=ttyS0", "panic=-1", "quiet", f"vrdma.name={identity.name}", f"vrdma.addr={identity.address}"]
+    parts = ["console=ttyS0", "panic=-1", "quiet", f"vrdma_guest.name={identity.name}",
+             f"vrdma_guest.addr={identity.address}"]
     if extra:
         parts.append(extra)
     return " ".join(parts)

@@ -1,0 +1,60 @@
+"""`make driver`: vrdma.ko built against the guest kernel's Debian headers, with W=1 and no warning allowed.
+
+The sources (guest-driver/kernel and the ABI header in guest-driver/include) are copied into the product
+directory and built there, so the checkout stays free of build output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from vrdma import paths
+from vrdma.build.cache import CachedProduct, capture, product, record_product, run, step
+from vrdma.errors import BuildError
+
+log = logging.getLogger(__name__)
+
+RECIPE_VERSION = 1
+SOURCE_DIRS = ("kernel", "include")
+
+
+def source_root() -> Path:
+    return paths.project_root() / "guest-driver"
+
+
+def sources_digest() -> str:
+    digest = hashlib.sha256()
+    for sub in SOURCE_DIRS:
+        for path in sorted((source_root() / sub).rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(source_root())).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build() -> dict[str, Any]:
+    kernel = product("kernel")
+    cached = CachedProduct("driver", {"kernel": kernel["version"], "release": kernel["release"],
+                                      "sources": sources_digest(), "recipe": RECIPE_VERSION})
+    if not cached.complete:
+        with cached.building() as scratch, step("building vrdma.ko against the guest kernel headers (W=1)"):
+            for sub in SOURCE_DIRS:
+                shutil.copytree(source_root() / sub, scratch / sub)
+            build_log = scratch / "build.log"
+            run(["make", "-C", kernel["headers_dir"], f"M={scratch / 'kernel'}", "W=1", "modules"],
+                log_file=build_log)
+            warnings = [line for line in build_log.read_text().splitlines() if re.search(r"\bwarning:", line)]
+            if warnings:
+                raise BuildError("vrdma.ko must build without warnings (W=1):\n" + "\n".join(warnings[:20]))
+            vermagic = capture(["modinfo", "-F", "vermagic", scratch / "kernel" / "vrdma.ko"]).split()
+            if not vermagic or vermagic[0] != kernel["release"]:
+                raise BuildError(f"vrdma.ko was built for {vermagic[:1]}, not {kernel['release']}")
+    info = {"module_path": str(cached.path / "kernel" / "vrdma.ko"), "release": kernel["release"],
+            "key": cached.key}
+    record_product("driver", info)
+    log.info("vrdma.ko for %s: %s", kernel["release"], info["module_path"])
+    return info

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * vrdma command channel over the control virtqueue.
+ *
+ * Small and strict: one command in flight (cmd_lock), request and response sizes fixed by the ABI, a timeout,
+ * and every device-supplied value (used length, opcode, sequence number, status) checked before use.
+ */
+#include <linux/slab.h>
+#include <linux/scatterlist.h>
+
+#include "vrdma.h"
+
+void vrdma_cmd_vq_done(struct virtqueue *vq)
+{
+	struct vrdma_dev *dev = vq->vdev->priv;
+
+	complete(&dev->cmd_done);
+}
+
+int vrdma_cmd_init(struct vrdma_dev *dev)
+{
+	mutex_init(&dev->cmd_lock);
+	init_completion(&dev->cmd_done);
+	spin_lock_init(&dev->ctrl_lock);
+	dev->cmd_buf = kzalloc(PAGE_SIZE, GFP_KERNEL);
+	return dev->cmd_buf ? 0 : -ENOMEM;
+}
+
+void vrdma_cmd_fini(struct vrdma_dev *dev)
+{
+	kfree(dev->cmd_buf);
+	dev->cmd_buf = NULL;
+}
+
+static int vrdma_status_to_errno(u16 status)
+{
+	switch (status) {
+	case VRDMA_STATUS_OK:
+		return 0;
+	case VRDMA_STATUS_NOT_SUPPORTED:
+		return -EOPNOTSUPP;
+	case VRDMA_STATUS_INVALID:
+		return -EINVAL;
+	case VRDMA_STATUS_BAD_LENGTH:
+		return -EMSGSIZE;
+	default:
+		return -EIO;
+	}
+}
+
+/*
+ * Execute one command. @req starts with struct vrdma_cmd_hdr (opcode set by the caller), @resp with struct
+ * vrdma_resp_hdr; both lengths are the ABI sizes of the command's structs. Returns 0 or a negative errno.
+ */
+int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp, size_t resp_len)
+{
+	struct vrdma_cmd_hdr *hdr = req;
+	struct vrdma_resp_hdr *rhdr;
+	struct scatterlist out_sg, in_sg, *sgs[2];
+	unsigned long flags;
+	unsigned int used_len;
+	void *token;
+	u16 opcode;
+	u32 seq;
+	int ret;
+
+	if (req_len < sizeof(*hdr) || resp_len < sizeof(*rhdr) || req_len + resp_len > PAGE_SIZE)
+		return -EINVAL;
+
+	mutex_lock(&dev->cmd_lock);
+	if (dev->broken) {
+		ret = -EIO;
+		goto out;
+	}
+	opcode = le16_to_cpu(hdr->opcode);
+	seq = ++dev->cmd_seq;
+	hdr->seq = cpu_to_le32(seq);
+	hdr->reserved = 0;
+	memcpy(dev->cmd_buf, req, req_len);
+	memset(dev->cmd_buf + req_len, 0, resp_len);
+	sg_init_one(&out_sg, dev->cmd_buf, req_len);
+	sg_init_one(&in_sg, dev->cmd_buf + req_len, resp_len);
+	sgs[0] = &out_sg;
+	sgs[1] = &in_sg;
+
+	reinit_completion(&dev->cmd_done);
+	spin_lock_irqsave(&dev->ctrl_lock, flags);
+	ret = virtqueue_add_sgs(dev->ctrl_vq, sgs, 1, 1, dev, GFP_ATOMIC);
+	if (!ret)
+		virtqueue_kick(dev->ctrl_vq);
+	spin_unlock_irqrestore(&dev->ctrl_lock, flags);
+	if (ret)
+		goto out;
+
+	if (!wait_for_completion_timeout(&dev->cmd_done, msecs_to_jiffies(VRDMA_CMD_TIMEOUT_MS))) {
+		/* The device still owns the buffer: never reuse the queue rather than risk a late write. */
+		dev_err(&dev->vdev->dev, "command %u (seq %u) timed out after %d ms; command channel disabled\n",
+			opcode, seq, VRDMA_CMD_TIMEOUT_MS);
+		dev->broken = true;
+		ret = -ETIMEDOUT;
+		goto out;
+	}
+
+	spin_lock_irqsave(&dev->ctrl_lock, flags);
+	token = virtqueue_get_buf(dev->ctrl_vq, &used_len);
+	spin_unlock_irqrestore(&dev->ctrl_lock, flags);
+	if (token != dev) {
+		dev_err(&dev->vdev->dev, "command %u: device returned an unknown buffer\n", opcode);
+		dev->broken = true;
+		ret = -EIO;
+		goto out;
+	}
+	if (used_len < sizeof(*rhdr) || used_len > resp_len) {
+		dev_err(&dev->vdev->dev, "command %u: response of %u bytes (expected %zu)\n", opcode, used_len,
+			resp_len);
+		ret = -EIO;
+		goto out;
+	}
+	rhdr = dev->cmd_buf + req_len;
+	if (le16_to_cpu(rhdr->opcode) != opcode || le32_to_cpu(rhdr->seq) != seq) {
+		dev_err(&dev->vdev->dev, "command %u seq %u: response is for command %u seq %u\n", opcode, seq,
+			le16_to_cpu(rhdr->opcode), le32_to_cpu(rhdr->seq));
+		ret = -EIO;
+		goto out;
+	}
+	ret = vrdma_status_to_errno(le16_to_cpu(rhdr->status));
+	if (ret) {
+		dev_dbg(&dev->vdev->dev, "command %u: status %u\n", opcode, le16_to_cpu(rhdr->status));
+		memcpy(resp, rhdr, sizeof(*rhdr));
+		goto out;
+	}
+	if (used_len != resp_len) {
+		dev_err(&dev->vdev->dev, "command %u: short response, %u of %zu bytes\n", opcode, used_len, resp_len);
+		ret = -EIO;
+		goto out;
+	}
+	memcpy(resp, rhdr, resp_len);
+out:
+	mutex_unlock(&dev->cmd_lock);
+	return ret;
+}

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * vrdma: paravirtual RDMA device driver (virtio device ID 42).
+ *
+ * Binds the virtio device, checks its ABI version, pairs it with its ivshmem doorbell region, sets up the control
+ * and event virtqueues and queries the device. The ib_device registration builds on this.
+ */
+#include <linux/module.h>
+#include <linux/slab.h>
+#include <linux/virtio_config.h>
+#include <linux/virtio_ids.h>
+
+#include "vrdma.h"
+
+static void vrdma_post_event_buffer(struct vrdma_dev *dev, struct vrdma_event *event)
+{
+	struct scatterlist sg;
+
+	sg_init_one(&sg, event, sizeof(*event));
+	if (virtqueue_add_inbuf(dev->event_vq, &sg, 1, event, GFP_ATOMIC))
+		dev_warn(&dev->vdev->dev, "cannot repost an event buffer\n");
+}
+
+static void vrdma_event_done(struct virtqueue *vq)
+{
+	struct vrdma_dev *dev = vq->vdev->priv;
+	struct vrdma_event *event;
+	unsigned long flags;
+	unsigned int len;
+
+	spin_lock_irqsave(&dev->event_lock, flags);
+	while ((event = virtqueue_get_buf(vq, &len))) {
+		/* Only buffers this driver posted are accepted back. */
+		if (event < dev->events || event >= dev->events + VRDMA_EVENT_BUFFERS ||
+		    ((uintptr_t)event - (uintptr_t)dev->events) % sizeof(*event)) {
+			dev_err(&dev->vdev->dev, "event queue returned a foreign buffer\n");
+			continue;
+		}
+		if (len == sizeof(*event))
+			dev_dbg(&dev->vdev->dev, "event %u handle %u\n", le16_to_cpu(event->type),
+				le32_to_cpu(event->handle));
+		else if (len)
+			dev_warn(&dev->vdev->dev, "event of %u bytes ignored (expected %zu)\n", len, sizeof(*event));
+		vrdma_post_event_buffer(dev, event);
+	}
+	virtqueue_kick(vq);
+	spin_unlock_irqrestore(&dev->event_lock, flags);
+}
+
+static int vrdma_read_config(struct vrdma_dev *dev)
+{
+	struct virtio_device *vdev = dev->vdev;
+
+	dev->abi_version = virtio_cread32(vdev, offsetof(struct vrdma_config, abi_version));
+	if (dev->abi_version != VRDMA_ABI_VERSION) {
+		dev_err(&vdev->dev, "device ABI version %u, driver speaks %u\n", dev->abi_version,
+			VRDMA_ABI_VERSION);
+		return -EINVAL;
+	}
+	dev->pairing_id = virtio_cread64(vdev, offsetof(struct vrdma_config, pairing_id));
+	dev->doorbell_pages = virtio_cread32(vdev, offsetof(struct vrdma_config, doorbell_pages));
+	virtio_cread_bytes(vdev, offsetof(struct vrdma_config, mac), dev->mac, sizeof(dev->mac));
+	if (dev->doorbell_pages < 2 || dev->doorbell_pages > 65536) {
+		dev_err(&vdev->dev, "implausible doorbell region of %u pages\n", dev->doorbell_pages);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int vrdma_query(struct vrdma_dev *dev)
+{
+	struct vrdma_cmd_query_device qd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_DEVICE) };
+	struct vrdma_cmd_query_port qp = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_PORT), .port = 1 };
+	int ret;
+
+	ret = vrdma_cmd_exec(dev, &qd, sizeof(qd), &dev->attr, sizeof(dev->attr));
+	if (ret) {
+		dev_err(&dev->vdev->dev, "QUERY_DEVICE failed: %d\n", ret);
+		return ret;
+	}
+	ret = vrdma_cmd_exec(dev, &qp, sizeof(qp), &dev->port, sizeof(dev->port));
+	if (ret) {
+		dev_err(&dev->vdev->dev, "QUERY_PORT failed: %d\n", ret);
+		return ret;
+	}
+	dev_info(&dev->vdev->dev, "vrdma device: max_qp %u max_cq %u max_mr %u max_pd %u, port state %u, MAC %pM\n",
+		 le32_to_cpu(dev->attr.max_qp), le32_to_cpu(dev->attr.max_cq), le32_to_cpu(dev->attr.max_mr),
+		 le32_to_cpu(dev->attr.max_pd), le32_to_cpu(dev->port.state), dev->mac);
+	return 0;
+}
+
+static int vrdma_probe(struct virtio_device *vdev)
+{
+	static const char * const names[] = { "control", "event" };
+	vq_callback_t *callbacks[] = { vrdma_cmd_vq_done, vrdma_event_done };
+	struct virtqueue *vqs[VRDMA_NUM_QUEUES];
+	struct vrdma_dev *dev;
+	int i, ret;
+
+	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
+	if (!dev)
+		return -ENOMEM;
+	dev->vdev = vdev;
+	vdev->priv = dev;
+	spin_lock_init(&dev->event_lock);
+
+	ret = vrdma_read_config(dev);
+	if (ret)
+		goto err_free;
+	ret = vrdma_cmd_init(dev);
+	if (ret)
+		goto err_free;
+	dev->events = kcalloc(VRDMA_EVENT_BUFFERS, sizeof(*dev->events), GFP_KERNEL);
+	if (!dev->events) {
+		ret = -ENOMEM;
+		goto err_cmd;
+	}
+	ret = vrdma_doorbell_pair(dev);
+	if (ret)
+		goto err_events;
+	ret = virtio_find_vqs(vdev, VRDMA_NUM_QUEUES, vqs, callbacks, names, NULL);
+	if (ret)
+		goto err_doorbell;
+	dev->ctrl_vq = vqs[VRDMA_QUEUE_CONTROL];
+	dev->event_vq = vqs[VRDMA_QUEUE_EVENT];
+
+	virtio_device_ready(vdev);
+	spin_lock_irq(&dev->event_lock);
+	for (i = 0; i < VRDMA_EVENT_BUFFERS; i++)
+		vrdma_post_event_buffer(dev, &dev->events[i]);
+	virtqueue_kick(dev->event_vq);
+	spin_unlock_irq(&dev->event_lock);
+
+	ret = vrdma_query(dev);
+	if (ret)
+		goto err_reset;
+	return 0;
+
+err_reset:
+	virtio_reset_device(vdev);
+	vdev->config->del_vqs(vdev);
+err_doorbell:
+	vrdma_doorbell_unpair(dev);
+err_events:
+	kfree(dev->events);
+err_cmd:
+	vrdma_cmd_fini(dev);
+err_free:
+	kfree(dev);
+	vdev->priv = NULL;
+	return ret;
+}
+
+static void vrdma_remove(struct virtio_device *vdev)
+{
+	struct vrdma_dev *dev = vdev->priv;
+
+	virtio_reset_device(vdev);
+	vdev->config->del_vqs(vdev);
+	vrdma_doorbell_unpair(dev);
+	kfree(dev->events);
+	vrdma_cmd_fini(dev);
+	kfree(dev);
+}
+
+static const struct virtio_device_id vrdma_id_table[] = {
+	{ VRDMA_VIRTIO_ID, VIRTIO_DEV_ANY_ID },
+	{ 0 },
+};
+MODULE_DEVICE_TABLE(virtio, vrdma_id_table);
+
+static struct virtio_driver vrdma_driver = {
+	.driver.name = KBUILD_MODNAME,
+	.driver.owner = THIS_MODULE,
+	.id_table = vrdma_id_table,
+	.probe = vrdma_probe,
+	.remove = vrdma_remove,
+};
+module_virtio_driver(vrdma_driver);
+
+MODULE_DESCRIPTION("vrdma paravirtual RDMA device driver");
+MODULE_LICENSE("GPL");
