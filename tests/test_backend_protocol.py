@@ -155,3 +155,38 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     for result in results.values():
         assert result["unit"] == "us" and result["value"] > 0 and result["command"].startswith("vrdma bench")
     assert results["backend_control_rtt_p50_us"]["value"] <= results["backend_control_rtt_p99_us"]["value"]
+
+
+def test_admin_socket_counters_and_test_hooks(tmp_path: Path) -> None:
+    from vrdma.backend.admin import ask
+
+    admin = tmp_path / "admin.sock"
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "backend", "--socket-path", f"vm0={tmp_path}/vm0.sock",
+                             "--admin-socket", str(admin), "--test-hooks", "--ready-fd", str(write_end)],
+                            pass_fds=[write_end], stderr=subprocess.DEVNULL)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as ready:
+        assert ready.read() == b"READY\n"
+    try:
+        with Frontend(str(tmp_path / "vm0.sock")) as fe:
+            fe.start()
+            query_device(fe)
+            counters = ask(admin, {"command": "counters"})["vms"]["vm0"]
+            assert counters["commands"] == 1 and counters["by_opcode"] == {"QUERY_DEVICE": 1}
+            assert ask(admin, {"command": "inject", "vm": "vm0", "fault": "wrong-opcode"}) == {"ok": True}
+            spoiled = query_device(fe, seq=9)
+            assert spoiled.hdr.opcode == abi.const("VRDMA_CMD_QUERY_DEVICE") + 1  # type: ignore[attr-defined]
+            assert query_device(fe, seq=10).hdr.opcode == abi.const("VRDMA_CMD_QUERY_DEVICE")  # one-shot
+            ask(admin, {"command": "inject", "vm": "vm0", "fault": "short-response"})
+            short = fe.command(abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": 1})), 120)
+            assert len(short) == 8
+        assert ask(admin, {"command": "inject", "vm": "vm9", "fault": "wrong-seq"})["ok"] is False
+        assert "unknown fault" in ask(admin, {"command": "inject", "vm": "vm0", "fault": "x"})["error"]
+        assert ask(admin, {"command": "nope"})["ok"] is False
+        out = subprocess.run([sys.executable, "-m", "vrdma.cli", "admin", "--socket", str(admin), "counters"],
+                             capture_output=True, text=True, check=True).stdout
+        assert json.loads(out)["vm0"]["commands"] == 4
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -86,7 +86,10 @@ def _cmd_backend(args: argparse.Namespace) -> int:
     specs = _endpoint_specs(args)
     if not specs:
         raise server.BackendError("nothing to serve: give --socket-path PATH or --fd N (see --help)")
-    with server.Backend(specs) as backend:
+    admin_socket = Path(args.admin_socket) if args.admin_socket else None
+    if args.test_hooks and admin_socket is None:
+        raise server.BackendError("--test-hooks needs --admin-socket (the hooks are reached through it)")
+    with server.Backend(specs, admin_socket=admin_socket, test_hooks=args.test_hooks) as backend:
         if args.ready_fd is not None:
             try:
                 os.write(args.ready_fd, b"READY\n")
@@ -126,6 +129,24 @@ def _endpoint_specs(args: argparse.Namespace) -> list[Any]:
     if macs:
         raise BackendError(f"--mac for unknown VM(s): {', '.join(macs)}")
     return specs
+
+
+def _cmd_admin(args: argparse.Namespace) -> int:
+    import json
+
+    from vrdma.backend.admin import ask
+
+    request: dict[str, object] = {"command": args.admin_command}
+    if args.admin_command == "inject":
+        request.update(vm=args.vm, fault=args.fault)
+    try:
+        reply = ask(Path(args.socket), request)
+    except OSError as err:
+        raise VrdmaError(f"cannot reach the backend's admin socket {args.socket}: {err}") from err
+    if not reply.get("ok"):
+        raise VrdmaError(f"the backend refused: {reply.get('error')}")
+    print(json.dumps(reply.get("vms", reply), indent=2, sort_keys=True))
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -191,9 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
                               "socket)")
     backend.add_argument("--ready-fd", type=int, metavar="N",
                          help="write READY to this inherited fd once every socket listens")
+    backend.add_argument("--admin-socket", metavar="PATH",
+                         help="serve counters (and, with --test-hooks, fault injection) on this unix socket")
+    backend.add_argument("--test-hooks", action="store_true",
+                         help="allow fault injection through the admin socket (tests only)")
     backend.add_argument("--print-capabilities", action="store_true",
                          help="print the backend's capabilities as JSON and exit")
     backend.set_defaults(func=_cmd_backend)
+
+    admin = sub.add_parser("admin", help="ask a running backend through its admin socket")
+    admin.add_argument("--socket", required=True, metavar="PATH", help="the backend's --admin-socket")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
+    admin_sub.add_parser("counters", help="per-VM counters as JSON")
+    inject = admin_sub.add_parser("inject", help="spoil a VM's next command response (backend --test-hooks)")
+    inject.add_argument("vm")
+    inject.add_argument("fault", choices=["wrong-opcode", "wrong-seq", "short-response", "bad-status"])
+    admin.set_defaults(func=_cmd_admin)
 
     bench = sub.add_parser("bench", help="run the benchmarks; results go to build/bench/results.json")
     bench.add_argument("--iterations", type=_positive_int, default=5000,

@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from vrdma.backend.admin import AdminSocket
 from vrdma.backend.doorbell import DoorbellRegion
 from vrdma.backend.transport import VirtioRdmaTransport
 from vrdma.device import abi
@@ -138,7 +139,8 @@ def _listen(path: Path) -> socket.socket:
 class Backend:
     """``with Backend(specs) as backend: backend.run()`` until SIGTERM/SIGINT or ``stop()``."""
 
-    def __init__(self, specs: list[EndpointSpec]) -> None:
+    def __init__(self, specs: list[EndpointSpec], admin_socket: Path | None = None,
+                 test_hooks: bool = False) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise BackendError(f"VM names must be unique: {', '.join(names)}")
@@ -146,9 +148,16 @@ class Backend:
         self.endpoints: list[VmEndpoint] = []
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
+        self.admin: AdminSocket | None = None
         try:
             for spec in specs:
                 self.endpoints.append(VmEndpoint(spec, self.loop))
+            if admin_socket is not None:
+                try:
+                    self.admin = AdminSocket(admin_socket, self.loop,
+                                             lambda: {e.name: e.rdma for e in self.endpoints}, test_hooks)
+                except OSError as err:
+                    raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror}") from err
         except BaseException:
             self.close()
             raise
@@ -185,6 +194,9 @@ class Backend:
         log.info("stopping")
 
     def close(self) -> None:
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
         for endpoint in self.endpoints:
             endpoint.close()
         self.endpoints = []

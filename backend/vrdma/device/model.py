@@ -23,6 +23,8 @@ from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
 log = logging.getLogger(__name__)
 
 FW_VERSION = 1
+# Test hooks (admin socket, `vrdma backend --test-hooks`): ways to spoil the next response on purpose.
+FAULTS = ("wrong-opcode", "wrong-seq", "short-response", "bad-status")
 
 
 @dataclass
@@ -52,6 +54,7 @@ class RdmaDevice:
         self.counters = Counters()
         self.events: collections.deque[bytes] = collections.deque()
         self.on_event: Callable[[], None] | None = None
+        self.pending_fault: str | None = None
 
     # -- config space and doorbell region -----------------------------------------------------------------
 
@@ -80,6 +83,22 @@ class RdmaDevice:
 
     def execute(self, request: bytes, capacity: int) -> bytes:
         """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits."""
+        response = self._execute(request, capacity)
+        fault, self.pending_fault = self.pending_fault, None
+        return _spoil(response, fault) if fault else response
+
+    def inject_fault(self, fault: str) -> None:
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}")
+        self.pending_fault = fault
+
+    def counters_snapshot(self) -> dict[str, object]:
+        c = self.counters
+        return {"commands": c.commands, "command_errors": c.command_errors, "events_posted": c.events_posted,
+                "events_dropped": c.events_dropped, "events_pending": len(self.events),
+                "by_opcode": dict(c.by_opcode)}
+
+    def _execute(self, request: bytes, capacity: int) -> bytes:
         if capacity < RESP_HDR_SIZE:
             self.counters.command_errors += 1
             raise ResponseTooSmall(f"{capacity} device-writable bytes, a response needs at least {RESP_HDR_SIZE}")
@@ -135,3 +154,17 @@ class RdmaDevice:
         """The guest reset the device or went away: forget everything it owned."""
         log.info("%s: device reset (%d pending events dropped)", self.name, len(self.events))
         self.events.clear()
+
+
+def _spoil(response: bytes, fault: str) -> bytes:
+    """A response as a faulty device would send it (test hooks only)."""
+    hdr = abi.from_bytes("vrdma_resp_hdr", response[:RESP_HDR_SIZE])
+    if fault == "wrong-opcode":
+        hdr.opcode = (hdr.opcode + 1) & 0xFFFF
+    elif fault == "wrong-seq":
+        hdr.seq = (hdr.seq + 1) & 0xFFFFFFFF
+    elif fault == "bad-status":
+        hdr.status = 0x77
+    elif fault == "short-response":
+        return abi.to_bytes(hdr)  # status OK, no body
+    return abi.to_bytes(hdr) + response[RESP_HDR_SIZE:]

@@ -37,8 +37,11 @@ def socket_path(directory: Path, ident: GuestIdentity) -> Path:
 class BackendService:
     """``with BackendService(directory, identities):`` runs `vrdma backend` for those guests."""
 
-    def __init__(self, directory: Path, identities: list[GuestIdentity], detach: bool = False) -> None:
+    def __init__(self, directory: Path, identities: list[GuestIdentity], detach: bool = False,
+                 test_hooks: bool = False) -> None:
         self.directory = directory
+        self.test_hooks = test_hooks
+        self.admin_socket = directory / "backend" / "admin.sock"
         self.identities = identities
         self.detach = detach
         self.log_file = directory / "backend.log"
@@ -55,7 +58,9 @@ class BackendService:
 
     def argv(self, ready_fd: int) -> list[str]:
         argv = [sys.executable, "-m", "vrdma.cli", "backend", "--doorbell-dir", str(self.directory / "backend"),
-                "--ready-fd", str(ready_fd)]
+                "--ready-fd", str(ready_fd), "--admin-socket", str(self.admin_socket)]
+        if self.test_hooks:
+            argv.append("--test-hooks")
         for ident in self.identities:
             argv += ["--socket-path", f"{ident.name}={socket_path(self.directory, ident)}",
                      "--mac", f"{ident.name}={ident.mac}"]
@@ -126,6 +131,13 @@ class BackendService:
             if abs(process.create_time() - create_time) < 0.01:
                 service.process = process
         return service
+
+
+def admin(service: BackendService, request: dict[str, object]) -> dict[str, object]:
+    """Ask the running backend through its admin socket."""
+    from vrdma.backend.admin import ask
+
+    return ask(service.admin_socket, request)
 
 
 def _read_until_eof(fd: int, timeout: float) -> bytes:

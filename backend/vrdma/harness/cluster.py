@@ -23,7 +23,8 @@ class Cluster:
 
     def __init__(self, count: int, directory: Path, *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, detach: bool = False, products: Products | None = None,
-                 append_extra: dict[int, str] | None = None, with_device: bool = True) -> None:
+                 append_extra: dict[int, str] | None = None, with_device: bool = True,
+                 test_hooks: bool = False) -> None:
         if count < 1:
             raise ValueError(f"a cluster needs at least one guest, not {count}")
         self.count = count
@@ -35,6 +36,7 @@ class Cluster:
         self.products = products
         self.append_extra = append_extra or {}
         self.with_device = with_device
+        self.test_hooks = test_hooks
         self.vms: list[Vm] = []
         self.hub: subprocess.Popen[bytes] | None = None
         self.backend: BackendService | None = None
@@ -77,7 +79,8 @@ class Cluster:
         identities = [GuestIdentity(i) for i in range(self.count)]
         if self.with_device:
             # One backend for all guests, listening before any QEMU starts.
-            self.backend = BackendService(self.directory, identities, detach=self.detach)
+            self.backend = BackendService(self.directory, identities, detach=self.detach,
+                                          test_hooks=self.test_hooks)
             self.backend.start()
         if self.count > 2:
             guests = [self.directory / ident.name / "link.sock" for ident in identities]

@@ -1,0 +1,105 @@
+"""The backend's admin socket: counters a person can read, and (with --test-hooks) fault injection for tests.
+
+One JSON object per line in each direction over a unix stream socket; each connection asks one question:
+
+    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}}
+    {"command": "inject", "vm": "vm0", "fault": F}  -> {"ok": true}   (only with --test-hooks)
+
+Faults apply to the VM's next control-command response: "wrong-opcode", "wrong-seq", "short-response",
+"bad-status". `vrdma admin --socket PATH counters` is the command-line client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vrdma.device.model import FAULTS, RdmaDevice
+from vrdma.vhost_user.loop import EventLoop
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST = 4096
+TIMEOUT = 2.0
+
+
+class AdminSocket:
+    def __init__(self, path: Path, loop: EventLoop, devices: Callable[[], dict[str, RdmaDevice]],
+                 test_hooks: bool) -> None:
+        self.path = path
+        self.loop = loop
+        self.devices = devices
+        self.test_hooks = test_hooks
+        path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(4)
+        loop.add_reader(self.sock.fileno(), self._accept)
+        log.info("admin socket on %s%s", path, " (test hooks enabled)" if test_hooks else "")
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(TIMEOUT)  # a silent client cannot hold the loop longer than this
+            try:
+                request = _read_line(conn)
+                reply = self.handle(json.loads(request))
+            except (OSError, ValueError) as err:
+                reply = {"ok": False, "error": f"bad request: {err}"}
+            with contextlib.suppress(OSError):  # the client went away: nothing to tell it
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict):
+            return {"ok": False, "error": "a request is a JSON object"}
+        command = request.get("command")
+        devices = self.devices()
+        if command == "counters":
+            return {"ok": True, "vms": {name: dev.counters_snapshot() for name, dev in devices.items()}}
+        if command == "inject":
+            if not self.test_hooks:
+                return {"ok": False, "error": "fault injection needs `vrdma backend --test-hooks`"}
+            vm, fault = request.get("vm"), request.get("fault")
+            if vm not in devices:
+                return {"ok": False, "error": f"unknown VM {vm!r}"}
+            if fault not in FAULTS:
+                return {"ok": False, "error": f"unknown fault {fault!r} (known: {', '.join(FAULTS)})"}
+            devices[vm].inject_fault(fault)
+            log.warning("%s: test hook armed: %s on the next command response", vm, fault)
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {command!r} (known: counters, inject)"}
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\n" not in data:
+        chunk = conn.recv(MAX_REQUEST)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST:
+            raise ValueError(f"request longer than {MAX_REQUEST} bytes")
+    return data.split(b"\n", 1)[0]
+
+
+def ask(path: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Client side: send one request to a backend's admin socket and return the reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        reply: dict[str, Any] = json.loads(_read_line(sock))
+    return reply
