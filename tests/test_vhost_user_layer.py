@@ -201,3 +201,17 @@ def test_descriptors_belong_to_the_message_they_were_sent_with(
         pass
     assert device.state is State.CONNECTED, model.disconnect_reason
     assert model.negotiated == VIRTIO_F_VERSION_1
+
+
+def test_an_exception_in_the_model_closes_only_that_device(
+        pair: tuple[Frontend, VhostUserDevice, FakeModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    front, device, model = pair
+
+    def broken_config() -> bytes:
+        raise RuntimeError("model bug")
+
+    monkeypatch.setattr(model, "config_space", broken_config)
+    front.u64(Request.GET_FEATURES)
+    front.send(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(model.protocol_features()))
+    front.send(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, 16, 0) + bytes(16))
+    assert closed(device, model, "_get_config_cb failed: model bug"), model.disconnect_reason

@@ -18,6 +18,13 @@ struct vrdma_abi_types {
 	struct vrdma_cmd_query_port cmd_query_port;
 	struct vrdma_resp_query_port resp_query_port;
 	struct vrdma_event event;
+	struct vrdma_cmd_add_gid cmd_add_gid;
+	struct vrdma_cmd_del_gid cmd_del_gid;
+	struct vrdma_cmd_alloc_ucontext cmd_alloc_ucontext;
+	struct vrdma_resp_alloc_ucontext resp_alloc_ucontext;
+	struct vrdma_cmd_destroy cmd_destroy;
+	struct vrdma_cmd_alloc_pd cmd_alloc_pd;
+	struct vrdma_resp_alloc_pd resp_alloc_pd;
 };
 
 static const struct vrdma_abi_types vrdma_abi_types __used;

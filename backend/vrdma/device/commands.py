@@ -20,6 +20,9 @@ STATUS_OK = abi.const("VRDMA_STATUS_OK")
 STATUS_NOT_SUPPORTED = abi.const("VRDMA_STATUS_NOT_SUPPORTED")
 STATUS_INVALID = abi.const("VRDMA_STATUS_INVALID")
 STATUS_BAD_LENGTH = abi.const("VRDMA_STATUS_BAD_LENGTH")
+STATUS_NO_RESOURCES = abi.const("VRDMA_STATUS_NO_RESOURCES")
+STATUS_BUSY = abi.const("VRDMA_STATUS_BUSY")
+GID_TYPES = (abi.const("VRDMA_GID_TYPE_ROCE_V1"), abi.const("VRDMA_GID_TYPE_ROCE_V2"))
 RESP_HDR_SIZE = abi.sizeof("vrdma_resp_hdr")
 CMD_HDR_SIZE = abi.sizeof("vrdma_cmd_hdr")
 
@@ -75,9 +78,56 @@ def _query_port(device: RdmaDevice, request: Any, response: Any) -> None:
     response.phys_state = 5    # LinkUp
 
 
+def _reserved_zero(request: Any, name: str) -> None:
+    if request.reserved:
+        raise CommandFailed(STATUS_INVALID, f"reserved field of {name} is {request.reserved}")
+
+
+def _add_gid(device: RdmaDevice, request: Any, response: Any) -> None:
+    index, gid_type = int(request.index), int(request.type)
+    if index >= device.limits.gid_table_len:
+        raise CommandFailed(STATUS_INVALID, f"GID index {index} (the table has {device.limits.gid_table_len})")
+    if gid_type not in GID_TYPES:
+        raise CommandFailed(STATUS_INVALID, f"GID type {gid_type}")
+    device.add_gid(index, bytes(request.gid), gid_type)
+
+
+def _del_gid(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DEL_GID")
+    if not device.del_gid(int(request.index)):
+        raise CommandFailed(STATUS_INVALID, f"GID index {int(request.index)} is not set")
+
+
+def _alloc_ucontext(device: RdmaDevice, request: Any, response: Any) -> None:
+    response.handle, response.doorbell_page = device.alloc_ucontext()
+
+
+def _dealloc_ucontext(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DEALLOC_UCONTEXT")
+    device.dealloc_ucontext(int(request.handle))
+
+
+def _alloc_pd(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "ALLOC_PD")
+    response.handle = device.alloc_pd(int(request.ucontext))
+
+
+def _dealloc_pd(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DEALLOC_PD")
+    device.dealloc_pd(int(request.handle))
+
+
 COMMANDS: dict[int, Command] = {
     abi.const("VRDMA_CMD_QUERY_DEVICE"): Command("QUERY_DEVICE", "vrdma_cmd_query_device",
                                                  "vrdma_resp_query_device", _query_device),
     abi.const("VRDMA_CMD_QUERY_PORT"): Command("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port",
                                                _query_port),
+    abi.const("VRDMA_CMD_ADD_GID"): Command("ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", _add_gid),
+    abi.const("VRDMA_CMD_DEL_GID"): Command("DEL_GID", "vrdma_cmd_del_gid", "vrdma_resp_hdr", _del_gid),
+    abi.const("VRDMA_CMD_ALLOC_UCONTEXT"): Command("ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext",
+                                                   "vrdma_resp_alloc_ucontext", _alloc_ucontext),
+    abi.const("VRDMA_CMD_DEALLOC_UCONTEXT"): Command("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", "vrdma_resp_hdr",
+                                                     _dealloc_ucontext),
+    abi.const("VRDMA_CMD_ALLOC_PD"): Command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
+    abi.const("VRDMA_CMD_DEALLOC_PD"): Command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_pd),
 }

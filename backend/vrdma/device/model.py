@@ -14,10 +14,14 @@ from vrdma.device.commands import (
     COMMANDS,
     RESP_HDR_SIZE,
     STATUS_BAD_LENGTH,
+    STATUS_BUSY,
+    STATUS_INVALID,
+    STATUS_NO_RESOURCES,
     STATUS_NOT_SUPPORTED,
     STATUS_OK,
     CommandFailed,
 )
+from vrdma.device.objects import Gid, HandleTable, ProtectionDomain, UContext
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,9 @@ class RdmaDevice:
         self.events: collections.deque[bytes] = collections.deque()
         self.on_event: Callable[[], None] | None = None
         self.pending_fault: str | None = None
+        self.gids: dict[int, Gid] = {}
+        self.ucontexts: HandleTable[UContext] = HandleTable("ucontext", limits.doorbell_pages - 1)
+        self.pds: HandleTable[ProtectionDomain] = HandleTable("pd", limits.max_pd)
 
     # -- config space and doorbell region -----------------------------------------------------------------
 
@@ -96,7 +103,55 @@ class RdmaDevice:
         c = self.counters
         return {"commands": c.commands, "command_errors": c.command_errors, "events_posted": c.events_posted,
                 "events_dropped": c.events_dropped, "events_pending": len(self.events),
-                "by_opcode": dict(c.by_opcode)}
+                "by_opcode": dict(c.by_opcode),
+                "objects": {"gid": len(self.gids), "ucontext": len(self.ucontexts), "pd": len(self.pds)},
+                "gids": {str(index): str(gid) for index, gid in sorted(self.gids.items())}}
+
+    # -- objects ------------------------------------------------------------------------------------------
+
+    def add_gid(self, index: int, raw: bytes, gid_type: int) -> None:
+        self.gids[index] = Gid(raw, gid_type)
+        log.info("%s: GID %d = %s (RoCE v%d)", self.name, index, self.gids[index], gid_type)
+
+    def del_gid(self, index: int) -> bool:
+        gid = self.gids.pop(index, None)
+        if gid is not None:
+            log.info("%s: GID %d removed (%s)", self.name, index, gid)
+        return gid is not None
+
+    def alloc_ucontext(self) -> tuple[int, int]:
+        used = {ctx.doorbell_page for ctx in self.ucontexts.objects.values()}
+        free = next((page for page in range(1, self.limits.doorbell_pages) if page not in used), None)
+        if free is None or self.ucontexts.full():
+            raise CommandFailed(STATUS_NO_RESOURCES, f"all {self.limits.doorbell_pages - 1} doorbell pages in use")
+        return self.ucontexts.add(UContext(free)), free
+
+    def dealloc_ucontext(self, handle: int) -> None:
+        ctx = self.ucontexts.get(handle)
+        if ctx is None:
+            raise CommandFailed(STATUS_INVALID, f"no user context {handle:#x}")
+        if ctx.pds:
+            raise CommandFailed(STATUS_BUSY, f"user context {handle:#x} still has {len(ctx.pds)} PDs")
+        self.ucontexts.remove(handle)
+
+    def alloc_pd(self, ucontext: int) -> int:
+        ctx = self.ucontexts.get(ucontext) if ucontext else None
+        if ucontext and ctx is None:
+            raise CommandFailed(STATUS_INVALID, f"no user context {ucontext:#x}")
+        if self.pds.full():
+            raise CommandFailed(STATUS_NO_RESOURCES, f"all {self.limits.max_pd} PDs in use")
+        handle = self.pds.add(ProtectionDomain(ucontext))
+        if ctx is not None:
+            ctx.pds.add(handle)
+        return handle
+
+    def dealloc_pd(self, handle: int) -> None:
+        pd = self.pds.remove(handle)
+        if pd is None:
+            raise CommandFailed(STATUS_INVALID, f"no PD {handle:#x}")
+        ctx = self.ucontexts.get(pd.ucontext)
+        if ctx is not None:
+            ctx.pds.discard(handle)
 
     def _execute(self, request: bytes, capacity: int) -> bytes:
         if capacity < RESP_HDR_SIZE:
@@ -124,12 +179,14 @@ class RdmaDevice:
                                f"{command.name} response needs {response_size} bytes, the driver gave {capacity}")
         body = abi.from_bytes(command.request, request)
         response = abi.new(command.response)
-        response.hdr.opcode, response.hdr.seq = opcode, seq
+        # A command that answers with nothing but a header has vrdma_resp_hdr as its response struct.
+        response_hdr = response if command.response == "vrdma_resp_hdr" else response.hdr
+        response_hdr.opcode, response_hdr.seq = opcode, seq
         try:
             command.handler(self, body, response)
         except CommandFailed as err:
             return self._error(opcode, seq, err.status, f"{command.name}: {err}")
-        response.hdr.status = STATUS_OK
+        response_hdr.status = STATUS_OK
         log.debug("%s: %s seq %d ok", self.name, command.name, seq)
         return abi.to_bytes(response)
 
@@ -152,8 +209,12 @@ class RdmaDevice:
 
     def reset(self) -> None:
         """The guest reset the device or went away: forget everything it owned."""
-        log.info("%s: device reset (%d pending events dropped)", self.name, len(self.events))
+        log.info("%s: device reset (%d pending events, %d PDs, %d user contexts, %d GIDs freed)", self.name,
+                 len(self.events), len(self.pds), len(self.ucontexts), len(self.gids))
         self.events.clear()
+        self.pds.clear()
+        self.ucontexts.clear()
+        self.gids.clear()
 
 
 def _spoil(response: bytes, fault: str) -> bytes:

@@ -143,7 +143,7 @@ class VhostUserDevice:
         status = lib.vrdma_vu_dispatch(self._vu, message.request, message.flags, message.payload,
                                        len(message.payload), fds, len(message.fds))
         message.fds = []  # libvhost-user owns them now
-        if status != 0 or self._dev.broken:
+        if status != 0 or self._broken():
             self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}")
 
     @property
@@ -156,6 +156,10 @@ class VhostUserDevice:
             self.sock.sendall(header + payload)
         except OSError as err:
             self.close(f"cannot reply to {message.name()}: {err}")
+
+    def _broken(self) -> bool:
+        """libvhost-user called panic, or a Python callback failed (both mark only this device)."""
+        return bool(self._dev.broken) or self.state is State.BROKEN
 
     # -- callbacks from libvhost-user -------------------------------------------------------------------------
 
@@ -172,7 +176,7 @@ class VhostUserDevice:
         watch = self._watches.get(fd)
         if watch is not None and self.state is State.CONNECTED:
             lib.vrdma_call_watch(watch[0], self._dev, VU_WATCH_IN, watch[1])
-            if self._dev.broken:
+            if self._broken():
                 self.close(self.broken_reason or "libvhost-user marked the device broken")
 
     def _remove_watch(self, fd: int) -> None:

@@ -31,12 +31,24 @@
 /* Control commands */
 #define VRDMA_CMD_QUERY_DEVICE 1
 #define VRDMA_CMD_QUERY_PORT 2
+#define VRDMA_CMD_ADD_GID 3
+#define VRDMA_CMD_DEL_GID 4
+#define VRDMA_CMD_ALLOC_UCONTEXT 5
+#define VRDMA_CMD_DEALLOC_UCONTEXT 6
+#define VRDMA_CMD_ALLOC_PD 7
+#define VRDMA_CMD_DEALLOC_PD 8
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
 #define VRDMA_STATUS_NOT_SUPPORTED 1
 #define VRDMA_STATUS_INVALID 2
 #define VRDMA_STATUS_BAD_LENGTH 3
+#define VRDMA_STATUS_NO_RESOURCES 4
+#define VRDMA_STATUS_BUSY 5
+
+/* GID types (struct vrdma_cmd_add_gid.type) */
+#define VRDMA_GID_TYPE_ROCE_V1 1
+#define VRDMA_GID_TYPE_ROCE_V2 2
 
 /* Events on the event queue */
 #define VRDMA_EVENT_NONE 0
@@ -147,6 +159,50 @@ struct vrdma_resp_query_port {
 	__u8 phys_state;
 };
 
+/* GID table entry of the port, as the guest's RDMA core computes it from the paired netdev's addresses. */
+struct vrdma_cmd_add_gid {
+	struct vrdma_cmd_hdr hdr;
+	__le32 index;             /* < gid_tbl_len of QUERY_PORT */
+	__le32 type;              /* VRDMA_GID_TYPE_* */
+	__u8 gid[16];
+};
+
+struct vrdma_cmd_del_gid {
+	struct vrdma_cmd_hdr hdr;
+	__le32 index;
+	__le32 reserved;
+};
+
+/* A user context: the device gives it its own doorbell page. */
+struct vrdma_cmd_alloc_ucontext {
+	struct vrdma_cmd_hdr hdr;
+};
+
+struct vrdma_resp_alloc_ucontext {
+	struct vrdma_resp_hdr hdr;
+	__le32 handle;
+	__le32 doorbell_page;     /* page index in the doorbell region: 1 .. doorbell_pages - 1 */
+};
+
+/* Deallocation of any object by handle (ucontext, PD, ...). */
+struct vrdma_cmd_destroy {
+	struct vrdma_cmd_hdr hdr;
+	__le32 handle;
+	__le32 reserved;
+};
+
+struct vrdma_cmd_alloc_pd {
+	struct vrdma_cmd_hdr hdr;
+	__le32 ucontext;          /* handle of the owning user context, 0 for a kernel PD */
+	__le32 reserved;
+};
+
+struct vrdma_resp_alloc_pd {
+	struct vrdma_resp_hdr hdr;
+	__le32 handle;
+	__le32 reserved;
+};
+
 /* One event, written by the device into a buffer the driver posted on the event queue. */
 struct vrdma_event {
 	__le16 type;              /* VRDMA_EVENT_* */
@@ -166,5 +222,12 @@ VRDMA_ASSERT_SIZE(vrdma_resp_query_device, 120);
 VRDMA_ASSERT_SIZE(vrdma_cmd_query_port, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_port, 40);
 VRDMA_ASSERT_SIZE(vrdma_event, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_add_gid, 32);
+VRDMA_ASSERT_SIZE(vrdma_cmd_del_gid, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_ucontext, 8);
+VRDMA_ASSERT_SIZE(vrdma_resp_alloc_ucontext, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_destroy, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_pd, 16);
+VRDMA_ASSERT_SIZE(vrdma_resp_alloc_pd, 16);
 
 #endif /* VRDMA_ABI_H */
