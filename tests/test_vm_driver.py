@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from vrdma.harness import verbs
 from vrdma.harness.backend import admin
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Products
@@ -19,17 +21,45 @@ def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield cluster
 
 
-def reload_driver(cluster: Cluster) -> str:
-    """rmmod + modprobe vrdma (a re-probe, whose QUERY_DEVICE meets the armed fault); returns the new dmesg lines."""
+def reload_driver(cluster: Cluster, fault: str | None = None) -> str:
+    """rmmod + modprobe vrdma; with ``fault``, the re-probe's first command (QUERY_DEVICE) meets it. Returns the
+    kernel log lines of the reload."""
     vm = cluster[0]
-    vm.run(["dmesg", "-c"]).check("dmesg -c")  # print and clear (busybox dmesg)
     vm.run(["rmmod", "vrdma"]).check("rmmod vrdma")
+    vm.run(["dmesg", "-c"]).check("dmesg -c")  # print and clear (busybox dmesg)
+    if fault is not None:
+        assert cluster.backend is not None
+        assert admin(cluster.backend, {"command": "inject", "vm": "vm0", "fault": fault}) == {"ok": True}
     vm.run(["modprobe", "vrdma"]).check("modprobe vrdma")
     return vm.run(["dmesg"]).check("dmesg").stdout
 
 
 def bound(cluster: Cluster) -> bool:
     return any(n.startswith("virtio") for n in cluster[0].sh("ls /sys/bus/virtio/drivers/vrdma/").stdout.split())
+
+
+def counters(cluster: Cluster) -> dict[str, Any]:
+    assert cluster.backend is not None
+    return admin(cluster.backend, {"command": "counters"})["vms"]["vm0"]  # type: ignore[index,no-any-return]
+
+
+def test_vrdma0_is_an_active_roce_device_on_eth0(guest: Cluster) -> None:
+    link = guest[0].run(["rdma", "link", "show"]).check("rdma link show").stdout
+    assert "link vrdma0/1 state ACTIVE physical_state LINK_UP netdev eth0" in link, link
+    # The RDMA core built the GID table from eth0's addresses and the driver forwarded it to the backend.
+    index = verbs.ipv4_gid_index(guest[0], "vrdma0")
+    ipv4_gid = "0000:0000:0000:0000:0000:ffff:a9fe:6401"  # ::ffff:169.254.100.1
+    assert guest[0].run(["cat", f"/sys/class/infiniband/vrdma0/ports/1/gids/{index}"]).stdout.strip() == ipv4_gid
+    assert counters(guest)["gids"][str(index)] == ipv4_gid
+
+
+def test_rmmod_leaves_nothing_behind_in_the_backend(guest: Cluster) -> None:
+    guest[0].run(["rmmod", "vrdma"]).check("rmmod vrdma")
+    left = counters(guest)
+    assert left["objects"] == {"gid": 0, "ucontext": 0, "pd": 0} and left["gids"] == {}
+    guest[0].run(["modprobe", "vrdma"]).check("modprobe vrdma")
+    assert "vrdma0/1 state ACTIVE" in guest[0].run(["rdma", "link", "show"]).stdout
+    assert counters(guest)["objects"]["gid"] > 0
 
 
 def test_driver_reloads_cleanly(guest: Cluster) -> None:
@@ -45,9 +75,7 @@ def test_driver_reloads_cleanly(guest: Cluster) -> None:
     ("bad-status", "QUERY_DEVICE failed: -5", -5),
 ])
 def test_bad_response_is_logged_refused_and_survived(guest: Cluster, fault: str, logged: str, errno: int) -> None:
-    assert guest.backend is not None
-    assert admin(guest.backend, {"command": "inject", "vm": "vm0", "fault": fault}) == {"ok": True}
-    dmesg = reload_driver(guest)
+    dmesg = reload_driver(guest, fault)
     assert logged in dmesg, dmesg
     assert f"QUERY_DEVICE failed: {errno}" in dmesg, dmesg
     assert "probe of virtio" in dmesg and f"failed with error {errno}" in dmesg, dmesg
@@ -59,8 +87,8 @@ def test_bad_response_is_logged_refused_and_survived(guest: Cluster, fault: str,
 
 def test_backend_counters_follow_the_driver(guest: Cluster) -> None:
     assert guest.backend is not None
-    before = admin(guest.backend, {"command": "counters"})["vms"]["vm0"]  # type: ignore[index]
+    before = counters(guest)
     reload_driver(guest)
-    after = admin(guest.backend, {"command": "counters"})["vms"]["vm0"]  # type: ignore[index]
+    after = counters(guest)
     assert after["by_opcode"]["QUERY_DEVICE"] == before["by_opcode"]["QUERY_DEVICE"] + 1
     assert after["by_opcode"]["QUERY_PORT"] == before["by_opcode"]["QUERY_PORT"] + 1

@@ -8,6 +8,7 @@
 #include <linux/pci.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
+#include <rdma/ib_verbs.h>
 
 #include <rdma/vrdma-abi.h>
 
@@ -15,7 +16,10 @@
 #define VRDMA_EVENT_BUFFERS 16
 
 struct vrdma_dev {
+	struct ib_device ib_dev;	/* first: allocated by ib_alloc_device() */
 	struct virtio_device *vdev;
+	struct net_device *netdev;	/* the paired virtio-net netdev (config space MAC), held */
+	bool registered;
 	struct virtqueue *ctrl_vq;
 	struct virtqueue *event_vq;
 
@@ -45,6 +49,36 @@ struct vrdma_dev {
 	struct vrdma_resp_query_port port;
 };
 
+struct vrdma_user_mmap_entry {
+	struct rdma_user_mmap_entry rdma_entry;
+	phys_addr_t address;
+};
+
+struct vrdma_ucontext {
+	struct ib_ucontext ibuc;
+	u32 handle;
+	u32 doorbell_page;
+	struct rdma_user_mmap_entry *doorbell_entry;
+};
+
+struct vrdma_pd {
+	struct ib_pd ibpd;
+	u32 handle;
+};
+
+struct vrdma_cq {
+	struct ib_cq ibcq;
+};
+
+struct vrdma_qp {
+	struct ib_qp ibqp;
+};
+
+static inline struct vrdma_dev *to_vdev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct vrdma_dev, ib_dev);
+}
+
 int vrdma_cmd_init(struct vrdma_dev *dev);
 void vrdma_cmd_fini(struct vrdma_dev *dev);
 void vrdma_cmd_vq_done(struct virtqueue *vq);
@@ -52,5 +86,8 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp,
 
 int vrdma_doorbell_pair(struct vrdma_dev *dev);
 void vrdma_doorbell_unpair(struct vrdma_dev *dev);
+
+int vrdma_register_ib(struct vrdma_dev *dev);
+void vrdma_unregister_ib(struct vrdma_dev *dev);
 
 #endif /* VRDMA_H */

@@ -25,6 +25,8 @@ struct vrdma_abi_types {
 	struct vrdma_cmd_destroy cmd_destroy;
 	struct vrdma_cmd_alloc_pd cmd_alloc_pd;
 	struct vrdma_resp_alloc_pd resp_alloc_pd;
+	struct vrdma_alloc_ucontext_resp alloc_ucontext_resp;
+	struct vrdma_alloc_pd_resp alloc_pd_resp;
 };
 
 static const struct vrdma_abi_types vrdma_abi_types __used;

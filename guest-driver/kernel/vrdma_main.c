@@ -3,7 +3,7 @@
  * vrdma: paravirtual RDMA device driver (virtio device ID 42).
  *
  * Binds the virtio device, checks its ABI version, pairs it with its ivshmem doorbell region, sets up the control
- * and event virtqueues and queries the device. The ib_device registration builds on this.
+ * and event virtqueues, queries the device and registers the ib_device (vrdma_verbs.c).
  */
 #include <linux/module.h>
 #include <linux/slab.h>
@@ -97,7 +97,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	struct vrdma_dev *dev;
 	int i, ret;
 
-	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
+	dev = ib_alloc_device(vrdma_dev, ib_dev);
 	if (!dev)
 		return -ENOMEM;
 	dev->vdev = vdev;
@@ -134,6 +134,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 	ret = vrdma_query(dev);
 	if (ret)
 		goto err_reset;
+	ret = vrdma_register_ib(dev);
+	if (ret)
+		goto err_reset;
 	return 0;
 
 err_reset:
@@ -146,8 +149,8 @@ err_events:
 err_cmd:
 	vrdma_cmd_fini(dev);
 err_free:
-	kfree(dev);
 	vdev->priv = NULL;
+	ib_dealloc_device(&dev->ib_dev);
 	return ret;
 }
 
@@ -155,12 +158,14 @@ static void vrdma_remove(struct virtio_device *vdev)
 {
 	struct vrdma_dev *dev = vdev->priv;
 
+	/* Unregistering frees every verbs object through the device, so the queues must still run. */
+	vrdma_unregister_ib(dev);
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 	vrdma_doorbell_unpair(dev);
 	kfree(dev->events);
 	vrdma_cmd_fini(dev);
-	kfree(dev);
+	ib_dealloc_device(&dev->ib_dev);
 }
 
 static const struct virtio_device_id vrdma_id_table[] = {

@@ -18,6 +18,7 @@
 /* ABI-BEGIN */
 #define VRDMA_ABI_VERSION 1
 #define VRDMA_VIRTIO_ID 42
+#define VRDMA_UVERBS_ABI_VERSION 1
 
 /* Virtqueues */
 #define VRDMA_QUEUE_CONTROL 0
@@ -203,6 +204,20 @@ struct vrdma_resp_alloc_pd {
 	__le32 reserved;
 };
 
+/*
+ * Kernel <-> provider (libvrdma) udata, native endian (same machine).
+ */
+struct vrdma_alloc_ucontext_resp {
+	__u32 doorbell_page;      /* this context's page in the doorbell region */
+	__u32 doorbell_page_size;
+	__u64 doorbell_offset;    /* mmap() offset of that page on the uverbs file */
+};
+
+struct vrdma_alloc_pd_resp {
+	__u32 pdn;                /* the device's handle of the PD */
+	__u32 reserved;
+};
+
 /* One event, written by the device into a buffer the driver posted on the event queue. */
 struct vrdma_event {
 	__le16 type;              /* VRDMA_EVENT_* */
@@ -229,5 +244,7 @@ VRDMA_ASSERT_SIZE(vrdma_resp_alloc_ucontext, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_destroy, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_pd, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_alloc_pd, 16);
+VRDMA_ASSERT_SIZE(vrdma_alloc_ucontext_resp, 16);
+VRDMA_ASSERT_SIZE(vrdma_alloc_pd_resp, 8);
 
 #endif /* VRDMA_ABI_H */
