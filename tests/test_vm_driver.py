@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +95,29 @@ def test_backend_counters_follow_the_driver(guest: Cluster) -> None:
     after = counters(guest)
     assert after["by_opcode"]["QUERY_DEVICE"] == before["by_opcode"]["QUERY_DEVICE"] + 1
     assert after["by_opcode"]["QUERY_PORT"] == before["by_opcode"]["QUERY_PORT"] + 1
+
+
+UVERBS = (Path(__file__).parent / "guest" / "uverbs.py").read_text()
+
+
+def test_each_process_maps_only_its_own_doorbell_page(guest: Cluster) -> None:
+    result = guest[0].run(["python3", "-c", UVERBS, "contexts", "vrdma-test"]).check("two user contexts")
+    parent, child = json.loads(result.stdout)
+    assert parent["pid"] != child["pid"]
+    assert parent["doorbell_page"] != child["doorbell_page"]
+    assert parent["foreign_mmap"] == child["foreign_mmap"] == "Invalid argument"  # not theirs: refused
+    # What each process wrote through its mapping is in its own page of the backend's doorbell region.
+    region = (guest.directory / "backend" / "vm0.doorbell").read_bytes()
+    for who, info in (("parent", parent), ("child", child)):
+        page = region[info["doorbell_page"] * 4096:][:32]
+        expected = f"vrdma-test-{who}".encode()
+        assert page.startswith(expected + struct.pack("<I", info["doorbell_page"])), page
+    assert counters(guest)["objects"]["ucontext"] == 0  # both processes exited: their contexts are gone
+
+
+def test_thousand_pds_from_user_space_leave_nothing_behind(guest: Cluster) -> None:
+    result = guest[0].run(["python3", "-c", UVERBS, "pds", "1000"]).check("1000 PDs")
+    assert json.loads(result.stdout) == {"allocated": 1000, "distinct_pdn": 1000}
+    after = counters(guest)
+    assert after["objects"]["pd"] == 0 and after["objects"]["ucontext"] == 0
+    assert after["by_opcode"]["ALLOC_PD"] >= 1000 and after["by_opcode"]["DEALLOC_PD"] >= 1000
