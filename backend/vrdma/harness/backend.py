@@ -13,12 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 
 import psutil
 
 from vrdma.errors import VrdmaError
-from vrdma.harness.process import die_with_parent
+from vrdma.harness.process import Managed, die_with_parent
 from vrdma.harness.qemu_cmdline import GuestIdentity
 
 START_TIMEOUT = 30.0
@@ -34,7 +33,7 @@ def socket_path(directory: Path, ident: GuestIdentity) -> Path:
     return directory / ident.name / "vrdma.sock"
 
 
-class BackendService:
+class BackendService(Managed):
     """``with BackendService(directory, identities):`` runs `vrdma backend` for those guests."""
 
     def __init__(self, directory: Path, identities: list[GuestIdentity], detach: bool = False,
@@ -47,14 +46,6 @@ class BackendService:
         self.log_file = directory / "backend.log"
         self.process: psutil.Process | None = None
         self._popen: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> BackendService:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def argv(self, ready_fd: int) -> list[str]:
         argv = [sys.executable, "-m", "vrdma.cli", "backend", "--doorbell-dir", str(self.directory / "backend"),

@@ -7,18 +7,18 @@ import contextlib
 import logging
 import subprocess
 from pathlib import Path
-from types import TracebackType
 
 from vrdma.harness import accel as accel_probe
 from vrdma.harness import linkhub
 from vrdma.harness.backend import BackendService
+from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.vm import Products, Vm
 
 log = logging.getLogger(__name__)
 
 
-class Cluster:
+class Cluster(Managed):
     """``with Cluster(2, directory) as guests:`` boots vm0, vm1, ... on one link and waits until all are ready."""
 
     def __init__(self, count: int, directory: Path, *, accel: str = "auto", memory_mib: int = 1024,
@@ -41,18 +41,6 @@ class Cluster:
         self.hub: subprocess.Popen[bytes] | None = None
         self.backend: BackendService | None = None
         self.accel = ""
-
-    def __enter__(self) -> Cluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def __getitem__(self, key: int | str) -> Vm:
         if isinstance(key, int):

@@ -32,7 +32,7 @@ import psutil
 from vrdma.harness import qemu_cmdline
 from vrdma.harness.agent import ExecResult, GuestAgent
 from vrdma.harness.errors import GuestBootTimeout, GuestPanicError, VmError
-from vrdma.harness.process import die_with_parent
+from vrdma.harness.process import Managed, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Products:
         return cls(qemu=product("qemu"), kernel=product("kernel"), image=product("image"))
 
 
-class Vm:
+class Vm(Managed):
     """A guest. ``with Vm(...) as vm:`` boots it and waits until it is ready; leaving the block stops it."""
 
     def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
@@ -100,19 +100,17 @@ class Vm:
 
     # -- lifecycle --------------------------------------------------------------------------------------------
 
-    def __enter__(self) -> Vm:
+    def start(self) -> None:
         self.launch()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.shutdown()
-            raise
-        return self
+        self.wait_ready()
+
+    def stop(self) -> None:
+        self.shutdown()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.shutdown()
-        if exc is not None and not isinstance(exc, VmError):
+        super().__exit__(exc_type, exc, tb)
+        if exc is not None and not isinstance(exc, VmError):  # a VmError already names the log
             log.error("%s: console log kept at %s", self.name, self.console_log)
 
     def launch(self) -> None:
