@@ -18,6 +18,15 @@ static bool vrdma_doorbell_matches(struct vrdma_dev *dev, void __iomem *header)
 	       readq(header + offsetof(struct vrdma_doorbell_header, pairing_id)) == dev->pairing_id;
 }
 
+/* Undo what pairing took of a candidate: the BAR mapping (if any), the region, the enable. */
+static void vrdma_doorbell_release(struct pci_dev *pdev, void __iomem *header)
+{
+	if (header)
+		pci_iounmap(pdev, header);
+	pci_release_region(pdev, IVSHMEM_BAR);
+	pci_disable_device(pdev);
+}
+
 int vrdma_doorbell_pair(struct vrdma_dev *dev)
 {
 	struct pci_dev *pdev = NULL;
@@ -43,9 +52,7 @@ int vrdma_doorbell_pair(struct vrdma_dev *dev)
 				dev_err(&dev->vdev->dev, "doorbell region %s: %u pages, config says %u, BAR holds %llu bytes\n",
 					pci_name(pdev), pages, dev->doorbell_pages,
 					(unsigned long long)pci_resource_len(pdev, IVSHMEM_BAR));
-				pci_iounmap(pdev, header);
-				pci_release_region(pdev, IVSHMEM_BAR);
-				pci_disable_device(pdev);
+				vrdma_doorbell_release(pdev, header);
 				pci_dev_put(pdev);
 				return -EINVAL;
 			}
@@ -54,10 +61,7 @@ int vrdma_doorbell_pair(struct vrdma_dev *dev)
 			dev_info(&dev->vdev->dev, "doorbell region: %s, %u pages\n", pci_name(pdev), pages);
 			return 0;
 		}
-		if (header)
-			pci_iounmap(pdev, header);
-		pci_release_region(pdev, IVSHMEM_BAR);
-		pci_disable_device(pdev);
+		vrdma_doorbell_release(pdev, header);
 	}
 	dev_err(&dev->vdev->dev, "no ivshmem device carries doorbell region %016llx\n", dev->pairing_id);
 	return -ENODEV;
@@ -67,9 +71,7 @@ void vrdma_doorbell_unpair(struct vrdma_dev *dev)
 {
 	if (!dev->db_pdev)
 		return;
-	pci_iounmap(dev->db_pdev, dev->db_header);
-	pci_release_region(dev->db_pdev, IVSHMEM_BAR);
-	pci_disable_device(dev->db_pdev);
+	vrdma_doorbell_release(dev->db_pdev, dev->db_header);
 	pci_dev_put(dev->db_pdev);
 	dev->db_pdev = NULL;
 	dev->db_header = NULL;
