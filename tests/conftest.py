@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from backend_process import BackendProcess
 
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Products
@@ -57,3 +58,12 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "run"
     monkeypatch.setenv("VRDMA_RUN_DIR", str(directory))
     return directory
+
+
+@pytest.fixture()
+def backend(tmp_path: Path) -> Iterator[BackendProcess]:
+    """`vrdma backend` serving vm0 and vm1 (sockets, admin socket and log in the test's directory)."""
+    process = BackendProcess(tmp_path)
+    yield process
+    if process.proc.poll() is None:
+        assert process.stop() == 0, process.log_text()

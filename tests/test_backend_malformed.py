@@ -8,7 +8,7 @@ import struct
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_backend_protocol import BackendProcess, query_device
+from backend_process import BackendProcess, query_device
 
 from vrdma.device import abi
 from vrdma.testing.frontend import USER_BASE, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, Frontend

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_backend_protocol import BackendProcess, query_device
+from backend_process import BackendProcess, query_device
 
 from vrdma.device import abi
 from vrdma.testing.frontend import VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_VERSION_1, Frontend, GuestMemory
@@ -16,13 +16,6 @@ from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import ProtocolFeature, Request
 
 pytestmark = pytest.mark.backend
-
-
-@pytest.fixture()
-def backend(tmp_path: Path) -> Iterator[BackendProcess]:
-    process = BackendProcess(tmp_path)
-    yield process
-    assert process.stop() == 0, process.log_text()
 
 
 @pytest.fixture()

@@ -3,75 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from backend_process import BackendProcess, query_device
 
 from vrdma.device import abi
-from vrdma.testing.frontend import Frontend, FrontendError
+from vrdma.testing.frontend import FrontendError
 
 pytestmark = pytest.mark.backend
-
-
-class BackendProcess:
-    """`vrdma backend` serving vm0 and vm1, started and stopped by a test."""
-
-    def __init__(self, directory: Path, names: tuple[str, ...] = ("vm0", "vm1")) -> None:
-        self.directory = directory
-        self.sockets = {name: directory / f"{name}.sock" for name in names}
-        self.log = directory / "backend.log"
-        read_end, write_end = os.pipe()
-        args = [a for name, path in self.sockets.items() for a in ("--socket-path", f"{name}={path}")]
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vrdma.cli", "-v", "backend", *args, "--mac", "vm0=52:54:00:76:72:00",
-                 "--ready-fd", str(write_end)], pass_fds=[write_end], stdout=log, stderr=subprocess.STDOUT)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as ready:
-            line = ready.read()  # EOF without READY: the backend failed to start
-        if line != b"READY\n":
-            self.proc.kill()
-            raise AssertionError(f"backend did not start:\n{self.log.read_text()}")
-
-    def frontend(self, name: str) -> Frontend:
-        return Frontend(str(self.sockets[name]))
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        return self.proc.wait(10)
-
-    def log_text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
-        self.wait_for_log_count(text, 1, timeout)
-
-    def wait_for_log_count(self, text: str, count: int, timeout: float = 10.0) -> None:
-        """The backend logs to a file as it goes: poll it until ``text`` appears ``count`` times."""
-        deadline = time.monotonic() + timeout
-        while self.log_text().count(text) < count:
-            assert time.monotonic() < deadline, f"{text!r} not logged {count} times:\n{self.log_text()}"
-            time.sleep(0.01)
-
-
-@pytest.fixture()
-def backend(tmp_path: Path) -> Iterator[BackendProcess]:
-    process = BackendProcess(tmp_path)
-    yield process
-    if process.proc.poll() is None:
-        assert process.stop() == 0, process.log_text()
-
-
-def query_device(fe: Frontend, seq: int = 1) -> object:
-    request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE"),
-                                                                  "seq": seq}))
-    response = fe.command(request, abi.sizeof("vrdma_resp_query_device"))
-    return abi.from_bytes("vrdma_resp_query_device", response)
 
 
 def test_print_capabilities_is_json() -> None:
@@ -160,19 +102,13 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
 def test_admin_socket_counters_and_test_hooks(tmp_path: Path) -> None:
     from vrdma.backend.admin import ask
 
-    admin = tmp_path / "admin.sock"
-    read_end, write_end = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "backend", "--socket-path", f"vm0={tmp_path}/vm0.sock",
-                             "--admin-socket", str(admin), "--test-hooks", "--ready-fd", str(write_end)],
-                            pass_fds=[write_end], stderr=subprocess.DEVNULL)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as ready:
-        assert ready.read() == b"READY\n"
+    backend = BackendProcess(tmp_path, names=("vm0",), test_hooks=True)
+    admin = backend.admin
     try:
-        with Frontend(str(tmp_path / "vm0.sock")) as fe:
+        with backend.frontend("vm0") as fe:
             fe.start()
             query_device(fe)
-            counters = ask(admin, {"command": "counters"})["vms"]["vm0"]
+            counters = backend.counters()
             assert counters["commands"] == 1 and counters["by_opcode"] == {"QUERY_DEVICE": 1}
             assert ask(admin, {"command": "inject", "vm": "vm0", "fault": "wrong-opcode"}) == {"ok": True}
             spoiled = query_device(fe, seq=9)
@@ -188,5 +124,4 @@ def test_admin_socket_counters_and_test_hooks(tmp_path: Path) -> None:
                              capture_output=True, text=True, check=True).stdout
         assert json.loads(out)["vm0"]["commands"] == 4
     finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
+        assert backend.stop() == 0
