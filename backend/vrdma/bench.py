@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +17,8 @@ from typing import Any
 
 from vrdma import paths
 from vrdma.device import abi
-from vrdma.errors import VrdmaError
+from vrdma.harness.backend import BackendService, socket_path
+from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.testing.frontend import Frontend
 
 log = logging.getLogger(__name__)
@@ -28,37 +26,19 @@ log = logging.getLogger(__name__)
 WARMUP = 200
 
 
-def _start_backend(directory: Path) -> subprocess.Popen[bytes]:
-    read_end, write_end = os.pipe()
-    with (directory / "backend.log").open("wb") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "backend", "--socket-path",
-                                 f"bench={directory / 'bench.sock'}", "--ready-fd", str(write_end)],
-                                pass_fds=[write_end], stdout=subprocess.DEVNULL, stderr=log_file)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as ready:
-        if ready.read() != b"READY\n":
-            proc.kill()
-            raise VrdmaError(f"the backend did not start: {(directory / 'backend.log').read_text()}")
-    return proc
-
-
 def control_round_trip(iterations: int) -> list[dict[str, Any]]:
     request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE")}))
     response_size = abi.sizeof("vrdma_resp_query_device")
-    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp:
-        proc = _start_backend(Path(tmp))
-        try:
-            with Frontend(str(Path(tmp) / "bench.sock")) as fe:
-                fe.start()
-                samples = []
-                for i in range(WARMUP + iterations):
-                    start = time.perf_counter_ns()
-                    fe.command(request, response_size)
-                    if i >= WARMUP:
-                        samples.append((time.perf_counter_ns() - start) / 1000)
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    guest = GuestIdentity(0)
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, BackendService(Path(tmp), [guest]) as backend, \
+            Frontend(str(socket_path(backend.directory, guest))) as fe:
+        fe.start()
+        samples = []
+        for i in range(WARMUP + iterations):
+            start = time.perf_counter_ns()
+            fe.command(request, response_size)
+            if i >= WARMUP:
+                samples.append((time.perf_counter_ns() - start) / 1000)
     quantiles = statistics.quantiles(samples, n=100)
     command = f"vrdma bench --iterations {iterations}"
     return [

@@ -99,9 +99,8 @@ class VirtioRdmaTransport:
             if element is None:
                 break
             request = gather(device, element, limit + 1)
-            capacity = sum(length for _, length in element.in_sg)
             try:
-                response = self.rdma.execute(request, capacity)
+                response = self.rdma.execute(request, element.writable)
             except ResponseTooSmall as err:
                 log.warning("%s: control chain without room for a response: %s", self.rdma.name, err)
                 response = b""
@@ -119,7 +118,7 @@ class VirtioRdmaTransport:
             element = device.pop(EVENT)
             if element is None:
                 break  # no buffer posted: the events wait for the driver's next kick
-            if sum(length for _, length in element.in_sg) < EVENT_SIZE:
+            if element.writable < EVENT_SIZE:
                 # A buffer an event does not fit in is returned empty; the event waits for a proper one.
                 log.warning("%s: event buffer smaller than %d bytes returned unused", self.rdma.name, EVENT_SIZE)
                 device.push(EVENT, element, 0)

@@ -167,7 +167,7 @@ class RdmaDevice:
             return self._error(opcode, seq, STATUS_NOT_SUPPORTED, f"unknown command {opcode}")
         self.counters.by_opcode[command.name] = self.counters.by_opcode.get(command.name, 0) + 1
         if hdr.reserved:
-            return self._error(opcode, seq, abi.const("VRDMA_STATUS_INVALID"),
+            return self._error(opcode, seq, STATUS_INVALID,
                                f"{command.name}: reserved header field is {hdr.reserved}")
         expected = abi.sizeof(command.request)
         if len(request) != expected:

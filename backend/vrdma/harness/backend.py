@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from vrdma.errors import VrdmaError
-from vrdma.harness.process import Managed, die_with_parent
+from vrdma.harness.process import Managed, die_with_parent, is_running
 from vrdma.harness.qemu_cmdline import GuestIdentity
 
 START_TIMEOUT = 30.0
@@ -83,13 +83,7 @@ class BackendService(Managed):
 
     @property
     def running(self) -> bool:
-        if self._popen is not None:
-            return self._popen.poll() is None
-        try:
-            return self.process is not None and self.process.is_running() and \
-                self.process.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        return is_running(self._popen, self.process)
 
     def stop(self) -> None:
         if self.process is None:
@@ -112,16 +106,6 @@ class BackendService(Managed):
             if self._popen is not None:
                 self._popen.wait()
             self.process = None
-
-    @classmethod
-    def attach(cls, directory: Path, identities: list[GuestIdentity], pid: int, create_time: float
-               ) -> BackendService:
-        service = cls(directory, identities, detach=True)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process = psutil.Process(pid)
-            if abs(process.create_time() - create_time) < 0.01:
-                service.process = process
-        return service
 
 
 def admin(service: BackendService, request: dict[str, object]) -> dict[str, object]:

@@ -22,6 +22,7 @@ from vrdma.errors import VrdmaError
 from vrdma.harness.agent import ExecResult
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.errors import NoGuestsError, UnknownGuestError, VmError
+from vrdma.harness.process import find_process, record
 from vrdma.harness.vm import Vm
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,7 @@ def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout:
         hub = psutil.Process(cluster.hub.pid) if cluster.hub is not None else None
         backend = cluster.backend.process if cluster.backend is not None else None
         session = {"guests": [vm.name for vm in cluster.vms], "accel": cluster.accel,
-                   "hub": {"pid": hub.pid, "create_time": hub.create_time()} if hub else None,
-                   "backend": {"pid": backend.pid, "create_time": backend.create_time()} if backend else None}
+                   "hub": record(hub) if hub else None, "backend": record(backend) if backend else None}
         (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
         return list(cluster.vms)
 
@@ -124,17 +124,17 @@ def _stop(directory: Path, session: dict[str, Any]) -> list[str]:
     return stopped
 
 
-def _stop_process(record: dict[str, Any] | None) -> None:
-    """Terminate a helper process recorded as {pid, create_time}, if it is still that process."""
-    if record:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process = psutil.Process(int(record["pid"]))
-            if abs(process.create_time() - float(record["create_time"])) < 0.01:
-                process.terminate()
-                try:
-                    process.wait(10)
-                except psutil.TimeoutExpired:
-                    process.kill()
+def _stop_process(recorded: dict[str, Any] | None) -> None:
+    """Terminate a helper process recorded by process.record(), if it is still that process."""
+    process = find_process(int(recorded["pid"]), float(recorded["create_time"])) if recorded else None
+    if process is None:
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.terminate()
+        try:
+            process.wait(10)
+        except psutil.TimeoutExpired:
+            process.kill()
 
 
 def status() -> list[tuple[str, str, str, str]]:

@@ -32,7 +32,7 @@ import psutil
 from vrdma.harness import qemu_cmdline
 from vrdma.harness.agent import ExecResult, GuestAgent
 from vrdma.harness.errors import GuestBootTimeout, GuestPanicError, VmError
-from vrdma.harness.process import Managed, die_with_parent
+from vrdma.harness.process import Managed, die_with_parent, find_process, is_running, record
 
 log = logging.getLogger(__name__)
 
@@ -184,14 +184,7 @@ class Vm(Managed):
 
     @property
     def running(self) -> bool:
-        if self._popen is not None:
-            return self._popen.poll() is None
-        if self.process is None:
-            return False
-        try:
-            return bool(self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE)
-        except psutil.NoSuchProcess:
-            return False
+        return is_running(self._popen, self.process)
 
     def shutdown(self) -> int | None:
         """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Returns its exit status when it is our child."""
@@ -254,9 +247,8 @@ class Vm(Managed):
 
     def _write_state(self) -> None:
         assert self.process is not None
-        state = {"name": self.name, "index": self.identity.index, "pid": self.process.pid,
-                 "create_time": self.process.create_time(), "accel": self.accel, "address": self.address,
-                 "boot_seconds": self.boot_seconds, "cmdline": self.cmdline}
+        state = {"name": self.name, "index": self.identity.index, **record(self.process), "accel": self.accel,
+                 "address": self.address, "boot_seconds": self.boot_seconds, "cmdline": self.cmdline}
         tmp = self.directory / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.rename(self.directory / STATE_FILE)
@@ -278,12 +270,7 @@ class Vm(Managed):
         vm._popen = None
         vm.agent = GuestAgent(vm.name, directory / "agent.sock", directory / "agent.lock",
                               directory / "console.log")
-        try:
-            process = psutil.Process(int(state["pid"]))
-            same = abs(process.create_time() - float(state["create_time"])) < 0.01
-        except psutil.NoSuchProcess:
-            same = False
-        vm.process = process if same else None
+        vm.process = find_process(int(state["pid"]), float(state["create_time"]))
         return vm
 
 

@@ -65,6 +65,11 @@ class Element:
     in_sg: list[tuple[int, int]]
     handle: Any  # the VuVirtqElement *, freed after push
 
+    @property
+    def writable(self) -> int:
+        """Bytes the device may write into this chain."""
+        return sum(length for _, length in self.in_sg)
+
 
 class VhostUserDevice:
     def __init__(self, name: str, sock: socket.socket, loop: EventLoop, model: DeviceModel) -> None:
