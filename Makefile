@@ -23,9 +23,10 @@ timed = TIMEFORMAT='[make] $(1): %1R s'; time
 # module toolchain, the image tools and the firmware QEMU loads at run time (-L /usr/share/qemu, seabios).
 APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev \
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
-	mmdebstrap cpio kmod busybox-static seabios qemu-system-data
+	mmdebstrap cpio kmod busybox-static seabios qemu-system-data \
+	cmake libnl-3-dev libnl-route-3-dev
 
-.PHONY: all deps apt-deps venv qemu kernel driver image backend bench demo test lint clean distclean
+.PHONY: all deps apt-deps venv qemu kernel driver provider image backend bench demo test lint clean distclean
 
 all: image qemu backend
 
@@ -62,7 +63,11 @@ kernel: deps
 driver: kernel
 	@$(call timed,driver) $(VRDMA) build driver
 
-image: kernel driver
+# libvrdma, the rdma-core provider, compiled inside the guest's rdma-core source tree; the image carries it.
+provider: deps
+	@$(call timed,provider) $(VRDMA) build provider
+
+image: kernel driver provider
 	@$(call timed,image) $(VRDMA) build image
 
 # The backend's cffi binding to libvhost-user, compiled from the QEMU source tree `make qemu` keeps.

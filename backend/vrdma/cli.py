@@ -22,10 +22,10 @@ log = logging.getLogger("vrdma")
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from vrdma.build import driver, image, kernel, qemu
+    from vrdma.build import driver, image, kernel, provider, qemu
 
     builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "kernel": kernel.build, "image": image.build,
-                                                 "driver": driver.build}
+                                                 "driver": driver.build, "provider": provider.build}
     builders[args.product]()
     return 0
 
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     build = sub.add_parser("build", help="build one product of the build chain (make does this for you)")
-    build.add_argument("product", choices=["qemu", "kernel", "driver", "image"])
+    build.add_argument("product", choices=["qemu", "kernel", "driver", "provider", "image"])
     build.set_defaults(func=_cmd_build)
 
     accel_help = "accelerator: auto (KVM when it can boot a guest, else TCG), kvm or tcg"

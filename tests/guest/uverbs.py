@@ -1,7 +1,8 @@
 """Run inside a guest: talk to vrdma.ko's verbs device through the raw uverbs write() ABI.
 
-There is no libibverbs provider for vrdma yet, so this speaks to /dev/infiniband/uverbsN directly: it is what a
-provider's ibv_cmd_* calls send. Modes:
+This checks the kernel's side on its own, below libibverbs and libvrdma (tests/test_vm_provider.py goes through
+them): it speaks to /dev/infiniband/uverbsN directly, sending what a provider's ibv_cmd_* calls send, and can
+try what no provider would, such as mapping another context's offset. Modes:
 
   contexts PATTERN   two processes each open a user context, map their own doorbell page, write PATTERN plus
                      their doorbell page number into it, try to map an offset that is not theirs; prints JSON

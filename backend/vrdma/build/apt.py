@@ -1,10 +1,10 @@
 """Debian archive access for the build chain.
 
 Two views of the archive:
-- the machine's own apt configuration (bookworm binaries: guest kernel and userland), queried as it is;
-- a private apt configuration under the cache holding one deb-src entry for another suite (trixie, for the QEMU
-  source). It has its own sources list, lists and cache directories, so the machine's apt sources and state
-  stay exactly as they were.
+- the machine's own apt configuration (bookworm binaries: the guest kernel), queried as it is;
+- a private apt configuration under the cache for another suite (trixie: the guest's userland, the QEMU and
+  rdma-core sources). It has its own sources list, lists and cache directories, so the machine's apt sources
+  and state stay exactly as they were.
 """
 
 from __future__ import annotations
@@ -15,22 +15,40 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from vrdma.build.cache import capture, run
+from vrdma import paths
+from vrdma.build.cache import capture, file_digest, run
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
 
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+# The guest's userland suite. Trixie, not the host's bookworm: the provider must be compiled in the source tree
+# of the guest's own rdma-core, and Debian's mirror no longer has bookworm's rdma-core 44 upstream tarball
+# (docs/guest-driver.md). The guest kernel stays bookworm's (its headers build with the host's gcc-12).
+GUEST_SUITE = "trixie"
 
 
-class PrivateSourceArchive:
-    """apt with a private sources list containing only ``deb-src <mirror> <suite> main``."""
+class PrivateArchive:
+    """apt with a private sources list for one Debian suite (with its -updates and -security suites).
 
-    def __init__(self, root: Path, suite: str, mirror: str = DEBIAN_MIRROR) -> None:
+    Binary and source entries both: the guest image's packages come from here (through mmdebstrap, given
+    ``binary_sources``), and so do the sources built against them (QEMU, rdma-core).
+    """
+
+    def __init__(self, root: Path, suite: str, mirror: str = DEBIAN_MIRROR,
+                 security_mirror: str = DEBIAN_SECURITY_MIRROR) -> None:
         self.root = root
         self.suite = suite
         self.mirror = mirror
+        self.security_mirror = security_mirror
+        self.binary_sources = root / "binary.list"
+
+    @classmethod
+    def for_suite(cls, suite: str) -> PrivateArchive:
+        """The archive of ``suite`` kept under the cache directory (shared by every build that uses the suite)."""
+        return cls(paths.cache_dir() / "apt" / suite, suite)
 
     def _options(self) -> list[str]:
         r = self.root
@@ -42,6 +60,7 @@ class PrivateSourceArchive:
             "-o", f"Dir::State::Lists={r / 'lists'}",
             "-o", f"Dir::State::status={r / 'status'}",
             "-o", f"Dir::Cache={r / 'cache'}",
+            "-o", "APT::Architecture=amd64",
             "-o", "APT::Sandbox::User=root",
         ]
 
@@ -52,26 +71,81 @@ class PrivateSourceArchive:
         (r / "status").touch()
         if not DEBIAN_KEYRING.exists():
             raise BuildError(f"{DEBIAN_KEYRING} is missing: install debian-archive-keyring (`make deps`)")
-        (r / "sources.list").write_text(
-            f"deb-src [signed-by={DEBIAN_KEYRING}] {self.mirror} {self.suite} main\n")
+        signed = f"[signed-by={DEBIAN_KEYRING}]"
+        entries = [f"{signed} {self.mirror} {self.suite} {self.suite}-updates main",
+                   f"{signed} {self.security_mirror} {self.suite}-security main"]
+        self.binary_sources.write_text("".join(f"deb {e}\n" for e in entries))
+        (r / "sources.list").write_text("".join(f"{kind} {e}\n" for kind in ("deb", "deb-src") for e in entries))
         run(["apt-get", *self._options(), "update"])
 
-    def source_version(self, package: str) -> str:
-        out = capture(["apt-cache", *self._options(), "showsrc", "--only-source", package])
-        versions = re.findall(r"^Version: (\S+)$", out, flags=re.M)
-        if not versions:
-            raise BuildError(f"no source package '{package}' in {self.suite}")
-        return str(max(versions, key=_DebVersionKey))
+    def candidates(self, packages: list[str]) -> dict[str, Candidate]:
+        """What this suite would install for the named binary packages."""
+        return _parse_candidates(capture(["apt-cache", *self._options(), "show", "--no-all-versions",
+                                          *packages]), packages)
 
-    def download_source(self, package: str, version: str, dest: Path) -> Path:
-        """Download a source package into ``dest`` and return the path of its .dsc."""
-        dest.mkdir(parents=True, exist_ok=True)
-        run(["apt-get", *self._options(), "source", "--download-only", f"{package}={version}"], cwd=dest)
-        upstream = version.split(":", 1)[-1]
-        dsc = dest / f"{package}_{upstream}.dsc"
-        if not dsc.exists():
-            raise BuildError(f"apt-get source did not produce {dsc}")
-        return dsc
+    def source_version(self, package: str) -> str:
+        return max(self._source_stanzas(package), key=_DebVersionKey)
+
+    def _source_stanzas(self, package: str) -> dict[str, dict[str, str]]:
+        out = capture(["apt-cache", *self._options(), "showsrc", "--only-source", package])
+        stanzas: dict[str, dict[str, str]] = {}
+        for stanza in out.split("\n\n"):
+            fields = dict(re.findall(r"^([A-Za-z0-9-]+):[ ]?((?:.*)(?:\n[ ].*)*)", stanza, flags=re.M))
+            if "Version" in fields:
+                stanzas[fields["Version"].strip()] = fields
+        if not stanzas:
+            raise BuildError(f"no source package '{package}' in {self.suite}")
+        return stanzas
+
+    def unpack_source(self, package: str, version: str, downloads: Path, dest: Path, log_file: Path) -> None:
+        """Download a source package's files (each checked against the index's SHA-256) and unpack it into
+        ``dest`` with Debian's patches applied.
+
+        The .dsc is used when the mirror has it; some mirrors lack a package's .dsc while holding its tarballs,
+        and then the "3.0 (quilt)" format is unpacked by hand, as dpkg-source would: upstream tarball, debian/
+        tarball, then debian/patches/series in order.
+        """
+        fields = self._source_stanzas(package).get(version)
+        if fields is None:
+            raise BuildError(f"{self.suite} has no source package {package}={version}")
+        downloads.mkdir(parents=True, exist_ok=True)
+        files = re.findall(r"^ ([0-9a-f]{64}) \d+ (\S+)$", fields.get("Checksums-Sha256", ""), flags=re.M)
+        if not files:
+            raise BuildError(f"the index lists no files for {package}={version}")
+        have: list[Path] = []
+        for sha256, name in files:
+            target = downloads / name
+            if not target.exists() or file_digest(target) != sha256:
+                url = f"{self.mirror}/{fields['Directory'].strip()}/{name}"
+                proc = subprocess.run(["/usr/lib/apt/apt-helper", "download-file", url, target, f"SHA256:{sha256}"],
+                                      capture_output=True, text=True, check=False)
+                if proc.returncode != 0:
+                    if name.endswith(".dsc"):
+                        log.info("the mirror has no %s; unpacking the tarballs directly", name)
+                        continue
+                    raise BuildError(f"could not download {url}: {proc.stderr.strip() or proc.stdout.strip()}")
+            have.append(target)
+        dscs = [p for p in have if p.name.endswith(".dsc")]
+        if dscs:
+            run(["dpkg-source", "--no-check", "-x", dscs[0], dest], log_file=log_file)
+            return
+        if fields.get("Format", "").strip() != "3.0 (quilt)":
+            raise BuildError(f"{package}={version}: no .dsc on the mirror and format is not 3.0 (quilt)")
+        orig = [p for p in have if ".orig.tar." in p.name]
+        debian = [p for p in have if ".debian.tar." in p.name]
+        if len(orig) != 1 or len(debian) != 1:
+            raise BuildError(f"{package}={version}: expected one upstream and one debian tarball, got "
+                             f"{[p.name for p in have]}")
+        dest.mkdir(parents=True)
+        run(["tar", "-C", dest, "--strip-components=1", "-xf", orig[0]], log_file=log_file)
+        run(["tar", "-C", dest, "-xf", debian[0]], log_file=log_file)
+        series = dest / "debian" / "patches" / "series"
+        patches = series.read_text().split("\n") if series.exists() else []
+        for entry in patches:
+            name = entry.split("#", 1)[0].strip()
+            if name:
+                run(["patch", "-p1", "--forward", "--batch", "-i", dest / "debian" / "patches" / name.split()[0]],
+                    cwd=dest, log_file=log_file)
 
 
 class _DebVersionKey:
@@ -91,6 +165,7 @@ class Candidate:
 
     version: str
     depends: list[str]
+    source: str = ""  # "name" or "name (version)" when the source differs from the binary; empty when the same
 
 
 def candidates(packages: list[str]) -> dict[str, Candidate]:
@@ -98,14 +173,17 @@ def candidates(packages: list[str]) -> dict[str, Candidate]:
 
     For a meta package such as linux-image-amd64, the first dependency names the current kernel ABI.
     """
-    out = capture(["apt-cache", "show", "--no-all-versions", *packages])
+    return _parse_candidates(capture(["apt-cache", "show", "--no-all-versions", *packages]), packages)
+
+
+def _parse_candidates(out: str, packages: list[str]) -> dict[str, Candidate]:
     found: dict[str, Candidate] = {}
     for stanza in out.split("\n\n"):
         fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", stanza, flags=re.M))
         if "Package" not in fields or fields["Package"] in found:
             continue
         deps = [alt.split("|")[0].split("(")[0].strip() for alt in fields.get("Depends", "").split(",")]
-        found[fields["Package"]] = Candidate(fields["Version"], [d for d in deps if d])
+        found[fields["Package"]] = Candidate(fields["Version"], [d for d in deps if d], fields.get("Source", ""))
     missing = [p for p in packages if p not in found]
     if missing:
         raise BuildError(f"apt knows no package {', '.join(missing)}: run `apt-get update` (or `make deps`)")
@@ -117,11 +195,3 @@ def download(packages: list[str], dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     run(["apt-get", "-o", "APT::Sandbox::User=root", "download", *packages], cwd=dest)
     return sorted(dest.glob("*.deb"))
-
-
-def machine_sources() -> Path:
-    """The machine's Debian sources file, so the guest image comes from the archive the host uses."""
-    for candidate_path in (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")):
-        if candidate_path.is_file() and candidate_path.stat().st_size > 0:
-            return candidate_path
-    raise BuildError("no Debian apt sources found in /etc/apt (sources.list or sources.list.d/debian.sources)")

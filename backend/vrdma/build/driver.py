@@ -27,9 +27,10 @@ def source_root() -> Path:
     return paths.project_root() / "guest-driver"
 
 
-def sources_digest() -> str:
+def sources_digest(subdirs: tuple[str, ...] = SOURCE_DIRS) -> str:
+    """Hash of the named guest-driver/ subdirectories' files (names and contents)."""
     digest = hashlib.sha256()
-    for sub in SOURCE_DIRS:
+    for sub in subdirs:
         for path in sorted((source_root() / sub).rglob("*")):
             if path.is_file():
                 digest.update(str(path.relative_to(source_root())).encode() + b"\0" + path.read_bytes())

@@ -1,10 +1,10 @@
-"""`make image`: the guest root filesystem, an initramfs made of Debian bookworm packages.
+"""`make image`: the guest root filesystem, an initramfs made of Debian packages (the guest suite, trixie).
 
 The packages are unpacked, not installed (mmdebstrap's ``extract`` variant: no maintainer scripts run, nothing
 is emulated), trimmed of documentation, given busybox init, the project's start-up script, the kernel modules
-the guest needs (with their dependencies, resolved from the kernel's modules.dep) and precompiled Python
-bytecode, and packed as one uncompressed cpio archive: the guest boots straight into it, with no disk, and
-each guest gets a private writable copy.
+the guest needs (with their dependencies, resolved from the kernel's modules.dep), libvrdma (the provider,
+built in this very rdma-core's source tree) and precompiled Python bytecode, and packed as one uncompressed
+cpio archive: the guest boots straight into it, with no disk, and each guest gets a private writable copy.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from vrdma.build import apt
 from vrdma.build.cache import CachedProduct, content_key, file_digest, product, record_product, run, step
+from vrdma.build.provider import rdma_core_source
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
 
-SUITE = "bookworm"
+SUITE = apt.GUEST_SUITE
 PACKAGES = [
     "busybox-static",      # init, shell and the small tools (lspci, mount, ...)
     "kmod",                # modprobe that understands modules.dep and aliases
@@ -34,7 +34,7 @@ PACKAGES = [
     "libibverbs1",
     "ibverbs-utils",       # ibv_devices, ibv_devinfo, ibv_rc_pingpong, ...
     "ibverbs-providers",   # librxe and the other user-space providers
-    "librdmacm1",
+    "librdmacm1t64",
     "rdmacm-utils",
     "perftest",
     "python3-pyverbs",
@@ -47,25 +47,31 @@ MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
 EXCLUDES = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
             "usr/share/bash-completion", "lib/udev/hwdb.d", "usr/lib/udev/hwdb.d"]
 GUEST_FILES = Path(__file__).with_name("guest")
-PYTHON_TAG = "3.11"  # bookworm's python3
 
 
 def build() -> dict[str, Any]:
     kernel = product("kernel")
     driver = product("driver")
-    with step("resolving the guest packages"):
-        versions = {pkg: c.version for pkg, c in apt.candidates(PACKAGES).items()}
+    provider = product("provider")
+    archive = apt.PrivateArchive.for_suite(SUITE)
+    with step(f"resolving the guest packages in Debian {SUITE}"):
+        archive.update()
+        versions = {pkg: c.version for pkg, c in archive.candidates(PACKAGES).items()}
+        rdma_core = rdma_core_source(archive)  # the provider's own rule, so both agree
+    if rdma_core != provider["rdma_core_version"]:
+        raise BuildError(f"libvrdma was built for rdma-core {provider['rdma_core_version']}, but {SUITE} now has "
+                         f"{rdma_core}: run `make provider` (or `make image`, which does)")
     recipe = {name: file_digest(GUEST_FILES / name) for name in sorted(os.listdir(GUEST_FILES))}
     recipe["image.py"] = file_digest(Path(__file__))
     cached = CachedProduct("image", {"packages": versions, "kernel": kernel["version"],
                                      "release": kernel["release"], "modules": MODULES,
                                      "excludes": EXCLUDES, "recipe": content_key(recipe),
-                                     "driver": driver["key"]})
+                                     "driver": driver["key"], "provider": provider["key"]})
     if cached.complete:
         log.info("guest image is cached in %s", cached.path)
     else:
         with cached.building() as scratch:
-            _build_into(scratch, kernel, driver)
+            _build_into(scratch, archive, kernel, driver, provider)
     initrd = cached.path / "initrd.cpio"
     info = {"initrd_path": str(initrd), "kernel_release": kernel["release"],
             "size_mib": round(initrd.stat().st_size / 2**20, 1)}
@@ -73,11 +79,12 @@ def build() -> dict[str, Any]:
     return info
 
 
-def _build_into(out: Path, kernel: dict[str, Any], driver: dict[str, Any]) -> None:
+def _build_into(out: Path, archive: apt.PrivateArchive, kernel: dict[str, Any], driver: dict[str, Any],
+                provider: dict[str, Any]) -> None:
     tarball = out / "rootfs.tar"
     with step(f"unpacking {len(PACKAGES)} Debian {SUITE} packages and their dependencies (mmdebstrap)"):
         run(["mmdebstrap", "--variant=extract", "--include=" + ",".join(PACKAGES), "--format=tar",
-             SUITE, tarball, apt.machine_sources()], log_file=out / "logs" / "mmdebstrap.log")
+             SUITE, tarball, archive.binary_sources], log_file=out / "logs" / "mmdebstrap.log")
     root = out / "root"
     root.mkdir()
     with step("assembling the root filesystem"):
@@ -85,6 +92,7 @@ def _build_into(out: Path, kernel: dict[str, Any], driver: dict[str, Any]) -> No
         tarball.unlink()
         _add_base_files(root)
         _add_modules(root, Path(kernel["modules_dir"]), kernel["release"], Path(driver["module_path"]))
+        _add_provider(root, provider)
         run(["ldconfig", "-r", root])
         _compile_python(root)
     with step("packing the initramfs"):
@@ -94,6 +102,11 @@ def _build_into(out: Path, kernel: dict[str, Any], driver: dict[str, Any]) -> No
 
 def _add_base_files(root: Path) -> None:
     """What base-files, init and udev would provide, reduced to what this image uses."""
+    # Merged /usr: trixie's packages ship only /usr paths and base-files (not unpacked here) makes these links.
+    for top in ("bin", "sbin", "lib", "lib64"):
+        if not (root / top).exists() and not (root / top).is_symlink():
+            (root / "usr" / top).mkdir(parents=True, exist_ok=True)
+            (root / top).symlink_to(f"usr/{top}")
     for d in ("proc", "sys", "dev", "run", "tmp", "root", "etc/vrdma", "var/log", "var/tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / "tmp").chmod(0o1777)
@@ -158,13 +171,26 @@ def _add_modules(root: Path, modules_dir: Path, release: str, vrdma_ko: Path) ->
     run(["depmod", "-b", root, release])
 
 
+def _add_provider(root: Path, provider: dict[str, Any]) -> None:
+    """libvrdma where Debian's libibverbs looks for providers, and the file that tells it to load it."""
+    library = Path(provider["library_path"])
+    provider_dir = root / "usr" / "lib" / "x86_64-linux-gnu" / "libibverbs"
+    if not provider_dir.is_dir():
+        raise BuildError(f"{provider_dir} is missing: did ibverbs-providers change its layout?")
+    shutil.copy2(library, provider_dir / library.name)
+    shutil.copy2(provider["driver_file"], root / "etc" / "libibverbs.d" / "vrdma.driver")
+
+
 def _compile_python(root: Path) -> None:
-    """Precompile the guest's Python so that every `import pyverbs` under TCG does not compile the stdlib."""
-    if f"{sys.version_info.major}.{sys.version_info.minor}" != PYTHON_TAG:
-        log.info("host Python is not %s: the guest compiles its own bytecode on first use", PYTHON_TAG)
-        return
-    dirs = [d for d in (root / "usr/lib/python3.11", root / "usr/lib/python3/dist-packages") if d.is_dir()]
-    run([sys.executable, "-m", "compileall", "-q", "-j", "0", "-s", root, "-p", "/",
+    """Precompile the guest's Python so that every `import pyverbs` under TCG does not compile the stdlib.
+
+    The guest's own interpreter does it (through chroot: same architecture, its own libraries), so the
+    bytecode matches its version whatever the host runs.
+    """
+    python = os.path.realpath(root / "usr" / "bin" / "python3")
+    tag = Path(python).name  # python3.13
+    dirs = [d for d in (f"/usr/lib/{tag}", "/usr/lib/python3/dist-packages") if (root / d.lstrip("/")).is_dir()]
+    run(["chroot", root, f"/usr/bin/{tag}", "-m", "compileall", "-q", "-j", "0",
          "-x", r"(lib2to3/tests|test/|idlelib|turtledemo)", *dirs])
 
 

@@ -50,7 +50,7 @@ def patch_file() -> Path:
 
 
 def build() -> dict[str, Any]:
-    archive = apt.PrivateSourceArchive(paths.cache_dir() / "apt" / f"{SUITE}-src", SUITE)
+    archive = apt.PrivateArchive.for_suite(SUITE)
     with step(f"resolving the QEMU source package in Debian {SUITE}"):
         archive.update()
         version = archive.source_version("qemu")
@@ -81,13 +81,11 @@ def build() -> dict[str, Any]:
     return info
 
 
-def _build_into(archive: apt.PrivateSourceArchive, version: str, out: Path) -> None:
+def _build_into(archive: apt.PrivateArchive, version: str, out: Path) -> None:
     logs = out / "logs"
-    with step("downloading the QEMU source package"):
-        dsc = archive.download_source("qemu", version, out / "dl")
     src = out / "src"
-    with step("unpacking it with Debian's patches"):
-        run(["dpkg-source", "--no-check", "-x", dsc, src], log_file=logs / "unpack.log")
+    with step("downloading the QEMU source package and unpacking it with Debian's patches"):
+        archive.unpack_source("qemu", version, out / "dl", src, logs / "unpack.log")
     with step("applying qemu-configs/vrdma-qemu.patch"):
         run(["patch", "-p1", "--forward", "--batch", "-i", patch_file()], cwd=src, log_file=logs / "patch.log")
     with step(f"fetching the {MESON_WHEEL} wheel for QEMU's configure"):

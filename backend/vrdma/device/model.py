@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 FW_VERSION = 1
 # Test hooks (admin socket, `vrdma backend --test-hooks`): ways to spoil the next response on purpose.
-FAULTS = ("wrong-opcode", "wrong-seq", "short-response", "bad-status")
+# "doorbell-page-out-of-range" waits for the next successful ALLOC_UCONTEXT and names a page past the region.
+FAULTS = ("wrong-opcode", "wrong-seq", "short-response", "bad-status", "doorbell-page-out-of-range")
 
 
 @dataclass
@@ -91,8 +92,19 @@ class RdmaDevice:
     def execute(self, request: bytes, capacity: int) -> bytes:
         """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits."""
         response = self._execute(request, capacity)
-        fault, self.pending_fault = self.pending_fault, None
-        return _spoil(response, fault) if fault else response
+        fault = self.pending_fault
+        if fault is None:
+            return response
+        if fault == "doorbell-page-out-of-range":
+            hdr = abi.from_bytes("vrdma_resp_hdr", response[:RESP_HDR_SIZE])
+            if hdr.opcode != abi.const("VRDMA_CMD_ALLOC_UCONTEXT") or hdr.status != STATUS_OK:
+                return response
+            spoiled = abi.from_bytes("vrdma_resp_alloc_ucontext", response)
+            spoiled.doorbell_page = self.limits.doorbell_pages  # one past the last page
+            self.pending_fault = None
+            return abi.to_bytes(spoiled)
+        self.pending_fault = None
+        return _spoil(response, fault)
 
     def inject_fault(self, fault: str) -> None:
         if fault not in FAULTS:
@@ -105,7 +117,8 @@ class RdmaDevice:
                 "events_dropped": c.events_dropped, "events_pending": len(self.events),
                 "by_opcode": dict(c.by_opcode),
                 "objects": {"gid": len(self.gids), "ucontext": len(self.ucontexts), "pd": len(self.pds)},
-                "gids": {str(index): str(gid) for index, gid in sorted(self.gids.items())}}
+                "gids": {str(index): str(gid) for index, gid in sorted(self.gids.items())},
+                "doorbell_pages": sorted(ctx.doorbell_page for ctx in self.ucontexts.objects.values())}
 
     # -- objects ------------------------------------------------------------------------------------------
 
