@@ -1,8 +1,10 @@
-"""Build hook for the one compiled part of the package: the cffi binding to QEMU's libvhost-user.
+"""Build hook for the compiled parts of the package: the data engine and the binding to QEMU's libvhost-user.
 
-Metadata lives in pyproject.toml. The binding compiles from the QEMU source tree that `make qemu` keeps (or
-VRDMA_LIBVHOST_USER_DIR): with it, `pip install .` builds the extension into the package; without it (a first
-`make deps`, before QEMU exists) the package installs without the extension and `make backend` builds it later.
+Metadata lives in pyproject.toml. The data engine (vrdma/engine/engine.c) needs nothing but a C compiler. The
+binding compiles from the QEMU source tree that `make qemu` keeps (or VRDMA_LIBVHOST_USER_DIR): with it,
+`pip install .` builds the extension into the package; without it (a first `make deps`, before QEMU exists) the
+package installs without the extension and `make backend` builds it later. An editable install builds neither:
+`make backend` builds both in place.
 """
 
 import os
@@ -39,6 +41,9 @@ class BuildPyWithAbiHeader(build_py):
 
 
 editable = any(arg.startswith(("editable_wheel", "develop")) for arg in sys.argv)
-use_cffi = _libvhost_user_available() and not editable and not os.environ.get("VRDMA_NO_CFFI_BUILD")
-setup(cffi_modules=["backend/vrdma/vhost_user/_build.py:make_ffi"] if use_cffi else [],
+use_cffi = not editable and not os.environ.get("VRDMA_NO_CFFI_BUILD")
+modules = ["backend/vrdma/engine/_build.py:make_ffi"] if use_cffi else []
+if use_cffi and _libvhost_user_available():
+    modules.append("backend/vrdma/vhost_user/_build.py:make_ffi")
+setup(cffi_modules=modules,
       cmdclass={"build_py": BuildPyWithAbiHeader})

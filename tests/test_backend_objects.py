@@ -9,6 +9,7 @@ import pytest
 from backend_process import BackendProcess
 
 from vrdma.device import abi
+from vrdma.device.model import OBJECT_KINDS
 from vrdma.testing.frontend import Frontend
 
 pytestmark = pytest.mark.backend
@@ -73,7 +74,7 @@ def test_thousand_pds_allocated_and_freed_leave_nothing(fe: Frontend, backend: B
     for pd in pds:
         assert status(call(fe, "DEALLOC_PD", "vrdma_cmd_destroy", handle=pd.handle)) == OK
     assert status(call(fe, "DEALLOC_UCONTEXT", "vrdma_cmd_destroy", handle=ctx.handle)) == OK
-    assert backend.counters()["objects"] == {"gid": 0, "ucontext": 0, "pd": 0}
+    assert backend.counters()["objects"] == dict.fromkeys(OBJECT_KINDS, 0)
 
 
 def test_bad_handles_are_refused(fe: Frontend) -> None:
@@ -107,4 +108,4 @@ def test_objects_are_per_vm_and_freed_on_disconnect(backend: BackendProcess) -> 
         assert backend.counters("vm0")["objects"]["pd"] == 1 and backend.counters("vm1")["objects"]["pd"] == 0
     with backend.frontend("vm0") as again:  # a new connection starts from nothing
         again.start()
-        assert backend.counters("vm0")["objects"] == {"gid": 0, "ucontext": 0, "pd": 0}
+        assert backend.counters("vm0")["objects"] == dict.fromkeys(OBJECT_KINDS, 0)

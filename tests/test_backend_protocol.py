@@ -20,7 +20,7 @@ def test_print_capabilities_is_json() -> None:
     out = subprocess.run([sys.executable, "-m", "vrdma.cli", "backend", "--print-capabilities"],
                          capture_output=True, text=True, check=True).stdout
     caps = json.loads(out)
-    assert caps["type"] == "rdma" and caps["virtio-id"] == 42 and caps["num-queues"] == 2
+    assert caps["type"] == "rdma" and caps["virtio-id"] == 42 and caps["num-queues"] == 3
 
 
 def test_config_space(backend: BackendProcess) -> None:

@@ -13,6 +13,7 @@ from vrdma.vhost_user import protocol
 from vrdma.vhost_user.device import (
     VHOST_USER_F_PROTOCOL_FEATURES,
     VIRTIO_F_VERSION_1,
+    MemoryRegion,
     State,
     VhostUserDevice,
 )
@@ -31,6 +32,7 @@ class FakeModel:
         self.negotiated: int | None = None
         self.disconnect_reason: str | None = None
         self.started: list[tuple[int, bool]] = []
+        self.memory: list[MemoryRegion] = []
 
     def device_features(self) -> int:
         return 0
@@ -49,6 +51,9 @@ class FakeModel:
 
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
         pass
+
+    def memory_changed(self, device: VhostUserDevice) -> None:
+        self.memory = device.memory_regions()
 
     def disconnected(self, device: VhostUserDevice, reason: str) -> None:
         self.disconnect_reason = reason

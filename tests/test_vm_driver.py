@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from vrdma.device.model import OBJECT_KINDS
 from vrdma.harness import verbs
 from vrdma.harness.backend import admin
 from vrdma.harness.cluster import Cluster
@@ -59,7 +60,7 @@ def test_vrdma0_is_an_active_roce_device_on_eth0(guest: Cluster) -> None:
 def test_rmmod_leaves_nothing_behind_in_the_backend(guest: Cluster) -> None:
     guest[0].run(["rmmod", "vrdma"]).check("rmmod vrdma")
     left = counters(guest)
-    assert left["objects"] == {"gid": 0, "ucontext": 0, "pd": 0} and left["gids"] == {}
+    assert left["objects"] == dict.fromkeys(OBJECT_KINDS, 0) and left["gids"] == {}
     guest[0].run(["modprobe", "vrdma"]).check("modprobe vrdma")
     assert "vrdma0/1 state ACTIVE" in guest[0].run(["rdma", "link", "show"]).stdout
     assert counters(guest)["objects"]["gid"] > 0

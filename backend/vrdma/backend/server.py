@@ -20,6 +20,7 @@ from vrdma.backend.admin import AdminSocket
 from vrdma.backend.doorbell import DoorbellRegion
 from vrdma.backend.transport import VirtioRdmaTransport
 from vrdma.device import abi
+from vrdma.device.fabric import Fabric
 from vrdma.device.model import RdmaDevice
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.errors import VrdmaError
@@ -45,7 +46,7 @@ class EndpointSpec:
 class VmEndpoint:
     """One VM: its socket, its device model, its doorbell region and its current connection."""
 
-    def __init__(self, spec: EndpointSpec, loop: EventLoop) -> None:
+    def __init__(self, spec: EndpointSpec, loop: EventLoop, fabric: Fabric) -> None:
         self.spec = spec
         self.name = spec.name
         self.loop = loop
@@ -62,7 +63,8 @@ class VmEndpoint:
                 self.listener.close()
             raise BackendError(f"{self.name}: cannot create the doorbell region {doorbell_path}: "
                                f"{err.strerror}") from err
-        self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id)
+        self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id, fabric=fabric,
+                               doorbells=self.doorbell.map)
         self.doorbell.write_header(self.rdma.doorbell_header())
         self.transport = VirtioRdmaTransport(self.rdma)
         if self.listener is not None:
@@ -105,6 +107,7 @@ class VmEndpoint:
             self.listener.close()
             if self.spec.socket_path is not None:
                 self.spec.socket_path.unlink(missing_ok=True)
+        self.rdma.close()  # the data engine lets go of the doorbell region before it is unmapped
         self.doorbell.close()
 
 
@@ -145,13 +148,14 @@ class Backend:
         if len(set(names)) != len(names):
             raise BackendError(f"VM names must be unique: {', '.join(names)}")
         self.loop = EventLoop()
+        self.fabric = Fabric(max(1, len(specs)))
         self.endpoints: list[VmEndpoint] = []
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
         self.admin: AdminSocket | None = None
         try:
             for spec in specs:
-                self.endpoints.append(VmEndpoint(spec, self.loop))
+                self.endpoints.append(VmEndpoint(spec, self.loop, self.fabric))
             if admin_socket is not None:
                 try:
                     self.admin = AdminSocket(admin_socket, self.loop,
@@ -187,11 +191,16 @@ class Backend:
         previous = {sig: signal.signal(sig, lambda *_: self.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             while not self.stopping:
-                self.loop.run_once(None)
+                self.run_once()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         log.info("stopping")
+
+    def run_once(self) -> None:
+        """One turn: wait for descriptors (not at all while the data engine is busy), then run the engine."""
+        self.loop.run_once(self.fabric.timeout())
+        self.fabric.run()
 
     def close(self) -> None:
         if self.admin is not None:

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 CONTROL = abi.const("VRDMA_QUEUE_CONTROL")
 EVENT = abi.const("VRDMA_QUEUE_EVENT")
+WAKE = abi.const("VRDMA_QUEUE_WAKE")
+QUEUE_NAMES = {CONTROL: "control", EVENT: "event", WAKE: "wake"}
 MAX_CHAINS_PER_KICK = 1024  # the largest split ring; a guest cannot keep the loop running longer
 EVENT_SIZE = abi.sizeof("vrdma_event")
 
@@ -57,6 +59,7 @@ class VirtioRdmaTransport:
         self.rdma = rdma
         self.device: VhostUserDevice | None = None
         self.started: set[int] = set()
+        rdma.on_event = self.deliver_events  # events of the data engine arrive between kicks
 
     def device_features(self) -> int:
         return 0
@@ -72,14 +75,13 @@ class VirtioRdmaTransport:
         return self.rdma.config_space()
 
     def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None:
-        log.info("%s: %s queue %s", self.rdma.name, "control" if index == CONTROL else "event",
+        log.info("%s: %s queue %s", self.rdma.name, QUEUE_NAMES.get(index, index),
                  "started" if started else "stopped")
         self.device = device
         (self.started.add if started else self.started.discard)(index)
         if started and index == EVENT:
             # The first thing a driver learns on its event queue: the port is up.
             self.rdma.post_event(abi.const("VRDMA_EVENT_PORT_ACTIVE"), handle=1)
-            self.deliver_events()
         if not started and not self.started:
             # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes.
             self.rdma.reset()
@@ -90,6 +92,13 @@ class VirtioRdmaTransport:
             self.process_commands(device)
         elif index == EVENT:
             self.deliver_events()
+        # WAKE carries no buffers: the kick itself woke the loop, which runs the data engine next.
+
+    def memory_changed(self, device: VhostUserDevice) -> None:
+        regions = device.memory_regions()
+        log.info("%s: guest memory table: %s", self.rdma.name,
+                 ", ".join(f"{r.gpa:#x}+{r.size >> 20} MiB" for r in regions))
+        self.rdma.set_memory([(r.gpa, r.size, r.host_address) for r in regions])
 
     def process_commands(self, device: VhostUserDevice) -> None:
         limit = self.rdma.limits.max_command_size

@@ -99,22 +99,85 @@ def _del_gid(device: RdmaDevice, request: Any, response: Any) -> None:
 
 
 def _alloc_ucontext(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle, response.doorbell_page = device.alloc_ucontext()
+    response.handle, response.doorbell_page = device.datapath.alloc_ucontext()
 
 
 def _dealloc_ucontext(device: RdmaDevice, request: Any, response: Any) -> None:
     _reserved_zero(request, "DEALLOC_UCONTEXT")
-    device.dealloc_ucontext(int(request.handle))
+    device.datapath.dealloc_ucontext(int(request.handle))
 
 
 def _alloc_pd(device: RdmaDevice, request: Any, response: Any) -> None:
     _reserved_zero(request, "ALLOC_PD")
-    response.handle = device.alloc_pd(int(request.ucontext))
+    response.handle = device.datapath.alloc_pd(int(request.ucontext))
 
 
 def _dealloc_pd(device: RdmaDevice, request: Any, response: Any) -> None:
     _reserved_zero(request, "DEALLOC_PD")
-    device.dealloc_pd(int(request.handle))
+    device.datapath.dealloc_pd(int(request.handle))
+
+
+def _reg_mr(device: RdmaDevice, request: Any, response: Any) -> None:
+    response.handle, response.lkey, response.rkey = device.datapath.reg_mr(request)
+
+
+def _dereg_mr(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DEREG_MR")
+    device.datapath.dereg_mr(int(request.handle))
+
+
+def _create_cq(device: RdmaDevice, request: Any, response: Any) -> None:
+    response.handle, response.db_slot = device.datapath.create_cq(request)
+
+
+def _destroy_cq(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DESTROY_CQ")
+    device.datapath.destroy_cq(int(request.handle))
+
+
+def _create_qp(device: RdmaDevice, request: Any, response: Any) -> None:
+    response.handle, response.qpn, response.sq_db_slot, response.rq_db_slot = device.datapath.create_qp(request)
+
+
+def _modify_qp(device: RdmaDevice, request: Any, response: Any) -> None:
+    device.datapath.modify_qp(request)
+
+
+def _query_qp(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "QUERY_QP")
+    device.datapath.query_qp(int(request.handle), response.attr)
+
+
+def _destroy_qp(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DESTROY_QP")
+    device.datapath.destroy_qp(int(request.handle))
+
+
+def _create_srq(device: RdmaDevice, request: Any, response: Any) -> None:
+    response.handle, response.db_slot = device.datapath.create_srq(request)
+
+
+def _modify_srq(device: RdmaDevice, request: Any, response: Any) -> None:
+    device.datapath.modify_srq(request)
+
+
+def _query_srq(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "QUERY_SRQ")
+    response.max_wr, response.max_sge, response.srq_limit = device.datapath.query_srq(int(request.handle))
+
+
+def _destroy_srq(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DESTROY_SRQ")
+    device.datapath.destroy_srq(int(request.handle))
+
+
+def _create_ah(device: RdmaDevice, request: Any, response: Any) -> None:
+    response.handle = device.datapath.create_ah(request)
+
+
+def _destroy_ah(device: RdmaDevice, request: Any, response: Any) -> None:
+    _reserved_zero(request, "DESTROY_AH")
+    device.datapath.destroy_ah(int(request.handle))
 
 
 COMMANDS: dict[int, Command] = {
@@ -130,4 +193,23 @@ COMMANDS: dict[int, Command] = {
                                                      _dealloc_ucontext),
     abi.const("VRDMA_CMD_ALLOC_PD"): Command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
     abi.const("VRDMA_CMD_DEALLOC_PD"): Command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_pd),
+    abi.const("VRDMA_CMD_REG_MR"): Command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
+    abi.const("VRDMA_CMD_DEREG_MR"): Command("DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dereg_mr),
+    abi.const("VRDMA_CMD_CREATE_CQ"): Command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
+                                              _create_cq),
+    abi.const("VRDMA_CMD_DESTROY_CQ"): Command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_cq),
+    abi.const("VRDMA_CMD_CREATE_QP"): Command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
+                                              _create_qp),
+    abi.const("VRDMA_CMD_MODIFY_QP"): Command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),
+    abi.const("VRDMA_CMD_QUERY_QP"): Command("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", _query_qp),
+    abi.const("VRDMA_CMD_DESTROY_QP"): Command("DESTROY_QP", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_qp),
+    abi.const("VRDMA_CMD_CREATE_SRQ"): Command("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
+                                               _create_srq),
+    abi.const("VRDMA_CMD_MODIFY_SRQ"): Command("MODIFY_SRQ", "vrdma_cmd_modify_srq", "vrdma_resp_hdr", _modify_srq),
+    abi.const("VRDMA_CMD_QUERY_SRQ"): Command("QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq",
+                                              _query_srq),
+    abi.const("VRDMA_CMD_DESTROY_SRQ"): Command("DESTROY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_hdr",
+                                                _destroy_srq),
+    abi.const("VRDMA_CMD_CREATE_AH"): Command("CREATE_AH", "vrdma_cmd_create_ah", "vrdma_resp_create_ah", _create_ah),
+    abi.const("VRDMA_CMD_DESTROY_AH"): Command("DESTROY_AH", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_ah),
 }

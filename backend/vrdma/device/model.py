@@ -1,9 +1,14 @@
-"""One VM's RDMA device: identity, config space, command execution, pending events, counters."""
+"""One VM's RDMA device: identity, config space, command execution, pending events, counters.
+
+Its data-path objects live in a DataPath (datapath.py) and run in the data engine of the fabric the device is
+attached to (fabric.py); a device made on its own gets a fabric of its own.
+"""
 
 from __future__ import annotations
 
 import collections
 import logging
+import mmap
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,19 +19,22 @@ from vrdma.device.commands import (
     COMMANDS,
     RESP_HDR_SIZE,
     STATUS_BAD_LENGTH,
-    STATUS_BUSY,
     STATUS_INVALID,
-    STATUS_NO_RESOURCES,
     STATUS_NOT_SUPPORTED,
     STATUS_OK,
     CommandFailed,
 )
-from vrdma.device.objects import Gid, HandleTable, ProtectionDomain, UContext
+from vrdma.device.datapath import DataPath
+from vrdma.device.fabric import Fabric
+from vrdma.device.objects import Gid
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
+from vrdma.engine import ffi as engine_ffi
 
 log = logging.getLogger(__name__)
 
 FW_VERSION = 1
+# What counters_snapshot()["objects"] counts, per VM.
+OBJECT_KINDS = ("gid", "ucontext", "pd", "mr", "cq", "srq", "qp", "ah")
 # Test hooks (admin socket, `vrdma backend --test-hooks`): ways to spoil the next response on purpose.
 # "doorbell-page-out-of-range" waits for the next successful ALLOC_UCONTEXT and names a page past the region.
 FAULTS = ("wrong-opcode", "wrong-seq", "short-response", "bad-status", "doorbell-page-out-of-range")
@@ -47,7 +55,10 @@ class ResponseTooSmall(Exception):
 
 class RdmaDevice:
     def __init__(self, name: str, *, mac: bytes = bytes(6), limits: DeviceLimits = DEFAULT_LIMITS,
-                 pairing_id: int | None = None) -> None:
+                 pairing_id: int | None = None, fabric: Fabric | None = None,
+                 doorbells: mmap.mmap | None = None) -> None:
+        """``doorbells``: the doorbell region as this process maps it (the engine polls it); a private one is
+        made when none is given (a device model without guests, in tests)."""
         if len(mac) != 6:
             raise ValueError(f"a MAC address has 6 bytes, not {len(mac)}")
         self.name = name
@@ -61,8 +72,23 @@ class RdmaDevice:
         self.on_event: Callable[[], None] | None = None
         self.pending_fault: str | None = None
         self.gids: dict[int, Gid] = {}
-        self.ucontexts: HandleTable[UContext] = HandleTable("ucontext", limits.doorbell_pages - 1)
-        self.pds: HandleTable[ProtectionDomain] = HandleTable("pd", limits.max_pd)
+        self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
+        if len(self.doorbells) < self.doorbell_size:
+            raise ValueError(f"doorbell region of {len(self.doorbells)} bytes, the device needs {self.doorbell_size}")
+        self.fabric = fabric if fabric is not None else Fabric(1, limits)
+        self.engine_index = self.fabric.attach(self)
+        self._open_engine_device()
+        self.datapath = DataPath(self)
+
+    def _open_engine_device(self) -> None:
+        limits = self.limits
+        base = int(engine_ffi.cast("uintptr_t", engine_ffi.from_buffer(self.doorbells)))
+        self.fabric.engine.open_device(self.engine_index, {
+            "max_qp": limits.max_qp, "max_cq": limits.max_cq, "max_mr": limits.max_mr, "max_srq": limits.max_srq,
+            "max_sge": limits.max_sge, "max_inline": limits.max_inline_data, "max_qp_wr": limits.max_qp_wr,
+            "max_cqe": limits.max_cqe, "max_srq_wr": limits.max_srq_wr,
+            "max_mr_pages": limits.max_mr_size // abi.const("VRDMA_PAGE_SIZE"),
+            "doorbell_pages": limits.doorbell_pages, "max_msg_size": limits.max_msg_size}, base)
 
     # -- config space and doorbell region -----------------------------------------------------------------
 
@@ -116,9 +142,10 @@ class RdmaDevice:
         return {"commands": c.commands, "command_errors": c.command_errors, "events_posted": c.events_posted,
                 "events_dropped": c.events_dropped, "events_pending": len(self.events),
                 "by_opcode": dict(c.by_opcode),
-                "objects": {"gid": len(self.gids), "ucontext": len(self.ucontexts), "pd": len(self.pds)},
+                "objects": {"gid": len(self.gids), **self.datapath.counts()},
                 "gids": {str(index): str(gid) for index, gid in sorted(self.gids.items())},
-                "doorbell_pages": sorted(ctx.doorbell_page for ctx in self.ucontexts.objects.values())}
+                "doorbell_pages": sorted(ctx.doorbell_page for ctx in self.datapath.ucontexts.objects.values()),
+                "engine": self.fabric.engine.counters(self.engine_index)}
 
     # -- objects ------------------------------------------------------------------------------------------
 
@@ -132,39 +159,12 @@ class RdmaDevice:
             log.info("%s: GID %d removed (%s)", self.name, index, gid)
         return gid is not None
 
-    def alloc_ucontext(self) -> tuple[int, int]:
-        used = {ctx.doorbell_page for ctx in self.ucontexts.objects.values()}
-        free = next((page for page in range(1, self.limits.doorbell_pages) if page not in used), None)
-        if free is None or self.ucontexts.full():
-            raise CommandFailed(STATUS_NO_RESOURCES, f"all {self.limits.doorbell_pages - 1} doorbell pages in use")
-        return self.ucontexts.add(UContext(free)), free
+    def has_gid(self, raw: bytes) -> bool:
+        return any(gid.raw == raw for gid in self.gids.values())
 
-    def dealloc_ucontext(self, handle: int) -> None:
-        ctx = self.ucontexts.get(handle)
-        if ctx is None:
-            raise CommandFailed(STATUS_INVALID, f"no user context {handle:#x}")
-        if ctx.pds:
-            raise CommandFailed(STATUS_BUSY, f"user context {handle:#x} still has {len(ctx.pds)} PDs")
-        self.ucontexts.remove(handle)
-
-    def alloc_pd(self, ucontext: int) -> int:
-        ctx = self.ucontexts.get(ucontext) if ucontext else None
-        if ucontext and ctx is None:
-            raise CommandFailed(STATUS_INVALID, f"no user context {ucontext:#x}")
-        if self.pds.full():
-            raise CommandFailed(STATUS_NO_RESOURCES, f"all {self.limits.max_pd} PDs in use")
-        handle = self.pds.add(ProtectionDomain(ucontext))
-        if ctx is not None:
-            ctx.pds.add(handle)
-        return handle
-
-    def dealloc_pd(self, handle: int) -> None:
-        pd = self.pds.remove(handle)
-        if pd is None:
-            raise CommandFailed(STATUS_INVALID, f"no PD {handle:#x}")
-        ctx = self.ucontexts.get(pd.ucontext)
-        if ctx is not None:
-            ctx.pds.discard(handle)
+    def set_memory(self, regions: list[tuple[int, int, int]]) -> None:
+        """The guest's memory table (guest-physical start, size, host address): what the engine translates with."""
+        self.fabric.engine.set_memory(self.engine_index, regions)
 
     def _execute(self, request: bytes, capacity: int) -> bytes:
         if capacity < RESP_HDR_SIZE:
@@ -220,14 +220,23 @@ class RdmaDevice:
         if self.on_event is not None:
             self.on_event()
 
+    def close(self) -> None:
+        """Leave the fabric: the engine forgets the device (and the doorbell region may be unmapped after)."""
+        self.fabric.engine.close_device(self.engine_index)
+        self.fabric.detach(self)
+        self.datapath.clear()
+
     def reset(self) -> None:
         """The guest reset the device or went away: forget everything it owned."""
-        log.info("%s: device reset (%d pending events, %d PDs, %d user contexts, %d GIDs freed)", self.name,
-                 len(self.events), len(self.pds), len(self.ucontexts), len(self.gids))
+        counts = self.datapath.counts()
+        log.info("%s: device reset (%d pending events, %d GIDs, %s freed)", self.name, len(self.events),
+                 len(self.gids), ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no objects")
         self.events.clear()
-        self.pds.clear()
-        self.ucontexts.clear()
         self.gids.clear()
+        # Every object of the VM goes at once, in the engine too (it forgets the guest's memory with them).
+        self.fabric.engine.close_device(self.engine_index)
+        self._open_engine_device()
+        self.datapath.clear()
 
 
 def _spoil(response: bytes, fault: str) -> bytes:

@@ -16,7 +16,7 @@ class DeviceLimits:
     max_cq: int = 1024
     max_cqe: int = 65536
     max_mr: int = 4096
-    max_mr_size: int = 4 * GIB
+    max_mr_size: int = 1 * GIB      # two levels of page-list pages: 512 * 512 pages of 4 KiB
     max_pd: int = 1024
     max_srq: int = 256
     max_srq_wr: int = 4096
@@ -29,6 +29,9 @@ class DeviceLimits:
     page_size_cap: int = 4 * KIB
     max_command_size: int = 4 * KIB  # largest control command the device reads from a chain
     max_pending_events: int = 1024   # events kept while the driver has posted no event buffers
+    # Data engine
+    poll_budget: int = 64            # send WQEs one QP may run per poll, so that no QP starves the others
+    park_after_idle_us: int = 1000   # poll this long without work, then park until a guest wakes the device
 
 
 DEFAULT_LIMITS = DeviceLimits()

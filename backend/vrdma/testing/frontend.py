@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from vrdma.device import abi
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 
@@ -217,7 +218,7 @@ class Frontend:
 
     # -- device set-up --------------------------------------------------------------------------------------
 
-    def start(self, num_queues: int = 2, queue_size: int = 64) -> None:
+    def start(self, num_queues: int = abi.const("VRDMA_NUM_QUEUES"), queue_size: int = 64) -> None:
         """Do what QEMU does up to DRIVER_OK: negotiate, share memory, set up and enable every queue."""
         features = self.get_u64(Request.GET_FEATURES)
         if not features & VHOST_USER_F_PROTOCOL_FEATURES:

@@ -7,7 +7,6 @@ libvhost-user is compiled from ``subprojects/libvhost-user`` of the QEMU source 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -54,9 +53,18 @@ typedef struct VrdmaVu {
     ...;
 } VrdmaVu;
 
+typedef struct VuDevRegion {
+    uint64_t gpa;
+    uint64_t size;
+    uint64_t qva;
+    uint64_t mmap_offset;
+    uint64_t mmap_addr;
+} VuDevRegion;
+
 struct VuDev {
     int sock;
     uint32_t nregions;
+    VuDevRegion *regions;
     uint64_t features;
     uint64_t protocol_features;
     bool broken;
@@ -137,32 +145,15 @@ def make_ffi() -> cffi.FFI:
     return ffi
 
 
-def inputs_key() -> str:
-    """Hash of everything the compiled module depends on: glue, this recipe, libvhost-user's source."""
-    lvu = libvhost_user_dir()
-    digest = hashlib.sha256()
-    for path in (HERE / "_glue.c", HERE / "_glue.h", Path(__file__), lvu / "libvhost-user.c",
-                 lvu / "libvhost-user.h"):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def main() -> None:
-    stamp = HERE / "_libvhost_user.stamp"
-    key = inputs_key()
-    if stamp.exists() and stamp.read_text().strip() == key and list(HERE.glob("_libvhost_user*.so")):
-        print("libvhost-user binding is up to date")
-        return
-    ffi = make_ffi()
-    build_dir = HERE.parents[2] / "build" / "cffi"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    target = ffi.compile(tmpdir=str(build_dir), verbose=False)
-    built = Path(target)
-    dest = HERE / built.name
-    dest.unlink(missing_ok=True)
-    built.rename(dest)
-    stamp.write_text(key + "\n")
-    print(f"built {dest}")
+    sys.path.insert(0, str(HERE.parents[1]))
+    from vrdma._cffi_inplace import compile_in_place, inputs_key
+
+    lvu = libvhost_user_dir()
+    # Everything the compiled module depends on: glue, this recipe, libvhost-user's source.
+    key = inputs_key([HERE / "_glue.c", HERE / "_glue.h", Path(__file__), lvu / "libvhost-user.c",
+                      lvu / "libvhost-user.h"])
+    compile_in_place(make_ffi(), HERE, "_libvhost_user", key, "libvhost-user binding")
 
 
 if __name__ == "__main__":

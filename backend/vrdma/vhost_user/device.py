@@ -31,6 +31,18 @@ log = logging.getLogger(__name__)
 VU_WATCH_IN = 1 << 0
 VIRTIO_F_VERSION_1 = 1 << 32
 VHOST_USER_F_PROTOCOL_FEATURES = 1 << 30
+# Messages after which the guest's memory table may look different.
+MEMORY_TABLE_REQUESTS = frozenset({protocol.Request.SET_MEM_TABLE, protocol.Request.ADD_MEM_REG,
+                                   protocol.Request.REM_MEM_REG})
+
+
+@dataclass(frozen=True)
+class MemoryRegion:
+    """One region of the guest's memory table: guest-physical start and size, and its address in this process."""
+
+    gpa: int
+    size: int
+    host_address: int
 
 if lib.vrdma_payload_size() != protocol.MAX_PAYLOAD or lib.vrdma_max_fds() != protocol.MAX_FDS:
     raise ImportError(f"libvhost-user's message layout ({lib.vrdma_payload_size()} bytes, {lib.vrdma_max_fds()} "
@@ -48,6 +60,7 @@ class DeviceModel(Protocol):
     def config_space(self) -> bytes: ...
     def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None: ...
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None: ...
+    def memory_changed(self, device: VhostUserDevice) -> None: ...
     def disconnected(self, device: VhostUserDevice, reason: str) -> None: ...
 
 
@@ -150,6 +163,13 @@ class VhostUserDevice:
         message.fds = []  # libvhost-user owns them now
         if status != 0 or self._broken():
             self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}")
+            return
+        if message.request in MEMORY_TABLE_REQUESTS:
+            try:
+                self.model.memory_changed(self)
+            except Exception as err:  # the model's failure ends this VM's connection, never the process
+                log.exception("%s: the device model failed on the new memory table", self.name)
+                self.close(f"device model error: {err}")
 
     @property
     def offered_protocol_features(self) -> int:
@@ -189,6 +209,12 @@ class VhostUserDevice:
         self.loop.remove_reader(fd)
 
     # -- guest memory and virtqueues --------------------------------------------------------------------------
+
+    def memory_regions(self) -> list[MemoryRegion]:
+        """The guest's memory table as this process has it mapped."""
+        dev = self._dev
+        return [MemoryRegion(int(r.gpa), int(r.size), int(r.mmap_addr) + int(r.mmap_offset))
+                for r in (dev.regions[i] for i in range(dev.nregions))]
 
     def gpa_to_va(self, gpa: int) -> tuple[int, int]:
         """Host address of guest physical address ``gpa`` and how many bytes are contiguous from it (0: none)."""
@@ -238,14 +264,15 @@ class VhostUserDevice:
         log.log(level, "%s: closing the device: %s", self.name, reason)
         self.state = State.CLOSED
         self.loop.remove_reader(self.sock.fileno())
-        # vu_deinit unmaps guest memory and closes the kick/call fds (removing their watches) and the socket.
+        # The model lets go of guest memory first (its data engine holds addresses in it) ...
+        self.model.disconnected(self, reason)
+        # ... then vu_deinit unmaps guest memory and closes the kick/call fds (removing their watches) and the socket.
         lib.vu_deinit(self._dev)
         self.sock.detach()
         for fd in list(self._watches):
             self._remove_watch(fd)
         self.reader.close()
         _DEVICES.pop(int(ffi.cast("uintptr_t", self._dev)), None)
-        self.model.disconnected(self, reason)
 
 
 _DEVICES: dict[int, VhostUserDevice] = {}

@@ -1,0 +1,86 @@
+"""The fabric: every RDMA device one backend process serves, joined by one data engine.
+
+It routes connections (a QP's destination GID names a device: the VM that holds that GID), runs the engine's
+polling and parking, and hands the engine's events to the device they belong to. Like the devices, it knows
+nothing of sockets, file descriptors or virtqueues.
+
+Polling and parking (ARCHITECTURE §4): while there is work the loop polls the send queue doorbells without
+sleeping; after ``park_after_idle_us`` without work the engine parks: it sets the "parked" slot of every
+doorbell page, checks the doorbells once more and the loop sleeps until a file descriptor wakes it (a guest that
+rang a doorbell while the flag was set also kicks the device's wake queue) or an RNR retry falls due.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
+from vrdma.engine import NO_DEVICE, Engine
+
+if TYPE_CHECKING:
+    from vrdma.device.model import RdmaDevice
+
+log = logging.getLogger(__name__)
+
+
+class Fabric:
+    def __init__(self, max_devices: int, limits: DeviceLimits = DEFAULT_LIMITS) -> None:
+        self.engine = Engine(max_devices)
+        self.limits = limits
+        self.devices: list[RdmaDevice | None] = [None] * max_devices
+        self.parked = False
+        self.last_work = time.monotonic()
+        self.park_after = limits.park_after_idle_us / 1e6
+
+    def attach(self, device: RdmaDevice) -> int:
+        """Give a device its engine index."""
+        for index, slot in enumerate(self.devices):
+            if slot is None:
+                self.devices[index] = device
+                return index
+        raise RuntimeError(f"the fabric has room for {len(self.devices)} devices")
+
+    def detach(self, device: RdmaDevice) -> None:
+        for index, slot in enumerate(self.devices):
+            if slot is device:
+                self.devices[index] = None
+
+    def route(self, gid: bytes) -> int:
+        """The engine index of the device holding ``gid`` in its GID table, or NO_DEVICE."""
+        for index, device in enumerate(self.devices):
+            if device is not None and device.has_gid(gid):
+                return index
+        return int(NO_DEVICE)
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Poll once and deliver the events; park when idle long enough. Returns the work done."""
+        work = self.engine.poll(self.limits.poll_budget)
+        events = self.engine.take_events()
+        for event in events:
+            device = self.devices[event.device] if event.device < len(self.devices) else None
+            if device is not None:
+                device.post_event(event.type, handle=event.handle, data=event.data)
+        now = time.monotonic()
+        if work or events:
+            self.last_work = now
+            if self.parked:
+                self.engine.unpark()
+                self.parked = False
+        elif not self.parked and now - self.last_work >= self.park_after:
+            self.parked = self.engine.park()
+            if not self.parked:
+                self.last_work = now
+        return work
+
+    def timeout(self) -> float | None:
+        """How long the event loop may sleep before run() is due again (None: until a descriptor wakes it)."""
+        if not self.parked:
+            return 0.0
+        deadline = self.engine.next_deadline_ns()
+        if deadline is None:
+            return None
+        return max(0.0, (deadline - time.monotonic_ns()) / 1e9)

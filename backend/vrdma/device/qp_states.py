@@ -1,0 +1,66 @@
+"""The RC queue pair state machine of the InfiniBand specification (modify_qp), as a table.
+
+For each (current state, next state) a guest may ask for: the attributes it must give and those it may give.
+Anything else in the mask is refused, as a real HCA's firmware (and the kernel's ib_modify_qp_is_ok) refuses it:
+the backend checks it again because the guest kernel is not trusted.
+"""
+
+from __future__ import annotations
+
+from vrdma.device import abi
+
+RESET, INIT, RTR, RTS, SQD, SQE, ERR = (abi.const(f"VRDMA_QPS_{s}") for s in
+                                         ("RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"))
+STATE_NAMES = {RESET: "RESET", INIT: "INIT", RTR: "RTR", RTS: "RTS", SQD: "SQD", SQE: "SQE", ERR: "ERR"}
+
+
+def _m(*names: str) -> int:
+    mask = 0
+    for name in names:
+        mask |= abi.const(f"VRDMA_QP_{name}")
+    return mask
+
+
+STATE = _m("STATE")
+ALL_ATTRS = _m("STATE", "CUR_STATE", "EN_SQD_ASYNC_NOTIFY", "ACCESS_FLAGS", "PKEY_INDEX", "PORT", "QKEY", "AV",
+               "PATH_MTU", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "RQ_PSN", "MAX_QP_RD_ATOMIC", "ALT_PATH",
+               "MIN_RNR_TIMER", "SQ_PSN", "MAX_DEST_RD_ATOMIC", "PATH_MIG_STATE", "CAP", "DEST_QPN")
+
+# (current, next) -> (required, optional), for RC queue pairs.
+TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
+    (RESET, INIT): (_m("STATE", "PKEY_INDEX", "PORT", "ACCESS_FLAGS"), 0),
+    (INIT, INIT): (0, _m("PKEY_INDEX", "PORT", "ACCESS_FLAGS")),
+    (INIT, RTR): (_m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN", "MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER"),
+                  _m("ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX")),
+    (RTR, RTS): (_m("STATE", "SQ_PSN", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC"),
+                 _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "MIN_RNR_TIMER", "PATH_MIG_STATE")),
+    (RTS, RTS): (0, _m("CUR_STATE", "ACCESS_FLAGS", "ALT_PATH", "PATH_MIG_STATE", "MIN_RNR_TIMER")),
+    (RTS, SQD): (_m("STATE"), _m("EN_SQD_ASYNC_NOTIFY")),
+    (SQD, RTS): (_m("STATE"), _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "MIN_RNR_TIMER", "PATH_MIG_STATE")),
+    (SQD, SQD): (0, _m("AV", "ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX", "MIN_RNR_TIMER", "PATH_MIG_STATE",
+                       "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC", "MAX_DEST_RD_ATOMIC")),
+}
+for _state in (RESET, INIT, RTR, RTS, SQD, SQE, ERR):
+    TRANSITIONS[(_state, RESET)] = (_m("STATE"), 0)
+    TRANSITIONS[(_state, ERR)] = (_m("STATE"), 0)
+
+
+def check_transition(current: int, mask: int, next_state: int | None, cur_state_attr: int | None) -> int:
+    """The state the QP moves to; raises ValueError saying what is wrong with the request."""
+    if mask & ~ALL_ATTRS:
+        raise ValueError(f"unknown attribute bits {mask & ~ALL_ATTRS:#x}")
+    if cur_state_attr is not None and cur_state_attr != current:
+        raise ValueError(f"cur_qp_state {STATE_NAMES.get(cur_state_attr, cur_state_attr)} but the QP is in "
+                         f"{STATE_NAMES[current]}")
+    target = next_state if next_state is not None else current
+    rule = TRANSITIONS.get((current, target))
+    if rule is None:
+        raise ValueError(f"no transition from {STATE_NAMES[current]} to {STATE_NAMES.get(target, target)}")
+    required, optional = rule
+    missing = required & ~mask
+    if missing:
+        raise ValueError(f"{STATE_NAMES[current]} -> {STATE_NAMES[target]} requires attributes {missing:#x}")
+    extra = mask & ~(required | optional | STATE | _m("CUR_STATE"))
+    if extra:
+        raise ValueError(f"{STATE_NAMES[current]} -> {STATE_NAMES[target]} does not take attributes {extra:#x}")
+    return target

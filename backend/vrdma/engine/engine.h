@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * The vrdma data engine: the hot loop of the device, in C, driven by the Python device model.
+ *
+ * The model (vrdma.device) checks every control command, allocates handles, keys and table slots, and then
+ * hands the engine plain configurations: host addresses of guest memory are never passed in, only guest-physical
+ * page lists, which the engine translates through the VM's memory table (vre_device_set_memory) and checks. The
+ * engine owns the runtime state of MRs, CQs, SRQs and QPs, polls send queue doorbells, validates every WQE,
+ * copies data between the registered memory of the VMs it serves, writes CQEs and queues events for the model to
+ * deliver. It is single-threaded: every call comes from the backend's event loop, so a control command (a
+ * deregistration, a destroy) never runs while a transfer is half done.
+ *
+ * The text between ENGINE-API-BEGIN and ENGINE-API-END is also the cffi declaration (vrdma/engine/_build.py).
+ */
+#ifndef VRDMA_ENGINE_H
+#define VRDMA_ENGINE_H
+
+#include <stdint.h>
+
+/* ENGINE-API-BEGIN */
+#define VRE_NO_DEVICE 0xffffffff
+#define VRE_NO_SRQ -1
+
+struct vre_engine;
+
+/* One region of a VM's memory table: guest-physical range and where the backend has it mapped. */
+struct vre_region {
+	uint64_t gpa;
+	uint64_t size;
+	uint64_t hva;
+};
+
+struct vre_device_limits {
+	uint32_t max_qp;          /* table sizes: powers of two (keys and QPNs carry the slot in their low bits) */
+	uint32_t max_cq;
+	uint32_t max_mr;
+	uint32_t max_srq;
+	uint32_t max_sge;
+	uint32_t max_inline;
+	uint32_t max_qp_wr;
+	uint32_t max_cqe;
+	uint32_t max_srq_wr;
+	uint32_t max_mr_pages;
+	uint32_t doorbell_pages;
+	uint32_t reserved;
+	uint64_t max_msg_size;
+};
+
+/* A guest-physical page list as the driver described it (struct vrdma_page_list). */
+struct vre_pages_desc {
+	uint64_t addr;
+	uint32_t npages;
+	uint32_t levels;
+};
+
+struct vre_mr_config {
+	uint32_t handle;
+	uint32_t pd;
+	uint32_t lkey;
+	uint32_t rkey;
+	uint32_t access;
+	uint32_t page_offset;
+	uint64_t iova;
+	uint64_t length;
+	struct vre_pages_desc pages;
+};
+
+struct vre_cq_config {
+	uint32_t handle;
+	uint32_t entries;
+	uint32_t db_page;
+	uint32_t db_slot;
+	struct vre_pages_desc ring;
+};
+
+struct vre_srq_config {
+	uint32_t handle;
+	uint32_t pd;
+	uint32_t depth;
+	uint32_t stride;
+	uint32_t max_sge;
+	uint32_t limit;
+	uint32_t db_page;
+	uint32_t db_slot;
+	struct vre_pages_desc ring;
+};
+
+struct vre_qp_config {
+	uint32_t handle;
+	uint32_t qpn;
+	uint32_t pd;
+	uint32_t sq_sig_all;
+	uint32_t send_cq;         /* CQ table slots */
+	uint32_t recv_cq;
+	int32_t srq;              /* SRQ table slot, or VRE_NO_SRQ */
+	uint32_t sq_depth;
+	uint32_t rq_depth;
+	uint32_t sq_stride;
+	uint32_t rq_stride;
+	uint32_t sq_offset;
+	uint32_t rq_offset;
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
+	uint32_t max_inline;
+	uint32_t db_page;
+	uint32_t sq_db_slot;
+	uint32_t rq_db_slot;
+	uint32_t reserved;
+	struct vre_pages_desc ring;
+};
+
+/* What a modify_qp changes; the model has checked the transition and every attribute. */
+struct vre_qp_attr {
+	uint32_t state;
+	uint32_t access_flags;
+	uint32_t dest_dev;        /* engine device owning the destination GID, or VRE_NO_DEVICE */
+	uint32_t dest_qpn;
+	uint32_t min_rnr_timer;
+	uint32_t rnr_retry;
+	uint32_t retry_cnt;
+	uint32_t timeout;
+};
+
+struct vre_event {
+	uint32_t dev;
+	uint32_t type;            /* VRDMA_EVENT_* */
+	uint32_t handle;
+	uint32_t reserved;
+	uint64_t data;
+};
+
+struct vre_counters {
+	uint64_t send_wqes;       /* send WQEs executed (successfully or not) */
+	uint64_t recv_wqes;       /* receive WQEs consumed */
+	uint64_t cqes;
+	uint64_t bytes;           /* payload moved into this device's memory or out of it by its requests */
+	uint64_t error_cqes;
+	uint64_t flushed;
+	uint64_t rnr_waits;
+	uint64_t cq_overflows;
+	uint64_t qp_fatal;
+	uint64_t events_dropped;
+};
+
+struct vre_engine *vre_engine_new(uint32_t max_devices);
+void vre_engine_free(struct vre_engine *e);
+const char *vre_error(struct vre_engine *e);
+
+int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_limits *limits,
+		    uint64_t doorbell_base);
+void vre_device_close(struct vre_engine *e, uint32_t dev);
+int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count);
+void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out);
+
+int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_mr_config *config);
+void vre_mr_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
+int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_cq_config *config);
+void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
+int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_srq_config *config);
+int vre_srq_set_limit(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t limit);
+int vre_srq_limit(struct vre_engine *e, uint32_t dev, uint32_t slot);
+void vre_srq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
+int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *config);
+int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_attr *attr);
+int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot);
+void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
+
+uint32_t vre_poll(struct vre_engine *e, uint32_t budget);
+uint32_t vre_take_events(struct vre_engine *e, struct vre_event *out, uint32_t max);
+int64_t vre_next_deadline(struct vre_engine *e);
+int vre_park(struct vre_engine *e);
+void vre_unpark(struct vre_engine *e);
+/* ENGINE-API-END */
+
+#endif /* VRDMA_ENGINE_H */
