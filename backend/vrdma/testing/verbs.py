@@ -1,0 +1,255 @@
+"""A simulated guest driver and provider on top of the simulated frontend: the data path without a VM.
+
+It does over vhost-user what vrdma.ko and libvrdma do in a guest: commands on the control queue (GIDs, user
+context, PD, MR with page lists, CQ, QP, modify), rings in guest memory, WQEs written into them and producer
+indices stored into the context's doorbell page (the backend's doorbell region file, mapped here as QEMU maps it
+for the guest). Tests use it to drive the data engine directly, and it can write anything a hostile guest could.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vrdma.device import abi
+from vrdma.testing.frontend import Frontend, FrontendError
+
+PAGE = abi.const("VRDMA_PAGE_SIZE")
+PBL = abi.const("VRDMA_PBL_ENTRIES")
+CQE_SIZE = abi.sizeof("vrdma_cqe")
+SEND_WQE = abi.sizeof("vrdma_send_wqe")
+RECV_WQE = abi.sizeof("vrdma_recv_wqe")
+SGE = abi.sizeof("vrdma_sge")
+U32 = struct.Struct("<I")
+ALL_ACCESS = 0xF
+
+
+class CommandError(FrontendError):
+    def __init__(self, name: str, status: int) -> None:
+        self.status = status
+        super().__init__(f"{name} failed with status {status}")
+
+
+def _pow2_at_least(value: int, minimum: int) -> int:
+    result = minimum
+    while result < value:
+        result *= 2
+    return result
+
+
+@dataclass
+class Buffer:
+    gpa: int
+    size: int
+
+
+@dataclass
+class SimMr:
+    handle: int
+    lkey: int
+    rkey: int
+    buf: Buffer
+
+    @property
+    def addr(self) -> int:
+        return self.buf.gpa  # iova = guest address, as a user MR has its user address
+
+
+@dataclass
+class SimCq:
+    handle: int
+    entries: int
+    db_slot: int
+    buf: Buffer
+    cons: int = 0
+    arm_seq: int = 0
+
+
+@dataclass
+class SimQp:
+    handle: int
+    qpn: int
+    sq_db_slot: int
+    rq_db_slot: int
+    buf: Buffer
+    sq_depth: int
+    rq_depth: int
+    sq_stride: int
+    rq_stride: int
+    sq_offset: int
+    rq_offset: int
+    sq_prod: int = 0
+    rq_prod: int = 0
+
+
+class SimVerbs:
+    """One user context of one simulated guest."""
+
+    def __init__(self, fe: Frontend, doorbell_file: Path) -> None:
+        self.fe = fe
+        self.memory = fe.memory
+        self.seq = 0
+        fd = open(doorbell_file, "r+b")  # noqa: SIM115 - the mapping outlives the file object
+        self.doorbells = mmap.mmap(fd.fileno(), 0)
+        fd.close()
+        resp = self.call("VRDMA_CMD_ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext")
+        self.ucontext = int(resp.handle)
+        self.doorbell_page = int(resp.doorbell_page)
+
+    # -- plumbing -----------------------------------------------------------------------------------------------
+
+    def call(self, opcode: str, request: str, response: str, **fields: Any) -> Any:
+        """Send one command; return the response struct, raise CommandError on a bad status."""
+        self.seq += 1
+        req = abi.new(request, **{k: v for k, v in fields.items() if not isinstance(v, dict)})
+        for name, sub in fields.items():
+            if isinstance(sub, dict):
+                for key, value in sub.items():
+                    setattr(getattr(req, name), key, value)
+        req.hdr.opcode, req.hdr.seq = abi.const(opcode), self.seq
+        raw = self.fe.command(abi.to_bytes(req), abi.sizeof(response))
+        hdr = abi.from_bytes("vrdma_resp_hdr", raw[:abi.sizeof("vrdma_resp_hdr")])
+        if hdr.status != 0:
+            raise CommandError(opcode, int(hdr.status))
+        return abi.from_bytes(response, raw) if response != "vrdma_resp_hdr" else hdr
+
+    def alloc(self, size: int) -> Buffer:
+        size = (size + PAGE - 1) // PAGE * PAGE
+        gpa = self.memory.alloc(size, PAGE)
+        self.memory.write(gpa, bytes(size))
+        return Buffer(gpa, size)
+
+    def page_list(self, buf: Buffer, first_page: int | None = None, npages: int | None = None) -> dict[str, int]:
+        """Page-list pages (levels 1 or 2) for a buffer's pages, written into guest memory."""
+        start = buf.gpa if first_page is None else first_page
+        count = buf.size // PAGE if npages is None else npages
+        pages = [start + i * PAGE for i in range(count)]
+        lists = []
+        for i in range(0, len(pages), PBL):
+            page = self.memory.alloc(PAGE, PAGE)
+            self.memory.write(page, struct.pack(f"<{len(pages[i:i + PBL])}Q", *pages[i:i + PBL]))
+            lists.append(page)
+        if len(lists) == 1:
+            return {"addr": lists[0], "npages": count, "levels": 1}
+        directory = self.memory.alloc(PAGE, PAGE)
+        self.memory.write(directory, struct.pack(f"<{len(lists)}Q", *lists))
+        return {"addr": directory, "npages": count, "levels": 2}
+
+    def ring(self, slot: int, value: int) -> None:
+        offset = self.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE") + 4 * slot
+        self.doorbells[offset:offset + 4] = U32.pack(value & 0xFFFFFFFF)
+
+    def parked(self) -> bool:
+        offset = self.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
+        return U32.unpack(self.doorbells[offset:offset + 4])[0] != 0
+
+    # -- objects ------------------------------------------------------------------------------------------------
+
+    def add_gid(self, index: int, gid: bytes) -> None:
+        self.call("VRDMA_CMD_ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", index=index,
+                  type=abi.const("VRDMA_GID_TYPE_ROCE_V2"), gid=list(gid))
+
+    def alloc_pd(self) -> int:
+        return int(self.call("VRDMA_CMD_ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd",
+                             ucontext=self.ucontext).handle)
+
+    def reg_mr(self, pd: int, size: int, access: int = ALL_ACCESS, buf: Buffer | None = None) -> SimMr:
+        buf = buf or self.alloc(size)
+        resp = self.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", pd=pd, access=access,
+                         iova=buf.gpa, length=size, page_offset=0, pages=self.page_list(buf))
+        return SimMr(int(resp.handle), int(resp.lkey), int(resp.rkey), buf)
+
+    def create_cq(self, entries: int = 64) -> SimCq:
+        buf = self.alloc(PAGE + entries * CQE_SIZE)
+        resp = self.call("VRDMA_CMD_CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
+                         ucontext=self.ucontext, entries=entries, ring=self.page_list(buf))
+        return SimCq(int(resp.handle), entries, int(resp.db_slot), buf)
+
+    def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
+                  max_inline: int = 64, sq_sig_all: int = 0) -> SimQp:
+        sq_stride = _pow2_at_least(SEND_WQE + max(max_sge * SGE, max_inline), 64)
+        rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32)
+        sq_offset = PAGE
+        rq_offset = sq_offset + (depth * sq_stride + PAGE - 1) // PAGE * PAGE
+        buf = self.alloc(rq_offset + depth * rq_stride)
+        resp = self.call("VRDMA_CMD_CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
+                         ucontext=self.ucontext, pd=pd, send_cq=send_cq.handle, recv_cq=recv_cq.handle,
+                         qp_type=abi.const("VRDMA_QPT_RC"), sq_sig_all=sq_sig_all, sq_depth=depth, rq_depth=depth,
+                         sq_stride=sq_stride, rq_stride=rq_stride, sq_offset=sq_offset, rq_offset=rq_offset,
+                         max_send_sge=max_sge, max_recv_sge=max_sge, max_inline_data=max_inline,
+                         ring=self.page_list(buf))
+        return SimQp(int(resp.handle), int(resp.qpn), int(resp.sq_db_slot), int(resp.rq_db_slot), buf, depth,
+                     depth, sq_stride, rq_stride, sq_offset, rq_offset)
+
+    def modify_qp(self, qp: SimQp, mask: int, **attr: Any) -> None:
+        self.call("VRDMA_CMD_MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", handle=qp.handle,
+                  attr_mask=mask, attr=attr)
+
+    def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
+                access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1) -> None:
+        """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it."""
+        m = lambda *names: sum(abi.const(f"VRDMA_QP_{n}") for n in names)  # noqa: E731
+        self.modify_qp(qp, m("STATE", "PKEY_INDEX", "PORT", "ACCESS_FLAGS"), qp_state=1, pkey_index=0, port_num=1,
+                       qp_access_flags=access)
+        self.modify_qp(qp, m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN", "MAX_DEST_RD_ATOMIC",
+                             "MIN_RNR_TIMER"), qp_state=2, path_mtu=3, dest_qp_num=dest_qpn, rq_psn=0,
+                       max_dest_rd_atomic=1, min_rnr_timer=min_rnr_timer, dgid=list(dgid), sgid_index=sgid_index,
+                       hop_limit=1)
+        self.modify_qp(qp, m("STATE", "SQ_PSN", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC"),
+                       qp_state=3, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=rnr_retry, max_rd_atomic=1)
+
+    # -- posting and polling ------------------------------------------------------------------------------------
+
+    def post_send(self, qp: SimQp, opcode: int, sges: list[tuple[int, int, int]], wr_id: int = 0,
+                  signaled: bool = True, remote_addr: int = 0, rkey: int = 0, imm: int = 0,
+                  compare_add: int = 0, swap: int = 0, inline: bytes | None = None, ring: bool = True) -> None:
+        flags = abi.const("VRDMA_SEND_SIGNALED") if signaled else 0
+        wqe = abi.new("vrdma_send_wqe", wr_id=wr_id, opcode=opcode, num_sge=len(sges), imm_data=imm,
+                      rkey=rkey, remote_addr=remote_addr, compare_add=compare_add, swap=swap)
+        body = b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
+        if inline is not None:
+            flags |= abi.const("VRDMA_SEND_INLINE")
+            wqe.num_sge, wqe.inline_len, body = 0, len(inline), inline
+        wqe.send_flags = flags
+        slot = qp.sq_prod % qp.sq_depth
+        self.memory.write(qp.buf.gpa + qp.sq_offset + slot * qp.sq_stride, abi.to_bytes(wqe) + body)
+        qp.sq_prod += 1
+        if ring:
+            self.ring_send(qp)
+
+    def ring_send(self, qp: SimQp) -> None:
+        """Store the send queue's producer index; wake the device if its engine is parked (as libvrdma does)."""
+        self.ring(qp.sq_db_slot, qp.sq_prod)
+        if self.parked():
+            self.fe.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
+
+    def post_recv(self, qp: SimQp, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
+        wqe = abi.new("vrdma_recv_wqe", wr_id=wr_id, num_sge=len(sges))
+        body = b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
+        slot = qp.rq_prod % qp.rq_depth
+        self.memory.write(qp.buf.gpa + qp.rq_offset + slot * qp.rq_stride, abi.to_bytes(wqe) + body)
+        qp.rq_prod += 1
+        self.ring(qp.rq_db_slot, qp.rq_prod)
+
+    def poll_cq(self, cq: SimCq) -> list[Any]:
+        hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
+        found = []
+        while cq.cons != hdr.prod:
+            slot = cq.cons % cq.entries
+            found.append(abi.from_bytes("vrdma_cqe", self.memory.read(cq.buf.gpa + PAGE + slot * CQE_SIZE,
+                                                                      CQE_SIZE)))
+            cq.cons += 1
+        self.memory.write(cq.buf.gpa + 4, U32.pack(cq.cons))
+        return found
+
+    def cq_overflowed(self, cq: SimCq) -> bool:
+        hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
+        return bool(hdr.overflow)
+
+    def arm_cq(self, cq: SimCq, solicited: bool = False) -> None:
+        cq.arm_seq += 1
+        kind = abi.const("VRDMA_CQ_ARM_SOLICITED") if solicited else abi.const("VRDMA_CQ_ARM_NEXT")
+        self.ring(cq.db_slot, (cq.arm_seq << abi.const("VRDMA_CQ_ARM_SEQ_SHIFT")) | kind)

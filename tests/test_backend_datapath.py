@@ -1,0 +1,314 @@
+"""The data engine driven through the simulated frontend: two VMs' memory, one backend process, no guests.
+
+Each test plays vm0 and vm1 with vrdma.testing.verbs (what vrdma.ko and libvrdma do, over vhost-user), so it can
+post what a correct provider posts and what a hostile one could.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from backend_process import BackendProcess, query_device
+
+from vrdma.device import abi
+from vrdma.testing.frontend import Frontend
+from vrdma.testing.verbs import CommandError, SimCq, SimMr, SimQp, SimVerbs
+
+pytestmark = pytest.mark.backend
+
+GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
+WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM",
+                                                         "RDMA_READ", "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD")}
+WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_LEN_ERR", "LOC_PROT_ERR", "WR_FLUSH_ERR",
+                                                         "REM_ACCESS_ERR", "REM_INV_REQ_ERR", "RETRY_EXC_ERR",
+                                                         "RNR_RETRY_EXC_ERR", "LOC_QP_OP_ERR")}
+OP = {name: abi.const(f"VRDMA_WC_OP_{name}") for name in ("SEND", "RDMA_WRITE", "RDMA_READ", "COMP_SWAP",
+                                                           "FETCH_ADD", "RECV", "RECV_RDMA_WITH_IMM")}
+
+
+@dataclass
+class Side:
+    """One VM's end: its context, PD, CQ, QP and a 64 KiB MR."""
+
+    verbs: SimVerbs
+    pd: int
+    cq: SimCq
+    qp: SimQp
+    mr: SimMr
+
+
+def make_side(fe: Frontend, backend: BackendProcess, name: str, rnr_retry: int = 7) -> Side:
+    fe.start()
+    verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
+    verbs.add_gid(0, GID[name])
+    pd = verbs.alloc_pd()
+    cq = verbs.create_cq(64)
+    qp = verbs.create_qp(pd, cq, cq)
+    mr = verbs.reg_mr(pd, 64 << 10)
+    return Side(verbs, pd, cq, qp, mr)
+
+
+@pytest.fixture
+def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
+        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+        a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
+        b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"])
+        yield a, b
+
+
+def wait_cqes(side: Side, count: int, timeout: float = 10.0) -> list[Any]:
+    """Poll the CQ (in the simulated guest's memory) until ``count`` completions arrived."""
+    found: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(found) < count:
+        found += side.verbs.poll_cq(side.cq)
+        assert time.monotonic() < deadline, f"{len(found)} of {count} completions arrived"
+        time.sleep(0.001)  # the engine runs in the backend process: poll its output
+    return found
+
+
+def write(side: Side, offset: int, data: bytes) -> None:
+    side.verbs.memory.write(side.mr.addr + offset, data)
+
+
+def read(side: Side, offset: int, length: int) -> bytes:
+    return side.verbs.memory.read(side.mr.addr + offset, length)
+
+
+def test_send_lands_in_the_posted_receive(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    a.verbs.post_recv(a.qp, [(a.mr.addr, 4096, a.mr.lkey)], wr_id=7)
+    payload = bytes(range(256)) * 16
+    write(b, 0, payload)
+    b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, len(payload), b.mr.lkey)], wr_id=9)
+    (sent,) = wait_cqes(b, 1)
+    (received,) = wait_cqes(a, 1)
+    assert (sent.wr_id, sent.status, sent.opcode) == (9, WC["SUCCESS"], OP["SEND"])
+    assert (received.wr_id, received.status, received.opcode, received.byte_len) == (7, WC["SUCCESS"], OP["RECV"],
+                                                                                      len(payload))
+    assert received.qp_num == a.qp.qpn and received.src_qp == b.qp.qpn
+    assert read(a, 0, len(payload)) == payload
+
+
+def test_scatter_gather_inline_and_immediate(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    # The receive scatters over three SGEs; the send gathers from two.
+    a.verbs.post_recv(a.qp, [(a.mr.addr + 100, 10, a.mr.lkey), (a.mr.addr + 5000, 6000, a.mr.lkey),
+                             (a.mr.addr + 20000, 100, a.mr.lkey)], wr_id=1)
+    write(b, 0, b"x" * 3000)
+    write(b, 40000, b"y" * 3000)
+    b.verbs.post_send(b.qp, WR["SEND_WITH_IMM"], [(b.mr.addr, 3000, b.mr.lkey), (b.mr.addr + 40000, 3000, b.mr.lkey)],
+                      imm=0x12345678)
+    wait_cqes(b, 1)
+    (received,) = wait_cqes(a, 1)
+    assert received.byte_len == 6000 and received.imm_data == 0x12345678
+    assert received.wc_flags == abi.const("VRDMA_WC_WITH_IMM")
+    got = read(a, 100, 10) + read(a, 5000, 5990)
+    assert got == b"x" * 3000 + b"y" * 3000
+    # Inline data travels in the WQE itself.
+    a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)], wr_id=2)
+    b.verbs.post_send(b.qp, WR["SEND"], [], inline=b"inline payload")
+    wait_cqes(b, 1)
+    assert wait_cqes(a, 1)[0].byte_len == 14 and read(a, 0, 14) == b"inline payload"
+
+
+def test_rdma_write_read_and_atomics(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    write(b, 0, b"written by vm1")
+    b.verbs.post_send(b.qp, WR["RDMA_WRITE"], [(b.mr.addr, 14, b.mr.lkey)], remote_addr=a.mr.addr + 8192,
+                      rkey=a.mr.rkey, wr_id=1)
+    assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]
+    assert read(a, 8192, 14) == b"written by vm1"
+    write(a, 30000, b"read from vm0")
+    b.verbs.post_send(b.qp, WR["RDMA_READ"], [(b.mr.addr + 1000, 13, b.mr.lkey)], remote_addr=a.mr.addr + 30000,
+                      rkey=a.mr.rkey, wr_id=2)
+    (done,) = wait_cqes(b, 1)
+    assert (done.status, done.opcode, done.byte_len) == (WC["SUCCESS"], OP["RDMA_READ"], 13)
+    assert read(b, 1000, 13) == b"read from vm0"
+    write(a, 4096, (5).to_bytes(8, "little"))
+    b.verbs.post_send(b.qp, WR["ATOMIC_FETCH_AND_ADD"], [(b.mr.addr + 64, 8, b.mr.lkey)],
+                      remote_addr=a.mr.addr + 4096, rkey=a.mr.rkey, compare_add=10)
+    assert wait_cqes(b, 1)[0].opcode == OP["FETCH_ADD"]
+    assert read(b, 64, 8) == (5).to_bytes(8, "little") and read(a, 4096, 8) == (15).to_bytes(8, "little")
+    b.verbs.post_send(b.qp, WR["ATOMIC_CMP_AND_SWP"], [(b.mr.addr + 72, 8, b.mr.lkey)],
+                      remote_addr=a.mr.addr + 4096, rkey=a.mr.rkey, compare_add=15, swap=99)
+    assert wait_cqes(b, 1)[0].opcode == OP["COMP_SWAP"]
+    assert read(b, 72, 8) == (15).to_bytes(8, "little") and read(a, 4096, 8) == (99).to_bytes(8, "little")
+    # Write with immediate: the data goes to memory, the immediate to a receive completion.
+    a.verbs.post_recv(a.qp, [], wr_id=5)
+    b.verbs.post_send(b.qp, WR["RDMA_WRITE_WITH_IMM"], [(b.mr.addr, 14, b.mr.lkey)], remote_addr=a.mr.addr,
+                      rkey=a.mr.rkey, imm=77)
+    wait_cqes(b, 1)
+    (received,) = wait_cqes(a, 1)
+    assert (received.opcode, received.imm_data, received.byte_len) == (OP["RECV_RDMA_WITH_IMM"], 77, 14)
+    assert read(a, 0, 14) == b"written by vm1"
+
+
+def checksum(side: Side) -> int:
+    return zlib.crc32(read(side, 0, 64 << 10))
+
+
+@pytest.mark.parametrize("attack", ["wrong rkey", "rkey of another PD", "past the end", "no remote access"])
+@pytest.mark.parametrize("opcode", ["RDMA_WRITE", "RDMA_READ"])
+def test_remote_access_is_checked_and_the_victim_untouched(backend: BackendProcess, pair: tuple[Side, Side],
+                                                            attack: str, opcode: str) -> None:
+    victim, attacker = pair
+    write(victim, 0, hashlib.sha256(b"vm0").digest() * 2048)
+    before = checksum(victim)
+    target_key, target_addr, length = victim.mr.rkey, victim.mr.addr, 64
+    if attack == "wrong rkey":
+        target_key ^= 0x5A5A0000
+    elif attack == "rkey of another PD":
+        other = victim.verbs.reg_mr(victim.verbs.alloc_pd(), 4096)
+        target_key, target_addr = other.rkey, other.addr
+    elif attack == "past the end":
+        target_addr, length = victim.mr.addr + (64 << 10) - 32, 64
+    else:
+        readonly = victim.verbs.reg_mr(victim.pd, 4096, access=abi.const("VRDMA_ACCESS_LOCAL_WRITE"))
+        target_key, target_addr = readonly.rkey, readonly.addr
+    attacker.verbs.post_send(attacker.qp, WR[opcode], [(attacker.mr.addr, length, attacker.mr.lkey)],
+                             remote_addr=target_addr, rkey=target_key, wr_id=66)
+    (done,) = wait_cqes(attacker, 1)
+    assert (done.wr_id, done.status) == (66, WC["REM_ACCESS_ERR"])
+    assert checksum(victim) == before
+    # Both VMs are still served.
+    for fe in (victim.verbs.fe, attacker.verbs.fe):
+        assert query_device(fe).hdr.status == 0
+    assert "Traceback" not in backend.log_text()
+
+
+def test_error_flushes_what_follows(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    b.verbs.post_recv(b.qp, [(b.mr.addr, 64, b.mr.lkey)], wr_id=50)
+    b.verbs.post_send(b.qp, WR["RDMA_WRITE"], [(b.mr.addr, 8, b.mr.lkey ^ 0x100000)], remote_addr=a.mr.addr,
+                      rkey=a.mr.rkey, wr_id=1, ring=False)  # a bad lkey: local protection error
+    b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 8, b.mr.lkey)], wr_id=2, signaled=False)
+    completions = wait_cqes(b, 3)
+    by_id = {c.wr_id: c.status for c in completions}
+    assert by_id == {1: WC["LOC_PROT_ERR"], 2: WC["WR_FLUSH_ERR"], 50: WC["WR_FLUSH_ERR"]}
+
+
+def test_receiver_not_ready(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
+        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+        a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
+        b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], rnr_retry=7)
+        # rnr_retry 7: the send waits until the receive is posted.
+        b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
+        time.sleep(0.05)
+        assert b.verbs.poll_cq(b.cq) == []
+        a.verbs.post_recv(a.qp, [(a.mr.addr, 16, a.mr.lkey)], wr_id=2)
+        assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]
+        assert wait_cqes(a, 1)[0].wr_id == 2
+        assert backend.counters("vm1")["engine"]["rnr_waits"] >= 1
+
+
+def test_rnr_retry_exhausted(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
+        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+        a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
+        b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], rnr_retry=2)
+        b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
+        assert wait_cqes(b, 1)[0].status == WC["RNR_RETRY_EXC_ERR"]
+
+
+def test_unknown_destination_retries_in_vain(backend: BackendProcess) -> None:
+    with backend.frontend("vm1") as fe1:
+        b = make_side(fe1, backend, "vm1")
+        b.verbs.connect(b.qp, 0x4242, bytes(16))  # nobody holds that GID
+        b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
+        assert wait_cqes(b, 1)[0].status == WC["RETRY_EXC_ERR"]
+
+
+def test_cq_overflow_is_an_error_never_an_overwrite(backend: BackendProcess, pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    small = b.verbs.create_cq(4)
+    qp = b.verbs.create_qp(b.pd, small, small)
+    b.verbs.connect(qp, a.qp.qpn, GID["vm0"])
+    for i in range(6):
+        b.verbs.post_send(qp, WR["RDMA_WRITE"], [(b.mr.addr, 8, b.mr.lkey)], remote_addr=a.mr.addr,
+                          rkey=a.mr.rkey, wr_id=i, ring=False)
+    b.verbs.ring_send(qp)
+    deadline = time.monotonic() + 10
+    while not b.verbs.cq_overflowed(small):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert [c.wr_id for c in b.verbs.poll_cq(small)] == [0, 1, 2, 3]  # the first four, intact
+    assert backend.counters("vm1")["engine"]["cq_overflows"] == 1
+
+
+def test_garbage_producer_index_fails_only_that_qp(backend: BackendProcess, pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    b.verbs.ring(b.qp.sq_db_slot, 0x7FFF0000)  # far more WQEs than the ring holds
+    deadline = time.monotonic() + 10
+    while backend.counters("vm1")["engine"]["qp_fatal"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    # The other direction still works.
+    b.verbs.post_recv(b.qp, [(b.mr.addr, 16, b.mr.lkey)], wr_id=3)
+    qp2 = a.verbs.create_qp(a.pd, a.cq, a.cq)
+    a.verbs.connect(qp2, b.qp.qpn, GID["vm1"])
+    a.verbs.post_send(qp2, WR["RDMA_WRITE"], [(a.mr.addr, 8, a.mr.lkey)], remote_addr=b.mr.addr, rkey=b.mr.rkey)
+    assert wait_cqes(a, 1)[0].status in (WC["SUCCESS"], WC["RETRY_EXC_ERR"])  # b's QP is in error: no peer
+    assert query_device(b.verbs.fe).hdr.status == 0
+
+
+def test_objects_in_use_cannot_go_and_everything_goes_in_order(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe:
+        side = make_side(fe, backend, "vm0")
+        v = side.verbs
+        busy = abi.const("VRDMA_STATUS_BUSY")
+        with pytest.raises(CommandError) as err:
+            v.call("VRDMA_CMD_DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=side.cq.handle)
+        assert err.value.status == busy
+        with pytest.raises(CommandError) as err:
+            v.call("VRDMA_CMD_DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=side.pd)
+        assert err.value.status == busy
+        for opcode, handle in (("DESTROY_QP", side.qp.handle), ("DESTROY_CQ", side.cq.handle),
+                               ("DEREG_MR", side.mr.handle), ("DEALLOC_PD", side.pd),
+                               ("DEALLOC_UCONTEXT", v.ucontext)):
+            v.call(f"VRDMA_CMD_{opcode}", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=handle)
+        objects = backend.counters("vm0")["objects"]
+        assert {k: n for k, n in objects.items() if k != "gid"} == dict.fromkeys(
+            ("ucontext", "pd", "mr", "cq", "srq", "qp", "ah"), 0)
+
+
+@pytest.mark.parametrize(("what", "status"), [
+    ("page outside guest RAM", "VRDMA_STATUS_INVALID"),
+    ("page list outside guest RAM", "VRDMA_STATUS_INVALID"),
+    ("wrong page count", "VRDMA_STATUS_INVALID"),
+    ("remote write without local write", "VRDMA_STATUS_INVALID"),
+    ("three levels", "VRDMA_STATUS_INVALID"),
+    ("unknown PD", "VRDMA_STATUS_INVALID"),
+])
+def test_bad_memory_registrations_are_refused(backend: BackendProcess, what: str, status: str) -> None:
+    with backend.frontend("vm0") as fe:
+        side = make_side(fe, backend, "vm0")
+        v = side.verbs
+        buf = v.alloc(8192)
+        pages = v.page_list(buf)
+        fields: dict[str, Any] = {"pd": side.pd, "access": 0xF, "iova": buf.gpa, "length": 8192,
+                                  "page_offset": 0, "pages": pages}
+        if what == "page outside guest RAM":
+            fields["pages"] = v.page_list(buf, first_page=fe.memory.size - 4096)
+        elif what == "page list outside guest RAM":
+            fields["pages"] = {**pages, "addr": 1 << 40}
+        elif what == "wrong page count":
+            fields["pages"] = {**pages, "npages": 3}
+        elif what == "remote write without local write":
+            fields["access"] = abi.const("VRDMA_ACCESS_REMOTE_WRITE")
+        elif what == "three levels":
+            fields["pages"] = {**pages, "levels": 3}
+        else:
+            fields["pd"] = 0x1234
+        with pytest.raises(CommandError) as err:
+            v.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", **fields)
+        assert err.value.status == abi.const(status)
+        assert query_device(fe).hdr.status == 0
