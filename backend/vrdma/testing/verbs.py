@@ -191,7 +191,9 @@ class SimVerbs:
     def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
                 access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1) -> None:
         """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it."""
-        m = lambda *names: sum(abi.const(f"VRDMA_QP_{n}") for n in names)  # noqa: E731
+        def m(*names: str) -> int:
+            return sum(abi.const(f"VRDMA_QP_{n}") for n in names)
+
         self.modify_qp(qp, m("STATE", "PKEY_INDEX", "PORT", "ACCESS_FLAGS"), qp_state=1, pkey_index=0, port_num=1,
                        qp_access_flags=access)
         self.modify_qp(qp, m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN", "MAX_DEST_RD_ATOMIC",
