@@ -144,7 +144,7 @@ class SimVerbs:
 
     def parked(self) -> bool:
         offset = self.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
-        return U32.unpack(self.doorbells[offset:offset + 4])[0] != 0
+        return bool(U32.unpack(self.doorbells[offset:offset + 4])[0])
 
     # -- objects ------------------------------------------------------------------------------------------------
 
