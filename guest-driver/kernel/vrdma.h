@@ -8,6 +8,7 @@
 #include <linux/pci.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
+#include <linux/xarray.h>
 #include <rdma/ib_verbs.h>
 
 #include <rdma/vrdma-abi.h>
@@ -22,6 +23,12 @@ struct vrdma_dev {
 	bool registered;
 	struct virtqueue *ctrl_vq;
 	struct virtqueue *event_vq;
+	struct virtqueue *wake_vq;	/* notified (no buffers) to wake the device's parked data engine */
+
+	/* Objects that receive events, by device handle (vrdma_dispatch_event). */
+	struct xarray cqs;
+	struct xarray qps;
+	struct xarray srqs;
 
 	/* Command channel: one command in flight, serialized by cmd_lock. */
 	struct mutex cmd_lock;
@@ -66,12 +73,38 @@ struct vrdma_pd {
 	u32 handle;
 };
 
+struct vrdma_mr {
+	struct ib_mr ibmr;
+	u32 handle;
+	struct ib_umem *umem;
+};
+
 struct vrdma_cq {
 	struct ib_cq ibcq;
+	u32 handle;
+	struct ib_umem *umem;		/* the CQE ring, in user memory */
+};
+
+struct vrdma_srq {
+	struct ib_srq ibsrq;
+	u32 handle;
+	u32 depth;
+	u32 max_sge;
+	struct ib_umem *umem;
 };
 
 struct vrdma_qp {
 	struct ib_qp ibqp;
+	u32 handle;
+	enum ib_qp_state state;		/* as last set or queried; the device is the authority */
+	bool sq_sig_all;
+	struct ib_qp_cap cap;
+	struct ib_umem *umem;		/* header page, send queue, receive queue */
+};
+
+struct vrdma_ah {
+	struct ib_ah ibah;
+	u32 handle;
 };
 
 static inline struct vrdma_dev *to_vdev(struct ib_device *ibdev)
@@ -89,5 +122,30 @@ void vrdma_doorbell_unpair(struct vrdma_dev *dev);
 
 int vrdma_register_ib(struct vrdma_dev *dev);
 void vrdma_unregister_ib(struct vrdma_dev *dev);
+int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 handle);
+
+/* vrdma_dp.c: data-path verbs and events */
+struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
+				struct ib_udata *udata);
+int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access);
+int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, struct ib_udata *udata);
+int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
+int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
+int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct ib_udata *udata);
+int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr, enum ib_srq_attr_mask mask,
+		     struct ib_udata *udata);
+int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
+int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
+int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata);
+int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_udata *udata);
+int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_qp_init_attr *init);
+int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
+int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr);
+int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
+int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init, struct ib_udata *udata);
+int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
+void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event);
 
 #endif /* VRDMA_H */

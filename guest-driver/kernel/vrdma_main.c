@@ -37,8 +37,7 @@ static void vrdma_event_done(struct virtqueue *vq)
 			continue;
 		}
 		if (len == sizeof(*event))
-			dev_dbg(&dev->vdev->dev, "event %u handle %u\n", le16_to_cpu(event->type),
-				le32_to_cpu(event->handle));
+			vrdma_dispatch_event(dev, event);
 		else if (len)
 			dev_warn(&dev->vdev->dev, "event of %u bytes ignored (expected %zu)\n", len, sizeof(*event));
 		vrdma_post_event_buffer(dev, event);
@@ -91,8 +90,8 @@ static int vrdma_query(struct vrdma_dev *dev)
 
 static int vrdma_probe(struct virtio_device *vdev)
 {
-	static const char * const names[] = { "control", "event" };
-	vq_callback_t *callbacks[] = { vrdma_cmd_vq_done, vrdma_event_done };
+	static const char * const names[] = { "control", "event", "wake" };
+	vq_callback_t *callbacks[] = { vrdma_cmd_vq_done, vrdma_event_done, NULL };
 	struct virtqueue *vqs[VRDMA_NUM_QUEUES];
 	struct vrdma_dev *dev;
 	int i, ret;
@@ -103,6 +102,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 	dev->vdev = vdev;
 	vdev->priv = dev;
 	spin_lock_init(&dev->event_lock);
+	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
 
 	ret = vrdma_read_config(dev);
 	if (ret)
@@ -123,6 +125,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 		goto err_doorbell;
 	dev->ctrl_vq = vqs[VRDMA_QUEUE_CONTROL];
 	dev->event_vq = vqs[VRDMA_QUEUE_EVENT];
+	dev->wake_vq = vqs[VRDMA_QUEUE_WAKE];
 
 	virtio_device_ready(vdev);
 	spin_lock_irq(&dev->event_lock);

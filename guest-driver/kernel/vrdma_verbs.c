@@ -2,8 +2,7 @@
 /*
  * vrdma verbs: the ib_device, tied to the paired virtio-net netdev (RoCE), with device and port queries, the GID
  * table forwarded to the device, user contexts (each with its own doorbell page, mapped into that process only)
- * and protection domains. Queues, CQs and MRs come with the data path: until then those verbs answer
- * -EOPNOTSUPP (the RDMA core requires them to exist).
+ * and protection domains. The data-path verbs (MRs, CQs, QPs, SRQs, AHs) and events are in vrdma_dp.c.
  */
 #include <linux/etherdevice.h>
 #include <linux/netdevice.h>
@@ -46,6 +45,7 @@ static int vrdma_query_device(struct ib_device *ibdev, struct ib_device_attr *at
 	attr->max_srq_sge = le32_to_cpu(a->max_srq_sge);
 	attr->max_ah = le32_to_cpu(a->max_ah);
 	attr->max_pkeys = 1;
+	attr->atomic_cap = IB_ATOMIC_HCA;	/* the engine does atomics with host atomics: one coherent view */
 	attr->local_ca_ack_delay = 15;
 	return 0;
 }
@@ -124,7 +124,7 @@ static int vrdma_del_gid(const struct ib_gid_attr *attr, void **context)
 	return vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
 }
 
-static int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 handle)
+int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 handle)
 {
 	struct vrdma_cmd_destroy cmd = { .hdr.opcode = cpu_to_le16(opcode), .handle = cpu_to_le32(handle) };
 	struct vrdma_resp_hdr resp;
@@ -250,70 +250,6 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 	return vrdma_destroy_handle(to_vdev(ibpd->device), VRDMA_CMD_DEALLOC_PD, pd->handle);
 }
 
-/* The data path verbs arrive with the data path; the RDMA core requires them to exist. */
-static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, struct ib_udata *udata)
-{
-	return -EOPNOTSUPP;
-}
-
-static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
-{
-	return 0;
-}
-
-static int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
-{
-	return -EOPNOTSUPP;
-}
-
-static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
-{
-	return -EOPNOTSUPP;
-}
-
-static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata)
-{
-	return -EOPNOTSUPP;
-}
-
-static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_udata *udata)
-{
-	return -EOPNOTSUPP;
-}
-
-static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
-{
-	return 0;
-}
-
-static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr)
-{
-	*bad_wr = wr;
-	return -EOPNOTSUPP;
-}
-
-static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
-{
-	*bad_wr = wr;
-	return -EOPNOTSUPP;
-}
-
-static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
-{
-	return ERR_PTR(-EOPNOTSUPP);
-}
-
-static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
-				       struct ib_udata *udata)
-{
-	return ERR_PTR(-EOPNOTSUPP);
-}
-
-static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
-{
-	return -EOPNOTSUPP;
-}
-
 static const struct ib_device_ops vrdma_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
@@ -322,32 +258,42 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.add_gid = vrdma_add_gid,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
+	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
+	.create_srq = vrdma_create_srq,
+	.create_user_ah = vrdma_create_ah,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
 	.dereg_mr = vrdma_dereg_mr,
+	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,
+	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 
+	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibuc),
 };
 
@@ -380,6 +326,8 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	ibdev->node_type = RDMA_NODE_IB_CA;
 	ibdev->phys_port_cnt = 1;
 	ibdev->num_comp_vectors = 1;
+	/* The one legacy data-path command libvrdma sends: an empty POST_SEND wakes a parked device engine. */
+	ibdev->uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND);
 	ibdev->dev.parent = &dev->vdev->dev;
 	addrconf_addr_eui48((u8 *)&ibdev->node_guid, dev->mac);
 	strscpy(ibdev->node_desc, "vrdma", sizeof(ibdev->node_desc));

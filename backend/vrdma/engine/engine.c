@@ -68,7 +68,8 @@ struct vre_qp {
 	uint32_t sq_head;         /* next send WQE to execute */
 	uint32_t rq_cons;
 	uint32_t rnr_left;
-	int64_t rnr_until;        /* CLOCK_MONOTONIC ns; 0: not waiting */
+	uint32_t retry_left;
+	int64_t rnr_until;        /* CLOCK_MONOTONIC ns of the next attempt after an RNR or a timeout; 0: none */
 	uint32_t index;           /* position in the device's active list */
 };
 
@@ -607,8 +608,18 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 	dqp = qp->attr.dest_dev == VRE_NO_DEVICE ? NULL : qp_by_qpn(e, qp->attr.dest_dev, qp->attr.dest_qpn);
 	dd = dqp ? &e->devices[qp->attr.dest_dev] : NULL;
 	if (!dqp || dqp->attr.state < VRDMA_QPS_RTR || dqp->attr.state == VRDMA_QPS_ERR || !dqp->ring.valid) {
-		status = VRDMA_WC_RETRY_EXC_ERR;
-		goto local_error;
+		/*
+		 * Nobody answers (yet: the peer may still be on its way to RTR). A real requester times out after
+		 * 4.096 us * 2^timeout and retries retry_cnt times; so does this one (timeout 0: wait forever).
+		 */
+		if (qp->retry_left == 0) {
+			status = VRDMA_WC_RETRY_EXC_ERR;
+			goto local_error;
+		}
+		if (qp->attr.timeout)
+			qp->retry_left--;
+		qp->rnr_until = e->now + (qp->attr.timeout ? (int64_t)4096 << (qp->attr.timeout & 31) : 100000000);
+		return EXEC_WAIT;
 	}
 
 	/* Operations naming remote memory: the responder checks the rkey (a zero-length transfer names none). */
@@ -726,6 +737,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		copy_segs(local, nlocal, &src, 1);
 	}
 	qp->rnr_left = qp->attr.rnr_retry;
+	qp->retry_left = qp->attr.retry_cnt;
 	complete_send(e, d, qp, &w->hdr, VRDMA_WC_SUCCESS, (uint32_t)len);
 	return EXEC_DONE;
 
@@ -1220,6 +1232,7 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	}
 	qp->attr = *attr;
 	qp->rnr_left = attr->rnr_retry;
+	qp->retry_left = attr->retry_cnt;
 	if (attr->state == VRDMA_QPS_RESET) {
 		/* Empty queues: both sides start counting from zero again. */
 		struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);

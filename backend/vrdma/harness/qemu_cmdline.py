@@ -24,6 +24,7 @@ LINK_NET = "169.254.100"  # the guests' private link: vm0 is .1, vm1 is .2, ...
 LINK_PREFIX = 24
 DOORBELL_SIZE = DEFAULT_LIMITS.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
 CONFIG_SIZE = abi.sizeof("vrdma_config")
+NUM_QUEUES = abi.const("VRDMA_NUM_QUEUES")
 
 
 @dataclass(frozen=True)
@@ -158,4 +159,5 @@ def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel:
         "vrdma_doorbell": str(directory.parent / "backend" / f"{ident.name}.doorbell"),
         "vrdma_doorbell_size": str(DOORBELL_SIZE),
         "vrdma_config_size": str(CONFIG_SIZE),
+        "vrdma_num_queues": str(NUM_QUEUES),
     }
