@@ -403,12 +403,19 @@ static uint8_t wc_opcode(uint8_t wr_opcode)
 	}
 }
 
+/*
+ * Retire the send WQE at the head of the queue, then complete it. The consumer index is published first: a
+ * provider that sees the completion must also see the slot free (it refuses posts into a full ring).
+ */
 static void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
 			  const struct vrdma_send_wqe *w, uint8_t status, uint32_t byte_len)
 {
+	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 	struct vrdma_cqe cqe = { .wr_id = w->wr_id, .status = status, .opcode = wc_opcode(w->opcode),
 				 .byte_len = byte_len, .qp_num = qp->cfg.qpn };
 
+	qp->sq_head++;
+	store_release(&hdr->sq_cons, qp->sq_head);
 	if (status != VRDMA_WC_SUCCESS || qp->cfg.sq_sig_all || (w->send_flags & VRDMA_SEND_SIGNALED))
 		cq_push(e, d, d->cqs[qp->cfg.send_cq], &cqe, false);
 }
@@ -751,7 +758,6 @@ local_error:
 static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
 	static struct send_wqe w;
-	struct vrdma_qp_ring_hdr *hdr;
 	uint32_t prod, n = 0;
 	uint32_t state = qp->attr.state;
 
@@ -766,7 +772,6 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 			return 0;
 		qp->rnr_until = 0;
 	}
-	hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 	prod = load_acquire(qp->sq_db);
 	if (prod - qp->sq_head > qp->cfg.sq_depth) {
 		/* More WQEs than the ring holds: the producer index is garbage. */
@@ -778,17 +783,12 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 				  qp->cfg.sq_stride), qp->cfg.sq_stride);
 		n++;
 		if (qp->attr.state == VRDMA_QPS_ERR) {
-			struct vrdma_cqe cqe = { .wr_id = w.hdr.wr_id, .status = VRDMA_WC_WR_FLUSH_ERR,
-						 .opcode = wc_opcode(w.hdr.opcode), .qp_num = qp->cfg.qpn };
-
-			cq_push(e, d, d->cqs[qp->cfg.send_cq], &cqe, false);
+			complete_send(e, d, qp, &w.hdr, VRDMA_WC_WR_FLUSH_ERR, 0);
 			d->counters.flushed++;
 		} else if (execute_send(e, d, qp, &w) == EXEC_WAIT) {
 			break;
 		}
-		qp->sq_head++;
 	}
-	store_release(&hdr->sq_cons, qp->sq_head);
 	if (qp->attr.state == VRDMA_QPS_ERR && n < budget)
 		n += flush_recv(e, d, qp, budget - n);
 	return n;
