@@ -1,4 +1,5 @@
-"""RDMA helpers run inside guests: software RoCE links, GID lookup, and ibv_rc_pingpong between two guests."""
+"""RDMA helpers run inside guests: software RoCE links, GID lookup, and client/server verbs programs
+(ibv_rc_pingpong, ibv_srq_pingpong, perftest) between two guests or two processes of one guest."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import re
 import time
 from dataclasses import dataclass
 
+from vrdma.harness.agent import ExecResult
 from vrdma.harness.errors import AgentError, CommandTimeout
 from vrdma.harness.vm import Vm
 
-PINGPONG_PORT = 18515  # ibv_rc_pingpong's default TCP port for exchanging QP addresses
+PINGPONG_PORT = 18515  # the default TCP port of ibv_*_pingpong and perftest for exchanging QP addresses
 
 
 def add_rxe(vm: Vm, device: str = "rxe0", netdev: str = "eth0") -> None:
@@ -42,13 +44,18 @@ def ipv4_gid_index(vm: Vm, device: str, port: int = 1) -> int:
     raise AgentError(f"{device} in {vm.name} has no RoCE v2 IPv4 GID; GID table:\n{listed}")
 
 
-def wait_listening(vm: Vm, port: int, timeout: float = 60.0) -> None:
-    """Wait until a TCP port is listening in the guest (a server started in the background is ready)."""
+def wait_listening(vm: Vm, port: int, timeout: float = 60.0, server_pid: int | None = None) -> None:
+    """Wait until a TCP port is listening in the guest (a server started in the background is ready); with
+    ``server_pid``, fail at once, with its output, if that server exits instead."""
     deadline = time.monotonic() + timeout
     pattern = re.compile(rf":{port}\s")
     while time.monotonic() < deadline:
         if pattern.search(vm.run(["ss", "-ltnH"], timeout=30).stdout):
             return
+        exited = vm.agent.poll(server_pid) if server_pid is not None else None
+        if exited is not None:
+            raise AgentError(f"the server in {vm.name} exited ({exited.exit_status}) before listening on port "
+                             f"{port}:\n{exited.stdout}{exited.stderr}")
     raise AgentError(f"nothing listens on TCP port {port} in {vm.name} after {timeout:g} s")
 
 
@@ -67,24 +74,31 @@ _BYTES = re.compile(r"(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec")
 _ITERS = re.compile(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter")
 
 
-def rc_pingpong(server: Vm, client: Vm, device: str, gid_index: int, *, size: int = 4096,
-                iterations: int = 1000, extra: tuple[str, ...] = (), timeout: float = 300.0) -> PingPongResult:
-    """Run ibv_rc_pingpong between two guests; raise with both outputs when either side fails."""
-    args = ["-d", device, "-g", str(gid_index), "-s", str(size), "-n", str(iterations), *extra]
-    server_argv = ["ibv_rc_pingpong", *args]
-    server_pid = server.agent.spawn(server_argv)
+def client_server(server: Vm, client: Vm, argv: list[str], *, port: int = PINGPONG_PORT,
+                  timeout: float = 300.0) -> tuple[ExecResult, ExecResult]:
+    """Run a verbs program as server in one guest and as client (``argv`` + the server's address) in another,
+    or in the same guest; return (server, client) results, raise with both outputs when either side fails."""
+    server_pid = server.agent.spawn(argv)
     try:
-        wait_listening(server, PINGPONG_PORT, timeout=min(timeout, 60.0))
-        client_result = client.run(["ibv_rc_pingpong", *args, server.address], timeout=timeout)
-        server_result = server.agent.wait(server_pid, server_argv, timeout)
+        wait_listening(server, port, timeout=min(timeout, 60.0), server_pid=server_pid)
+        client_result = client.run([*argv, server.address], timeout=timeout)
+        server_result = server.agent.wait(server_pid, argv, timeout)
     except (AgentError, CommandTimeout):
         server.agent.kill(server_pid)
         raise
     if client_result.exit_status != 0 or server_result.exit_status != 0:
-        raise AgentError(f"ibv_rc_pingpong failed: server {server.name} exit {server_result.exit_status}, "
+        raise AgentError(f"{' '.join(argv)} failed: server {server.name} exit {server_result.exit_status}, "
                          f"client {client.name} exit {client_result.exit_status}\n"
                          f"server output:\n{server_result.stdout}{server_result.stderr}\n"
                          f"client output:\n{client_result.stdout}{client_result.stderr}")
+    return server_result, client_result
+
+
+def rc_pingpong(server: Vm, client: Vm, device: str, gid_index: int, *, size: int = 4096,
+                iterations: int = 1000, extra: tuple[str, ...] = (), timeout: float = 300.0) -> PingPongResult:
+    """Run ibv_rc_pingpong between two guests (or two processes of one) and parse what the client measured."""
+    args = ["-d", device, "-g", str(gid_index), "-s", str(size), "-n", str(iterations), *extra]
+    server_result, client_result = client_server(server, client, ["ibv_rc_pingpong", *args], timeout=timeout)
     rate, per_iter = _BYTES.search(client_result.stdout), _ITERS.search(client_result.stdout)
     if rate is None or per_iter is None:
         raise AgentError(f"unexpected ibv_rc_pingpong output from {client.name}:\n{client_result.stdout}")
