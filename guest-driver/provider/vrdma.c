@@ -553,6 +553,32 @@ err_free:
 	return NULL;
 }
 
+/* The extended entry point, for what the legacy one can express: a PD and no creation flags. The new posting
+ * API (send_ops_flags, ibv_wr_*) and other QP types are not offered. */
+static struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr_ex)
+{
+	struct ibv_qp_init_attr attr = {};
+	struct ibv_qp *qp;
+
+	if (!(attr_ex->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+	    (attr_ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	    ((attr_ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr_ex->create_flags)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	attr.qp_context = attr_ex->qp_context;
+	attr.send_cq = attr_ex->send_cq;
+	attr.recv_cq = attr_ex->recv_cq;
+	attr.srq = attr_ex->srq;
+	attr.cap = attr_ex->cap;
+	attr.qp_type = attr_ex->qp_type;
+	attr.sq_sig_all = attr_ex->sq_sig_all;
+	qp = vrdma_create_qp(attr_ex->pd, &attr);
+	if (qp)
+		attr_ex->cap = attr.cap;
+	return qp;
+}
+
 static int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
@@ -839,6 +865,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
+	.create_qp_ex = vrdma_create_qp_ex,
 	.create_srq = vrdma_create_srq,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,

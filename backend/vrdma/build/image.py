@@ -46,6 +46,8 @@ MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
 # Paths dropped from the unpacked packages: documentation and data nothing in the guest reads.
 EXCLUDES = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
             "usr/share/bash-completion", "lib/udev/hwdb.d", "usr/lib/udev/hwdb.d"]
+# ... except what the guest does read there: rdma-core's own test suite (shipped by python3-pyverbs).
+KEEP = ["usr/share/doc/rdma-core/tests"]
 GUEST_FILES = Path(__file__).with_name("guest")
 
 
@@ -65,7 +67,7 @@ def build() -> dict[str, Any]:
     recipe["image.py"] = file_digest(Path(__file__))
     cached = CachedProduct("image", {"packages": versions, "kernel": kernel["version"],
                                      "release": kernel["release"], "modules": MODULES,
-                                     "excludes": EXCLUDES, "recipe": content_key(recipe),
+                                     "excludes": EXCLUDES, "keep": KEEP, "recipe": content_key(recipe),
                                      "driver": driver["key"], "provider": provider["key"]})
     if cached.complete:
         log.info("guest image is cached in %s", cached.path)
@@ -89,6 +91,7 @@ def _build_into(out: Path, archive: apt.PrivateArchive, kernel: dict[str, Any], 
     root.mkdir()
     with step("assembling the root filesystem"):
         run(["tar", "-C", root, "-xf", tarball, *(f"--exclude=./{x}" for x in EXCLUDES)])
+        run(["tar", "-C", root, "-xf", tarball, *(f"./{k}" for k in KEEP)])
         tarball.unlink()
         _add_base_files(root)
         _add_modules(root, Path(kernel["modules_dir"]), kernel["release"], Path(driver["module_path"]))

@@ -1,0 +1,80 @@
+"""rdma-core's own test suite (shipped by python3-pyverbs) against vrdma0: the conformance yardstick.
+
+The image keeps /usr/share/doc/rdma-core/tests; the test runs an unpacked copy (Debian gzips part of it) with
+run_tests.py --dev vrdma0 and reports pass/skip/fail per module. Every module named in the issue must have no
+failure, and every skip must be one of the device's documented limits (docs/guest-driver.md), so a new,
+unexplained skip fails the test as surely as a failure does.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from vrdma.harness import verbs
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.vm import Products, Vm
+
+pytestmark = pytest.mark.vm
+log = logging.getLogger(__name__)
+
+MODULES = ["test_device", "test_pd", "test_mr", "test_cq", "test_cq_events", "test_qp", "test_srq", "test_atomic"]
+# Skip reasons that are real limits of the device (or of this machine), each documented in docs/guest-driver.md.
+KNOWN_LIMITS = [
+    r"Device memory is not supported",                        # no on-device memory (ibv_alloc_dm)
+    r"Device /dev/dri/renderD128 is not present",             # dma-buf MRs need a GPU
+    r"Reg MR with MW access is not supported",                # no memory windows
+    r"Create memory window of type \d is not supported",
+    r"Rereg MR is not supported",                             # no ibv_rereg_mr
+    r"Create (UD|UC|Raw Packet) QP .*is not supported",       # RC queue pairs only
+    r"Create QP type 4 is not supported",                     # (4: UD)
+    r"Create XRCD is not supported",                          # no XRC
+    r"SRQ resize is not supported",                           # SRQ rings live in user memory
+    r"To Create RAW QP must be done by root on Ethernet link layer",
+]
+SUMMARY = re.compile(r"^Ran (\d+) tests? in [\d.]+s\n\n(OK|FAILED)(?: \((.*)\))?$", flags=re.M)
+SKIPPED = re.compile(r"skipped '(.*?)'$", flags=re.M)
+
+
+@pytest.fixture(scope="module")
+def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(1, tmp_path_factory.mktemp("suite"), products=products) as cluster:
+        yield cluster
+
+
+def run_module(vm: Vm, module: str, gid: int) -> tuple[dict[str, int], list[str], str]:
+    """One module through run_tests.py: its pass/skip/fail counts (unittest's own summary) and skip reasons."""
+    result = vm.sh(f"cd /tmp/rdma-core-tests && python3 run_tests.py --dev vrdma0 --gid {gid} -v {module}",
+                   timeout=900)
+    output = result.stdout + result.stderr
+    summary = SUMMARY.search(output)
+    assert summary, f"{module}: no unittest summary (exit {result.exit_status}):\n{output[-4000:]}"
+    details = dict(item.split("=") for item in (summary.group(3) or "").split(", ") if "=" in item)
+    ran, skipped = int(summary.group(1)), int(details.get("skipped", 0))
+    failed = int(details.get("failures", 0)) + int(details.get("errors", 0))
+    counts = {"pass": ran - skipped - failed, "skip": skipped, "fail": failed}
+    return counts, SKIPPED.findall(output), output
+
+
+def test_rdma_core_suite(guest: Cluster) -> None:
+    vm = guest[0]
+    gid = verbs.ipv4_gid_index(vm, "vrdma0")
+    vm.sh("rm -rf /tmp/rdma-core-tests && cp -r /usr/share/doc/rdma-core/tests /tmp/rdma-core-tests && "
+          "gunzip -f /tmp/rdma-core-tests/*.gz").check("unpacking rdma-core's tests")
+    failures, unexplained, totals = {}, [], collections.Counter[str]()
+    for module in MODULES:
+        counts, reasons, output = run_module(vm, module, gid)
+        log.info("rdma-core %-15s pass %3d  skip %3d  fail %3d", module, counts["pass"], counts["skip"],
+                 counts["fail"])
+        totals.update(counts)
+        if counts["fail"]:
+            failures[module] = output[-6000:]
+        unexplained += [f"{module}: {r}" for r in reasons
+                        if not any(re.search(pattern, r) for pattern in KNOWN_LIMITS)]
+    assert not failures, "\n\n".join(f"{m}:\n{out}" for m, out in failures.items())
+    assert not unexplained, "skips that are no documented limit of the device:\n" + "\n".join(unexplained)
+    assert totals["pass"] >= 30, totals  # the verbs themselves ran, not only skips
