@@ -3,9 +3,11 @@ processes of one guest (posting and polling in user space, the backend's engine 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,31 @@ def test_perftest(guests: Cluster, gid: int, tool: str, mode: str) -> None:
         smallest = 8 if tool == "ib_atomic_bw" else 2
         assert sizes[0] == smallest and len(sizes) > 1, sizes  # every size up to the largest ran
     log.info("%s %s: %d result rows, sizes %d..%d", tool, mode, len(rows), sizes[0], sizes[-1])
+
+
+ISOLATION = (Path(__file__).parent / "guest" / "isolation.py").read_text()
+REM_ACCESS_ERR = 10  # IBV_WC_REM_ACCESS_ERR
+
+
+def test_a_guest_cannot_touch_memory_it_was_not_granted(guests: Cluster) -> None:
+    victim, attacker = guests[0], guests[1]
+    argv = ["python3", "-c", ISOLATION, "victim", "18600"]
+    victim_pid = victim.agent.spawn(argv)
+    try:
+        verbs.wait_listening(victim, 18600, server_pid=victim_pid)
+        attack = attacker.run(["python3", "-c", ISOLATION, "attacker", victim.address, "18600"], timeout=300)
+        defended = victim.agent.wait(victim_pid, argv, 300)
+    except BaseException:
+        victim.agent.kill(victim_pid)
+        raise
+    assert attack.exit_status == 0 and defended.exit_status == 0, (attack, defended)
+    statuses = json.loads(attack.stdout)
+    report = json.loads(defended.stdout)
+    # Every attack completed with a remote access error ...
+    assert {k: v for k, v in statuses.items() if k != "legitimate / write"} == {
+        f"{kind} / {op}": REM_ACCESS_ERR for kind in ("wrong rkey", "rkey of another PD", "past the end",
+                                                    "no remote access") for op in ("write", "read")}, statuses
+    # ... not one byte of the victim's memory changed ...
+    assert report["before"] == report["after"]
+    # ... and the backend still serves both: a legitimate write afterwards lands.
+    assert statuses["legitimate / write"] == 0 and report["scratch"] == "written by the attacker, legally"

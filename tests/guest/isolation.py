@@ -1,0 +1,152 @@
+"""Run inside two guests: one guest attacks the other's memory through RDMA WRITE and READ. Modes:
+
+  victim PORT          register memory, serve one QP per attack, report checksums of the memory under attack
+  attacker HOST PORT   for each attack, connect a fresh QP and try it; report the completion status
+
+Attacks (each with RDMA WRITE and with RDMA READ): a wrong rkey, a valid rkey of another PD, a range past the
+end of the MR, an MR registered without remote access. After them, one legitimate write into a scratch MR shows
+both guests are still served. Each side prints one JSON object.
+"""
+
+import hashlib
+import json
+import socket
+import sys
+
+import pyverbs.enums as e
+from pyverbs.addr import GID, AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.device import Context
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, SendWR
+
+SIZE = 64 * 1024
+REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+ATTACKS = [(kind, op) for kind in ("wrong rkey", "rkey of another PD", "past the end", "no remote access")
+           for op in ("write", "read")]
+
+
+def gid_index(ctx):
+    for index in range(16):
+        try:
+            gid = ctx.query_gid(1, index)
+        except Exception:
+            continue
+        if str(gid).startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in open(
+                f"/sys/class/infiniband/vrdma0/ports/1/gid_attrs/types/{index}").read():
+            return index
+    sys.exit("no RoCE v2 IPv4 GID on vrdma0")
+
+
+def new_qp(pd, cq):
+    """An RC QP in INIT that lets its peer write and read (the MRs decide what may really be touched)."""
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(max_send_wr=4, max_recv_wr=4)))
+    attr = QPAttr(qp_state=e.IBV_QPS_INIT)
+    attr.pkey_index, attr.port_num, attr.qp_access_flags = 0, 1, e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+    qp.to_init(attr)
+    return qp
+
+
+def to_rts(qp, remote_qpn, remote_gid, index):
+    attr = QPAttr(qp_state=e.IBV_QPS_RTR)
+    attr.path_mtu, attr.dest_qp_num, attr.rq_psn, attr.max_dest_rd_atomic, attr.min_rnr_timer = 3, remote_qpn, 0, 1, 12
+    attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=remote_gid, sgid_index=index), is_global=1, port_num=1)
+    qp.to_rtr(attr)
+    attr = QPAttr(qp_state=e.IBV_QPS_RTS)
+    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.sq_psn, attr.max_rd_atomic = 14, 7, 7, 0, 1
+    qp.to_rts(attr)
+
+
+def exchange(conn, message):
+    conn.sendall((json.dumps(message) + "\n").encode())
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            sys.exit("peer closed the connection")
+        line += chunk
+    return json.loads(line)
+
+
+def digest(mr):
+    return hashlib.sha256(mr.read(SIZE, 0)).hexdigest()
+
+
+def victim(port):
+    ctx = Context(name="vrdma0")
+    index = gid_index(ctx)
+    pd, other_pd = PD(ctx), PD(ctx)
+    cq = CQ(ctx, 16)
+    target = MR(pd, SIZE, REMOTE)
+    other = MR(other_pd, SIZE, REMOTE)
+    local_only = MR(pd, SIZE, e.IBV_ACCESS_LOCAL_WRITE)
+    scratch = MR(pd, SIZE, REMOTE)
+    for n, mr in enumerate((target, other, local_only)):
+        mr.write(hashlib.sha256(str(n).encode()).digest() * (SIZE // 32), SIZE)
+    before = {name: digest(mr) for name, mr in (("target", target), ("other", other), ("local_only", local_only))}
+    keys = {"target": [target.buf, target.rkey], "other": [other.buf, other.rkey],
+            "local_only": [local_only.buf, local_only.rkey], "scratch": [scratch.buf, scratch.rkey]}
+    listener = socket.create_server(("", port))
+    conn, _ = listener.accept()
+    gid = str(ctx.query_gid(1, index))
+    qps = []
+    for _ in range(len(ATTACKS) + 1):
+        qp = new_qp(pd, cq)
+        peer = exchange(conn, {"qpn": qp.qp_num, "gid": gid, "keys": keys})
+        to_rts(qp, peer["qpn"], GID(peer["gid"]), index)
+        qps.append(qp)
+        exchange(conn, {"ready": True})    # in RTS: the attacker may post (its answer says it is in RTS too)
+        exchange(conn, {"waiting": True})  # returns once the attacker saw its completion
+    after = {name: digest(mr) for name, mr in (("target", target), ("other", other), ("local_only", local_only))}
+    print(json.dumps({"before": before, "after": after, "scratch": scratch.read(32, 0).decode(errors="replace")}))
+
+
+def attacker(host, port):
+    ctx = Context(name="vrdma0")
+    index = gid_index(ctx)
+    pd = PD(ctx)
+    cq = CQ(ctx, 16)
+    local = MR(pd, SIZE, REMOTE)
+    conn = socket.create_connection((host, port))
+    gid = str(ctx.query_gid(1, index))
+    results = {}
+    for attack in ATTACKS + [("legitimate", "write")]:
+        qp = new_qp(pd, cq)
+        peer = exchange(conn, {"qpn": qp.qp_num, "gid": gid})
+        to_rts(qp, peer["qpn"], GID(peer["gid"]), index)
+        exchange(conn, {"rts": True})  # returns once the victim's QP is in RTS too
+        kind, op = attack
+        addr, rkey = peer["keys"]["target"]
+        length = 64
+        if kind == "wrong rkey":
+            rkey ^= 0x5A5A0000
+        elif kind == "rkey of another PD":
+            addr, rkey = peer["keys"]["other"]
+        elif kind == "past the end":
+            addr += SIZE - 32
+        elif kind == "no remote access":
+            addr, rkey = peer["keys"]["local_only"]
+        elif kind == "legitimate":
+            addr, rkey = peer["keys"]["scratch"]
+            local.write(b"written by the attacker, legally", 32)
+            length = 32
+        wr = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE if op == "write" else e.IBV_WR_RDMA_READ, num_sge=1,
+                    sg=[SGE(local.buf, length, local.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(rkey, addr)
+        qp.post_send(wr)
+        while True:
+            n, wcs = cq.poll(1)
+            if n:
+                break
+        results[f"{kind} / {op}"] = int(wcs[0].status)
+        exchange(conn, {"done": True})
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "victim":
+        victim(int(sys.argv[2]))
+    else:
+        attacker(sys.argv[2], int(sys.argv[3]))
