@@ -74,7 +74,7 @@ image: kernel driver provider
 backend: qemu
 	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build && $(VENV)/bin/python -m vrdma.engine._build
 
-bench: backend
+bench: image qemu backend
 	@$(call timed,bench) $(VRDMA) bench
 
 demo: image qemu backend
