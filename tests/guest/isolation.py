@@ -34,9 +34,9 @@ def gid_index(ctx):
             gid = ctx.query_gid(1, index)
         except Exception:
             continue
-        if str(gid).startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in open(
-                f"/sys/class/infiniband/vrdma0/ports/1/gid_attrs/types/{index}").read():
-            return index
+        with open(f"/sys/class/infiniband/vrdma0/ports/1/gid_attrs/types/{index}") as f:
+            if str(gid).startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in f.read():
+                return index
     sys.exit("no RoCE v2 IPv4 GID on vrdma0")
 
 
@@ -112,7 +112,7 @@ def attacker(host, port):
     conn = socket.create_connection((host, port))
     gid = str(ctx.query_gid(1, index))
     results = {}
-    for attack in ATTACKS + [("legitimate", "write")]:
+    for attack in [*ATTACKS, ("legitimate", "write")]:
         qp = new_qp(pd, cq)
         peer = exchange(conn, {"qpn": qp.qp_num, "gid": gid})
         to_rts(qp, peer["qpn"], GID(peer["gid"]), index)
