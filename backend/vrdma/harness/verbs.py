@@ -105,3 +105,25 @@ def rc_pingpong(server: Vm, client: Vm, device: str, gid_index: int, *, size: in
     return PingPongResult(size=size, iterations=int(per_iter.group(1)), seconds=float(per_iter.group(2)),
                           mbit_per_s=float(rate.group(3)), usec_per_iter=float(per_iter.group(3)),
                           server_output=server_result.stdout, client_output=client_result.stdout)
+
+
+def perftest(server: Vm, client: Vm, tool: str, device: str, gid_index: int, extra: tuple[str, ...] = (),
+             timeout: float = 900.0) -> list[dict[str, float]]:
+    """Run a perftest tool (ib_write_bw, ib_send_lat, ...) between two guests; return its result rows as
+    {column: value}, columns named as perftest prints them (``#bytes``, ``BW average[MiB/sec]``, ...)."""
+    argv = [tool, "-d", device, "-x", str(gid_index), "-F", *extra]
+    _, out = client_server(server, client, argv, timeout=timeout)
+    lines = out.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("#bytes"):
+            # Names: "#bytes", "#iterations", then "<words>[<unit>]" ("BW peak[MiB/sec]", "99% percentile[usec]").
+            columns = re.findall(r"#\w+|[\w%.]+(?: [\w%.]+)?\[[^\]]*\]", line)
+            rows = []
+            for row in lines[i + 1:]:
+                values = row.split()
+                if not values or not values[0].isdigit():
+                    break
+                rows.append({name: float(value) for name, value in zip(columns, values, strict=False)})
+            if rows:
+                return rows
+    raise AgentError(f"no result table in the output of {tool}:\n{out.stdout}")
