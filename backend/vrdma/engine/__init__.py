@@ -15,7 +15,7 @@ try:
     from vrdma.engine._engine import ffi, lib
 except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError("the data engine is not built: run `make backend` "
-                      "(python -m vrdma.engine._build)") from err
+                      "(python backend/vrdma/engine/_build.py)") from err
 
 __all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi"]
 

@@ -1,4 +1,6 @@
-"""cffi (API mode) build of the data engine: `python -m vrdma.engine._build` (run by `make backend`).
+"""cffi (API mode) build of the data engine: `python backend/vrdma/engine/_build.py` (run by `make backend`).
+
+Run as a script, not as `-m vrdma.engine._build`: importing the package would import the module being built.
 
 The cffi declarations are the text of engine.h between ENGINE-API-BEGIN and ENGINE-API-END, so the API is
 declared once; engine.c includes the device ABI header (guest-driver/include/uapi/rdma/vrdma-abi.h, or the copy an
