@@ -312,3 +312,61 @@ def test_bad_memory_registrations_are_refused(backend: BackendProcess, what: str
             v.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", **fields)
         assert err.value.status == abi.const(status)
         assert query_device(fe).hdr.status == 0
+
+
+def test_srq_feeds_several_qps_and_signals_its_limit(backend: BackendProcess) -> None:
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
+        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+        a.verbs.post_event_buffers()
+        a.verbs.wait_events()  # PORT_ACTIVE, sent when the event queue starts
+        srq = a.verbs.create_srq(a.pd, depth=16, limit=3)
+        receivers = [a.verbs.create_qp(a.pd, a.cq, a.cq, srq=srq) for _ in range(2)]
+        senders = [b.verbs.create_qp(b.pd, b.cq, b.cq) for _ in range(2)]
+        for rq, sq in zip(receivers, senders, strict=True):
+            a.verbs.connect(rq, sq.qpn, GID["vm1"])
+            b.verbs.connect(sq, rq.qpn, GID["vm0"])
+        for i in range(5):
+            a.verbs.post_srq_recv(srq, [(a.mr.addr + 1024 * i, 1024, a.mr.lkey)], wr_id=100 + i)
+        write(b, 0, b"through the SRQ")
+        for sq in senders:  # two sends, through two QPs, into the one SRQ: 3 receives left, not below the limit
+            b.verbs.post_send(sq, WR["SEND"], [(b.mr.addr, 15, b.mr.lkey)])
+        received = wait_cqes(a, 2)
+        assert sorted(c.wr_id for c in received) == [100, 101]
+        assert {c.qp_num for c in received} == {q.qpn for q in receivers}
+        assert read(a, 0, 15) == read(a, 1024, 15) == b"through the SRQ"
+        b.verbs.post_send(senders[0], WR["SEND"], [(b.mr.addr, 15, b.mr.lkey)])  # 2 left: below 3
+        wait_cqes(a, 1)
+        (event,) = a.verbs.wait_events()
+        assert (event.type, event.handle) == (abi.const("VRDMA_EVENT_SRQ_LIMIT"), srq.handle)
+        limit = a.verbs.call("VRDMA_CMD_QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq", handle=srq.handle)
+        assert (limit.max_wr, limit.srq_limit) == (16, 0)  # the limit disarmed itself
+
+
+def test_sixteen_sges_each_way(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    qa = a.verbs.create_qp(a.pd, a.cq, a.cq, max_sge=16)
+    qb = b.verbs.create_qp(b.pd, b.cq, b.cq, max_sge=16)
+    a.verbs.connect(qa, qb.qpn, GID["vm1"])
+    b.verbs.connect(qb, qa.qpn, GID["vm0"])
+    a.verbs.post_recv(qa, [(a.mr.addr + 4096 * i, 100, a.mr.lkey) for i in range(16)], wr_id=1)
+    pieces = [bytes([i]) * 100 for i in range(16)]
+    for i, piece in enumerate(pieces):
+        write(b, 2048 * i, piece)
+    b.verbs.post_send(qb, WR["SEND"], [(b.mr.addr + 2048 * i, 100, b.mr.lkey) for i in range(16)])
+    assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]
+    assert wait_cqes(a, 1)[0].byte_len == 1600
+    assert [read(a, 4096 * i, 100) for i in range(16)] == pieces
+
+
+def test_armed_cq_raises_one_completion_event(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    a.verbs.post_event_buffers()
+    a.verbs.wait_events()  # PORT_ACTIVE
+    a.verbs.arm_cq(a.cq)
+    a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)], wr_id=1)
+    a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)], wr_id=2)
+    for _ in range(2):
+        b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 8, b.mr.lkey)])
+    wait_cqes(a, 2)
+    (event,) = a.verbs.wait_events()  # one event for two completions: the arm is used up by the first
+    assert (event.type, event.handle) == (abi.const("VRDMA_EVENT_CQ_COMP"), a.cq.handle)

@@ -112,6 +112,10 @@ class Virtqueue:
         self.publish(ids[0])
         return ids[0], in_gpas
 
+    def buffer_address(self, desc_id: int) -> int:
+        """Guest address of the buffer a descriptor points at."""
+        return int(DESC.unpack(self.memory.read(self.desc + 16 * desc_id, 16))[0])
+
     def write_desc(self, desc_id: int, addr: int, length: int, flags: int, next_id: int) -> None:
         self.memory.write(self.desc + 16 * desc_id, DESC.pack(addr, length, flags, next_id))
 

@@ -69,6 +69,16 @@ class SimCq:
 
 
 @dataclass
+class SimSrq:
+    handle: int
+    db_slot: int
+    buf: Buffer
+    depth: int
+    stride: int
+    prod: int = 0
+
+
+@dataclass
 class SimQp:
     handle: int
     qpn: int
@@ -168,18 +178,35 @@ class SimVerbs:
                          ucontext=self.ucontext, entries=entries, ring=self.page_list(buf))
         return SimCq(int(resp.handle), entries, int(resp.db_slot), buf)
 
+    def create_srq(self, pd: int, depth: int = 16, max_sge: int = 4, limit: int = 0) -> SimSrq:
+        stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32)
+        buf = self.alloc(PAGE + depth * stride)
+        resp = self.call("VRDMA_CMD_CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
+                         ucontext=self.ucontext, pd=pd, depth=depth, stride=stride, max_sge=max_sge,
+                         srq_limit=limit, ring=self.page_list(buf))
+        return SimSrq(int(resp.handle), int(resp.db_slot), buf, depth, stride)
+
+    def post_srq_recv(self, srq: SimSrq, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
+        wqe = abi.new("vrdma_recv_wqe", wr_id=wr_id, num_sge=len(sges))
+        body = b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
+        self.memory.write(srq.buf.gpa + PAGE + (srq.prod % srq.depth) * srq.stride, abi.to_bytes(wqe) + body)
+        srq.prod += 1
+        self.ring(srq.db_slot, srq.prod)
+
     def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
-                  max_inline: int = 64, sq_sig_all: int = 0) -> SimQp:
+                  max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None) -> SimQp:
         sq_stride = _pow2_at_least(SEND_WQE + max(max_sge * SGE, max_inline), 64)
-        rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32)
+        rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32) if srq is None else 0
+        rq_depth = depth if srq is None else 0
         sq_offset = PAGE
-        rq_offset = sq_offset + (depth * sq_stride + PAGE - 1) // PAGE * PAGE
-        buf = self.alloc(rq_offset + depth * rq_stride)
+        rq_offset = sq_offset + (depth * sq_stride + PAGE - 1) // PAGE * PAGE if srq is None else 0
+        buf = self.alloc(max(sq_offset + depth * sq_stride, rq_offset + rq_depth * rq_stride))
         resp = self.call("VRDMA_CMD_CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
                          ucontext=self.ucontext, pd=pd, send_cq=send_cq.handle, recv_cq=recv_cq.handle,
-                         qp_type=abi.const("VRDMA_QPT_RC"), sq_sig_all=sq_sig_all, sq_depth=depth, rq_depth=depth,
-                         sq_stride=sq_stride, rq_stride=rq_stride, sq_offset=sq_offset, rq_offset=rq_offset,
-                         max_send_sge=max_sge, max_recv_sge=max_sge, max_inline_data=max_inline,
+                         srq=srq.handle if srq else 0, qp_type=abi.const("VRDMA_QPT_RC"), sq_sig_all=sq_sig_all,
+                         sq_depth=depth, rq_depth=rq_depth, sq_stride=sq_stride, rq_stride=rq_stride,
+                         sq_offset=sq_offset, rq_offset=rq_offset, max_send_sge=max_sge,
+                         max_recv_sge=max_sge if srq is None else 0, max_inline_data=max_inline,
                          ring=self.page_list(buf))
         return SimQp(int(resp.handle), int(resp.qpn), int(resp.sq_db_slot), int(resp.rq_db_slot), buf, depth,
                      depth, sq_stride, rq_stride, sq_offset, rq_offset)
@@ -250,6 +277,20 @@ class SimVerbs:
     def cq_overflowed(self, cq: SimCq) -> bool:
         hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
         return bool(hdr.overflow)
+
+    def post_event_buffers(self, count: int = 8) -> None:
+        """Give the device event buffers, as the driver does."""
+        vq = self.fe.queues[abi.const("VRDMA_QUEUE_EVENT")]
+        for _ in range(count):
+            vq.add([], [abi.sizeof("vrdma_event")])
+        vq.notify()
+
+    def wait_events(self, timeout: float = 10.0) -> list[Any]:
+        """The events the device wrote into posted event buffers, as the buffers come back used."""
+        vq = self.fe.queues[abi.const("VRDMA_QUEUE_EVENT")]
+        size = abi.sizeof("vrdma_event")
+        return [abi.from_bytes("vrdma_event", self.memory.read(vq.buffer_address(desc), size))
+                for desc, length in vq.wait_used(timeout) if length == size]
 
     def arm_cq(self, cq: SimCq, solicited: bool = False) -> None:
         cq.arm_seq += 1
