@@ -17,7 +17,7 @@ import pytest
 from backend_process import BackendProcess, query_device
 
 from vrdma.device import abi
-from vrdma.testing.frontend import Frontend
+from vrdma.testing.frontend import Frontend, FrontendError
 from vrdma.testing.verbs import CommandError, SimCq, SimMr, SimQp, SimVerbs
 
 pytestmark = pytest.mark.backend
@@ -370,3 +370,35 @@ def test_armed_cq_raises_one_completion_event(pair: tuple[Side, Side]) -> None:
     wait_cqes(a, 2)
     (event,) = a.verbs.wait_events()  # one event for two completions: the arm is used up by the first
     assert (event.type, event.handle) == (abi.const("VRDMA_EVENT_CQ_COMP"), a.cq.handle)
+
+
+def test_cq_moderation_by_count_and_by_period(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    a.verbs.post_event_buffers()
+    a.verbs.wait_events()  # PORT_ACTIVE
+    comp = (abi.const("VRDMA_EVENT_CQ_COMP"), a.cq.handle)
+
+    def moderate(count: int, period_us: int) -> None:
+        a.verbs.call("VRDMA_CMD_MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", handle=a.cq.handle,
+                     cq_count=count, cq_period=period_us)
+
+    def exchange(n: int) -> None:
+        for _ in range(n):
+            a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)])
+            b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 8, b.mr.lkey)])
+        wait_cqes(b, n)
+        wait_cqes(a, n)
+
+    moderate(3, 0)
+    a.verbs.arm_cq(a.cq)
+    exchange(2)  # two of three: held back
+    with pytest.raises(FrontendError):
+        a.verbs.wait_events(timeout=0.3)
+    exchange(1)
+    assert [(e.type, e.handle) for e in a.verbs.wait_events()] == [comp]
+    moderate(100, 50_000)  # or 50 ms after the first
+    a.verbs.arm_cq(a.cq)
+    start = time.monotonic()
+    exchange(1)
+    assert [(e.type, e.handle) for e in a.verbs.wait_events()] == [comp]
+    assert time.monotonic() - start >= 0.05

@@ -131,6 +131,7 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access);
 int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, struct ib_udata *udata);
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int vrdma_modify_cq(struct ib_cq *ibcq, u16 cq_count, u16 cq_period);
 int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct ib_udata *udata);

@@ -32,6 +32,7 @@ struct vrdma_abi_types {
 	struct vrdma_resp_reg_mr resp_reg_mr;
 	struct vrdma_cmd_create_cq cmd_create_cq;
 	struct vrdma_resp_create_cq resp_create_cq;
+	struct vrdma_cmd_modify_cq cmd_modify_cq;
 	struct vrdma_cmd_create_qp cmd_create_qp;
 	struct vrdma_resp_create_qp resp_create_qp;
 	struct vrdma_qp_attr qp_attr;

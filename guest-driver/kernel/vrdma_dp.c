@@ -265,6 +265,17 @@ int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	return 0;
 }
 
+int vrdma_modify_cq(struct ib_cq *ibcq, u16 cq_count, u16 cq_period)
+{
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+	struct vrdma_cmd_modify_cq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_MODIFY_CQ),
+					   .handle = cpu_to_le32(cq->handle), .cq_count = cpu_to_le16(cq_count),
+					   .cq_period = cpu_to_le16(cq_period) };
+	struct vrdma_resp_hdr resp;
+
+	return vrdma_cmd_exec(to_vdev(ibcq->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+}
+
 int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 {
 	return -EOPNOTSUPP;  /* user CQs are polled in user space; there are no kernel CQs */

@@ -276,6 +276,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.get_port_immutable = vrdma_get_port_immutable,
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
+	.modify_cq = vrdma_modify_cq,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,

@@ -371,6 +371,15 @@ static int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
+static int vrdma_modify_cq(struct ibv_cq *ibcq, struct ibv_modify_cq_attr *attr)
+{
+	struct ibv_modify_cq cmd = {};
+
+	if (attr->attr_mask & ~IBV_CQ_ATTR_MODERATE)
+		return EOPNOTSUPP;
+	return ibv_cmd_modify_cq(ibcq, attr, &cmd, sizeof(cmd));
+}
+
 static int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
@@ -874,6 +883,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
 	.free_context = vrdma_free_context,
+	.modify_cq = vrdma_modify_cq,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,

@@ -130,6 +130,10 @@ def _create_cq(device: RdmaDevice, request: Any, response: Any) -> None:
     response.handle, response.db_slot = device.datapath.create_cq(request)
 
 
+def _modify_cq(device: RdmaDevice, request: Any, response: Any) -> None:
+    device.datapath.modify_cq(int(request.handle), int(request.cq_count), int(request.cq_period))
+
+
 def _destroy_cq(device: RdmaDevice, request: Any, response: Any) -> None:
     _reserved_zero(request, "DESTROY_CQ")
     device.datapath.destroy_cq(int(request.handle))
@@ -198,6 +202,7 @@ COMMANDS: dict[int, Command] = {
     abi.const("VRDMA_CMD_CREATE_CQ"): Command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
                                               _create_cq),
     abi.const("VRDMA_CMD_DESTROY_CQ"): Command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_cq),
+    abi.const("VRDMA_CMD_MODIFY_CQ"): Command("MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", _modify_cq),
     abi.const("VRDMA_CMD_CREATE_QP"): Command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
                                               _create_qp),
     abi.const("VRDMA_CMD_MODIFY_QP"): Command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),

@@ -317,6 +317,13 @@ class DataPath:
         ctx.queues += 1
         return handle, db_slot
 
+    def modify_cq(self, handle: int, count: int, period_us: int) -> None:
+        """CQ moderation: one completion event per ``count`` completions or ``period_us`` after the first."""
+        cq = self.cqs.get(handle)
+        if cq is None:
+            raise CommandFailed(STATUS_INVALID, f"no CQ {handle:#x}")
+        self._engine("moderate_cq", self.device.engine_index, cq.slot, count, period_us)
+
     def destroy_cq(self, handle: int) -> None:
         cq = self.cqs.get(handle)
         if cq is None:

@@ -85,6 +85,9 @@ class Engine:
     def qp_state(self, dev: int, slot: int) -> int:
         return self._check(lib.vre_qp_state(self._e, dev, slot))
 
+    def moderate_cq(self, dev: int, slot: int, count: int, period_us: int) -> None:
+        self._check(lib.vre_cq_moderate(self._e, dev, slot, count, period_us))
+
     def set_srq_limit(self, dev: int, slot: int, limit: int) -> None:
         self._check(lib.vre_srq_set_limit(self._e, dev, slot, limit))
 

@@ -48,6 +48,10 @@ struct vre_cq {
 	uint32_t arm_done;        /* the arm request the last event answered */
 	uint32_t prod;
 	bool error;
+	uint32_t mod_count;       /* moderation: completions per event (0, 1: every armed completion) */
+	uint32_t mod_period_us;   /* ... or this long after the first (0: no timer) */
+	uint32_t mod_pending;     /* armed completions not announced yet */
+	int64_t mod_deadline;     /* when the pending ones are announced anyway; 0: none */
 };
 
 struct vre_srq {
@@ -85,6 +89,7 @@ struct vre_device {
 	struct vre_qp **qps;
 	struct vre_qp **active;   /* the QPs, densely, for polling */
 	uint32_t nactive;
+	uint32_t nmoderated;      /* CQs with moderation set: only then are CQ timers scanned */
 	struct vre_counters counters;
 };
 
@@ -337,6 +342,14 @@ static struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn
 
 /* -- completions and state ------------------------------------------------------------------------------- */
 
+static void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm)
+{
+	cq->arm_done = arm;
+	cq->mod_pending = 0;
+	cq->mod_deadline = 0;
+	post_event(e, dev_index(e, d), VRDMA_EVENT_CQ_COMP, cq->cfg.handle, 0);
+}
+
 static void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
 		    bool solicited)
 {
@@ -363,12 +376,36 @@ static void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *c
 	if (cqe->status != VRDMA_WC_SUCCESS)
 		d->counters.error_cqes++;
 	arm = load_acquire(cq->arm);
-	if (arm != cq->arm_done &&
-	    ((arm & VRDMA_CQ_ARM_NEXT) || ((arm & VRDMA_CQ_ARM_SOLICITED) &&
-					   (solicited || cqe->status != VRDMA_WC_SUCCESS)))) {
-		cq->arm_done = arm;
-		post_event(e, dev_index(e, d), VRDMA_EVENT_CQ_COMP, cq->cfg.handle, 0);
+	if (arm == cq->arm_done || !((arm & VRDMA_CQ_ARM_NEXT) ||
+				     ((arm & VRDMA_CQ_ARM_SOLICITED) && (solicited || cqe->status != VRDMA_WC_SUCCESS))))
+		return;
+	if (cq->mod_count <= 1 && !cq->mod_period_us) {
+		cq_announce(e, d, cq, arm);
+		return;
 	}
+	/* Moderated: announce after mod_count completions, or mod_period_us after the first (vre_poll's timer). */
+	if (++cq->mod_pending == 1 && cq->mod_period_us)
+		cq->mod_deadline = e->now + (int64_t)cq->mod_period_us * 1000;
+	if (cq->mod_count > 1 && cq->mod_pending >= cq->mod_count)
+		cq_announce(e, d, cq, arm);
+}
+
+/* Moderated CQs whose period ran out announce what they hold; returns the earliest deadline still pending. */
+static int64_t cq_timers(struct vre_engine *e, struct vre_device *d, bool fire)
+{
+	int64_t next = -1;
+
+	for (uint32_t i = 0; i < d->lim.max_cq; i++) {
+		struct vre_cq *cq = d->cqs[i];
+
+		if (!cq || !cq->mod_deadline)
+			continue;
+		if (fire && e->now >= cq->mod_deadline)
+			cq_announce(e, d, cq, load_acquire(cq->arm));
+		else if (next < 0 || cq->mod_deadline < next)
+			next = cq->mod_deadline;
+	}
+	return next;
 }
 
 static void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event)
@@ -806,6 +843,8 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 			continue;
 		for (uint32_t j = 0; j < d->nactive; j++)
 			work += qp_poll(e, d, d->active[j], budget);
+		if (d->nmoderated)
+			cq_timers(e, d, true);
 	}
 	return work;
 }
@@ -821,6 +860,12 @@ int64_t vre_next_deadline(struct vre_engine *e)
 			int64_t t = d->active[j]->rnr_until;
 
 			if (t && (next < 0 || t < next))
+				next = t;
+		}
+		if (d->open && d->nmoderated) {
+			int64_t t = cq_timers(e, d, false);
+
+			if (t >= 0 && (next < 0 || t < next))
 				next = t;
 		}
 	}
@@ -1079,12 +1124,33 @@ int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	return 0;
 }
 
+int vre_cq_moderate(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t count, uint32_t period_us)
+{
+	struct vre_device *d = device(e, dev);
+	struct vre_cq *cq;
+	bool was, is;
+
+	if (!d || slot >= d->lim.max_cq || !d->cqs[slot])
+		return fail(e, EINVAL, "no CQ in slot %u", slot);
+	cq = d->cqs[slot];
+	was = cq->mod_count > 1 || cq->mod_period_us;
+	is = count > 1 || period_us;
+	cq->mod_count = count;
+	cq->mod_period_us = period_us;
+	if (!is && cq->mod_pending)
+		cq_announce(e, d, cq, load_acquire(cq->arm));  /* nothing held back any longer */
+	d->nmoderated += (uint32_t)is - (uint32_t)was;
+	return 0;
+}
+
 void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 {
 	struct vre_device *d = device(e, dev);
 
 	if (!d || slot >= d->lim.max_cq || !d->cqs[slot])
 		return;
+	if (d->cqs[slot]->mod_count > 1 || d->cqs[slot]->mod_period_us)
+		d->nmoderated--;
 	mem_free(&d->cqs[slot]->ring);
 	free(d->cqs[slot]);
 	d->cqs[slot] = NULL;

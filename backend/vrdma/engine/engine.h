@@ -155,6 +155,7 @@ void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters
 int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_mr_config *config);
 void vre_mr_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_cq_config *config);
+int vre_cq_moderate(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t count, uint32_t period_us);
 void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_srq_config *config);
 int vre_srq_set_limit(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t limit);

@@ -53,6 +53,7 @@
 #define VRDMA_CMD_DESTROY_SRQ 20
 #define VRDMA_CMD_CREATE_AH 21
 #define VRDMA_CMD_DESTROY_AH 22
+#define VRDMA_CMD_MODIFY_CQ 23
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
@@ -370,6 +371,14 @@ struct vrdma_resp_create_cq {
 	__le32 db_slot;           /* arm slot in the context's doorbell page */
 };
 
+/* CQ moderation: one completion event per cq_count completions, or cq_period microseconds after the first. */
+struct vrdma_cmd_modify_cq {
+	struct vrdma_cmd_hdr hdr;
+	__le32 handle;
+	__le16 cq_count;          /* 0 or 1: an event for the first completion, as without moderation */
+	__le16 cq_period;         /* 0: no timer */
+};
+
 struct vrdma_cmd_create_qp {
 	struct vrdma_cmd_hdr hdr;
 	__le32 ucontext;
@@ -647,6 +656,7 @@ VRDMA_ASSERT_SIZE(vrdma_cmd_reg_mr, 56);
 VRDMA_ASSERT_SIZE(vrdma_resp_reg_mr, 24);
 VRDMA_ASSERT_SIZE(vrdma_cmd_create_cq, 32);
 VRDMA_ASSERT_SIZE(vrdma_resp_create_cq, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_modify_cq, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_create_qp, 88);
 VRDMA_ASSERT_SIZE(vrdma_resp_create_qp, 24);
 VRDMA_ASSERT_SIZE(vrdma_qp_attr, 92);
