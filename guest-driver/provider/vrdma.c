@@ -390,6 +390,13 @@ static int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 
 	pthread_spin_lock(&cq->lock);
 	prod = __atomic_load_n(&hdr->prod, __ATOMIC_ACQUIRE);
+	if (prod - cq->cons > cq->entries) {
+		/* More completions than the ring holds: the index is not the device's. Read nothing. */
+		pthread_spin_unlock(&cq->lock);
+		verbs_err(verbs_get_ctx(ibcq->context), "vrdma: CQ producer index %u is %u past consumer %u (ring %u)\n",
+			  prod, prod - cq->cons, cq->cons, cq->entries);
+		return -EIO;
+	}
 	while (n < ne && cq->cons != prod) {
 		const struct vrdma_cqe *cqe = &ring[cq->cons & (cq->entries - 1)];
 		struct ibv_wc *w = &wc[n++];
@@ -443,6 +450,17 @@ static bool slot_ok(uint32_t slot)
 	return slot != VRDMA_DB_SLOT_PARKED && slot < VRDMA_DB_SLOTS;
 }
 
+/*
+ * Room in a ring whose consumer index the device publishes: `prod - cons` WQEs are outstanding. A consumer index
+ * ahead of the producer is not the device's; the ring then counts as full.
+ */
+static bool ring_full(const struct vrdma_queue *q, volatile uint32_t *cons)
+{
+	uint32_t outstanding = q->prod - __atomic_load_n(cons, __ATOMIC_ACQUIRE);
+
+	return outstanding >= q->depth;
+}
+
 /* Post receive WQEs to an RQ or SRQ ring; `cons` is the device's consumer index in the ring header. */
 static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, volatile uint32_t *cons,
 			  struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
@@ -454,7 +472,7 @@ static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, vola
 		struct vrdma_recv_wqe *wqe;
 		struct vrdma_sge *sge;
 
-		if (q->prod - __atomic_load_n(cons, __ATOMIC_ACQUIRE) >= q->depth) {
+		if (ring_full(q, cons)) {
 			ret = ENOMEM;
 			break;
 		}
@@ -666,7 +684,7 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct i
 		struct vrdma_send_wqe *wqe;
 		bool is_atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 
-		if (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) >= q->depth) {
+		if (ring_full(q, &hdr->sq_cons)) {
 			ret = ENOMEM;
 			break;
 		}
