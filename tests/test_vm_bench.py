@@ -17,8 +17,8 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "vrdma.cli", "bench", "--iterations", "100", "--output", str(out)],
                    check=True, capture_output=True, timeout=600)
     results = {r["name"]: r for r in json.loads(out.read_text())}
-    assert set(results) == {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_percent"}
+    assert set(results) == {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct"}
     for result in results.values():
         assert result["command"].startswith("vrdma bench") and result["value"] >= 0
     assert 0 < results["backend_control_rtt_p50_us"]["value"] <= results["backend_control_rtt_p99_us"]["value"]
-    assert results["backend_idle_cpu_percent"]["unit"] == "% of a core"
+    assert results["backend_idle_cpu_pct"]["unit"] == "% of a core"

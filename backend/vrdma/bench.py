@@ -93,7 +93,7 @@ def idle_cpu(qps: int = IDLE_QPS, seconds: float = IDLE_SECONDS) -> list[dict[st
     busy = (after.user - before.user) + (after.system - before.system)
     percent = round(100.0 * busy / wall, 2)
     log.info("backend CPU with 2 guests and %d idle QPs: %.2f%% of one core over %.0f s", qps, percent, wall)
-    return [{"name": "backend_idle_cpu_percent", "value": percent, "unit": "% of a core",
+    return [{"name": "backend_idle_cpu_pct", "value": percent, "unit": "% of a core",
              "command": f"vrdma bench (2 guests, {qps} idle RC QPs, {seconds:g} s)"}]
 
 
