@@ -58,7 +58,10 @@ class Fabric:
 
     def run(self) -> int:
         """Poll once and deliver the events; park when idle long enough. Returns the work done."""
-        work = self.engine.poll(self.limits.poll_budget)
+        if self.parked:
+            work = self.engine.poll(self.limits.poll_budget)  # woken by a descriptor: look once
+        else:
+            work = self.engine.spin(self.limits.poll_budget, self.limits.spin_us * 1000)
         events = self.engine.take_events()
         for event in events:
             device = self.devices[event.device] if event.device < len(self.devices) else None

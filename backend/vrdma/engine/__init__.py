@@ -100,6 +100,10 @@ class Engine:
         """Run every send queue once (up to ``budget`` WQEs each); return the work done."""
         return int(lib.vre_poll(self._e, budget))
 
+    def spin(self, budget: int, spin_ns: int) -> int:
+        """Poll repeatedly, in C, until there is work or ``spin_ns`` have passed; return the work done."""
+        return int(lib.vre_spin(self._e, budget, spin_ns))
+
     def take_events(self) -> list[EngineEvent]:
         events: list[EngineEvent] = []
         while True:

@@ -167,6 +167,7 @@ int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot);
 void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 
 uint32_t vre_poll(struct vre_engine *e, uint32_t budget);
+uint32_t vre_spin(struct vre_engine *e, uint32_t budget, uint64_t spin_ns);
 uint32_t vre_take_events(struct vre_engine *e, struct vre_event *out, uint32_t max);
 int64_t vre_next_deadline(struct vre_engine *e);
 int vre_park(struct vre_engine *e);
