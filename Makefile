@@ -72,7 +72,7 @@ image: kernel driver provider
 
 # The backend's cffi binding to libvhost-user, compiled from the QEMU source tree `make qemu` keeps.
 backend: qemu
-	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build && $(VENV)/bin/python backend/vrdma/engine/_build.py
+	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build && $(VENV)/bin/python backend/vrdma/engine/_build.py && $(VENV)/bin/python backend/vrdma/testing/_native_build.py
 
 bench: image qemu backend
 	@$(call timed,bench) $(VRDMA) bench

@@ -17,8 +17,13 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "vrdma.cli", "bench", "--iterations", "100", "--output", str(out)],
                    check=True, capture_output=True, timeout=600)
     results = {r["name"]: r for r in json.loads(out.read_text())}
-    assert set(results) == {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct"}
+    assert {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct", "memcpy_1mib_gbps",
+            "backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us", "backend_write_rate_8b_mops",
+            "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms"} <= set(results)
     for result in results.values():
         assert result["command"].startswith("vrdma bench") and result["value"] >= 0
-    assert 0 < results["backend_control_rtt_p50_us"]["value"] <= results["backend_control_rtt_p99_us"]["value"]
+    for pair in (("backend_control_rtt_p50_us", "backend_control_rtt_p99_us"),
+                 ("backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us")):
+        assert 0 < results[pair[0]]["value"] <= results[pair[1]]["value"]
+    assert results["backend_write_bw_1mib_gbps"]["value"] > 0 and results["memcpy_1mib_gbps"]["value"] > 0
     assert results["backend_idle_cpu_pct"]["unit"] == "% of a core"

@@ -7,10 +7,37 @@ module is rebuilt only when the hash of its inputs, kept in a stamp file beside 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import cffi
+
+# Warnings are errors in the project's own C.
+CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fno-strict-aliasing"]
+
+
+def abi_include_dir(package_dir: Path) -> Path:
+    """Where vrdma-abi.h is: the installed package's copy, or the checkout's guest-driver/include."""
+    packaged = package_dir.parents[0] / "device"
+    if (packaged / "vrdma-abi.h").is_file():
+        return packaged
+    return package_dir.parents[2] / "guest-driver" / "include" / "uapi" / "rdma"
+
+
+def api_ffi(module: str, header: Path, marker: str, source: Path, include_dirs: list[Path]) -> cffi.FFI:
+    """An API-mode FFI for one C file whose header declares its API between /* <marker>-BEGIN */ and -END:
+    that text is the cffi declaration, so the API is declared once. The C file is compiled as one translation
+    unit with the project's warning flags."""
+    text = header.read_text()
+    match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
+    if match is None:
+        raise SystemExit(f"{header} has no {marker}-BEGIN/END section")
+    ffi = cffi.FFI()
+    ffi.cdef(re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S))
+    ffi.set_source(module, source.read_text(), include_dirs=[str(d) for d in include_dirs],
+                   extra_compile_args=CFLAGS)
+    return ffi
 
 
 def inputs_key(paths: Iterable[Path]) -> str:

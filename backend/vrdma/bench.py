@@ -1,7 +1,11 @@
 """`make bench` / `vrdma bench`: benchmarks, written to build/bench/results.json and printed as a table.
 
+- host memcpy bandwidth (C memcpy, with a 4 KiB..4 MiB sweep, and Python's memoryview copy): the reference;
 - the control-command round trip (QUERY_DEVICE) through the simulated frontend against a real
   `vrdma backend` process, i.e. the backend at native speed without a guest;
+- the data path at native speed: the simulated frontend plays two VMs set up by vrdma.testing.verbs, and a C
+  driver (vrdma.testing.native) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE
+  latency (8 B), 8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration;
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
   with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test.
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -49,6 +54,124 @@ def control_round_trip(iterations: int) -> list[dict[str, Any]]:
          "command": command},
         {"name": "backend_control_rtt_p99_us", "value": round(quantiles[98], 1), "unit": "us", "command": command},
     ]
+
+
+GIB, MIB = 1 << 30, 1 << 20
+STREAM_TIMEOUT_NS = 60 * 10**9
+
+
+def _pct(samples: list[float], q: int) -> float:
+    return statistics.quantiles(samples, n=100)[q - 1]
+
+
+def native_backend() -> list[dict[str, Any]]:
+    """The backend at native speed: the simulated frontend plays two VMs, and a C driver (vrdma.testing.native)
+    posts RDMA WRITEs and polls completions the way libvrdma does, so the figures are the backend's."""
+    from vrdma.testing._native import ffi as nffi  # built by `make backend`
+    from vrdma.testing._native import lib as nlib
+    from vrdma.testing.verbs import SimVerbs
+
+    guests = [GuestIdentity(0), GuestIdentity(1)]
+    command = "vrdma bench (simulated frontend, native driver)"
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, BackendService(Path(tmp), guests) as backend, \
+            Frontend(str(socket_path(backend.directory, guests[0])), memory_size=GIB + 256 * MIB) as fa, \
+            Frontend(str(socket_path(backend.directory, guests[1])), memory_size=256 * MIB) as fb:
+        assert backend.process is not None
+        gids = [ident.name.encode().ljust(16, b"\0") for ident in guests]
+        sides = []
+        for fe, ident, gid in zip((fa, fb), guests, gids, strict=True):
+            fe.start()
+            verbs = SimVerbs(fe, backend.directory / "backend" / f"{ident.name}.doorbell")
+            verbs.add_gid(0, gid)
+            pd = verbs.alloc_pd()
+            cq = verbs.create_cq(4096)
+            sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=1024, max_sge=1, max_inline=0),
+                          verbs.reg_mr(pd, 4 * MIB)))
+        (va, pda, _, qpa, mra), (vb, _, cqb, qpb, mrb) = sides
+        va.connect(qpa, qpb.qpn, gids[1])
+        vb.connect(qpb, qpa.qpn, gids[0])
+
+        # The requester is vb (vm1): its rings, doorbell page and memory as the C driver sees them.
+        mem_b = int(nffi.cast("uintptr_t", nffi.from_buffer(fb.memory.map)))
+        db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))
+        queue = nffi.new("struct nat_queue *", {
+            "base": mem_b + qpb.buf.gpa + qpb.sq_offset, "ring_hdr": mem_b + qpb.buf.gpa,
+            "doorbell_page": db_b + vb.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE"),
+            "depth": qpb.sq_depth, "stride": qpb.sq_stride, "prod": qpb.sq_prod, "db_slot": qpb.sq_db_slot,
+            "wake_fd": fb.queues[abi.const("VRDMA_QUEUE_WAKE")].kick})
+        cq = nffi.new("struct nat_cq *", {"hdr": mem_b + cqb.buf.gpa, "cqes": mem_b + cqb.buf.gpa + 4096,
+                                          "entries": cqb.entries, "cons": cqb.cons})
+
+        def write(length: int) -> Any:
+            return nffi.new("struct nat_write *", {"laddr": mrb.addr, "raddr": mra.addr, "lkey": mrb.lkey,
+                                                   "rkey": mra.rkey, "len": length})
+
+        results: list[dict[str, Any]] = []
+        iters = 20000
+        samples = nffi.new("int64_t[]", iters)
+        if nlib.nat_write_latency(queue, cq, write(8), iters, samples, STREAM_TIMEOUT_NS) != 0:
+            raise RuntimeError("8-byte WRITE latency run failed")
+        lat = [samples[i] / 1000 for i in range(1000, iters)]  # the first thousand warm up
+        results += [
+            {"name": "backend_db_to_cqe_p50_us", "value": round(statistics.median(lat), 2), "unit": "us",
+             "command": command},
+            {"name": "backend_db_to_cqe_p99_us", "value": round(_pct(lat, 99), 2), "unit": "us", "command": command},
+        ]
+        count = 2_000_000
+        elapsed = nlib.nat_write_stream(queue, cq, write(8), count, 64, STREAM_TIMEOUT_NS)
+        if elapsed < 0:
+            raise RuntimeError("8-byte WRITE stream failed")
+        results.append({"name": "backend_write_rate_8b_mops", "value": round(count / elapsed * 1000, 3),
+                        "unit": "Mops/s", "command": command})
+        count = 4000
+        cpu_before = backend.process.cpu_times()
+        elapsed = nlib.nat_write_stream(queue, cq, write(MIB), count, 16, STREAM_TIMEOUT_NS)
+        cpu_after = backend.process.cpu_times()
+        if elapsed < 0:
+            raise RuntimeError("1 MiB WRITE stream failed")
+        gigabytes = count * MIB / 1e9
+        cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+        results += [
+            {"name": "backend_write_bw_1mib_gbps", "value": round(gigabytes / (elapsed / 1e9), 2), "unit": "GB/s",
+             "command": command},
+            {"name": "backend_cpu_s_per_gb", "value": round(cpu / gigabytes, 3), "unit": "CPU s/GB",
+             "command": command},
+        ]
+        # Registering 1 GiB (262,144 pages): the REG_MR round trip, page lists prepared beforehand.
+        big = va.alloc(GIB)
+        pages = va.page_list(big)
+        start = time.perf_counter()
+        va.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", pd=pda, access=0xF, iova=big.gpa,
+                length=GIB, page_offset=0, pages=pages)
+        results.append({"name": "backend_reg_mr_1gib_ms", "value": round((time.perf_counter() - start) * 1000, 1),
+                        "unit": "ms", "command": command})
+    return results
+
+
+def memcpy_bandwidth() -> list[dict[str, Any]]:
+    """The physical reference: copying buffers in this process, in C (memcpy) and in Python (memoryview)."""
+    from vrdma.testing._native import ffi as nffi
+    from vrdma.testing._native import lib as nlib
+
+    results: list[dict[str, Any]] = []
+    src, dst = bytearray(os.urandom(4 * MIB)), bytearray(4 * MIB)
+    psrc, pdst = (int(nffi.cast("uintptr_t", nffi.from_buffer(b))) for b in (src, dst))
+    sweep = {}
+    for size in (4096, 16384, 65536, 262144, MIB, 4 * MIB):
+        iters = max(16, (512 * MIB) // size)
+        sweep[size] = size * iters / (nlib.nat_memcpy(pdst, psrc, size, iters) / 1e9) / 1e9
+    results.append({"name": "memcpy_1mib_gbps", "value": round(sweep[MIB], 2), "unit": "GB/s",
+                    "command": "vrdma bench (C memcpy, 1 MiB)", "sweep": {str(k): round(v, 2)
+                                                                          for k, v in sweep.items()}})
+    view_src, view_dst = memoryview(src)[:MIB], memoryview(dst)[:MIB]
+    iters = 512
+    start = time.perf_counter()
+    for _ in range(iters):
+        view_dst[:] = view_src
+    results.append({"name": "memcpy_1mib_python_gbps", "value": round(MIB * iters / (time.perf_counter() - start)
+                                                                       / 1e9, 2),
+                    "unit": "GB/s", "command": "vrdma bench (Python memoryview copy, 1 MiB)"})
+    return results
 
 
 IDLE_QPS = 100
@@ -108,6 +231,10 @@ def _parked(region: Path) -> bool:
 def run(iterations: int = 5000, output: Path | None = None) -> int:
     log.info("control-command round trip: %d QUERY_DEVICE through the simulated frontend", iterations)
     results = control_round_trip(iterations)
+    log.info("host memcpy bandwidth (C and Python)")
+    results += memcpy_bandwidth()
+    log.info("backend at native speed: the simulated frontend as two VMs, a C driver posting RDMA WRITEs")
+    results += native_backend()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
     out = output or paths.build_dir() / "bench" / "results.json"

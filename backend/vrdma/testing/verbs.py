@@ -127,10 +127,9 @@ class SimVerbs:
         return abi.from_bytes(response, raw) if response != "vrdma_resp_hdr" else hdr
 
     def alloc(self, size: int) -> Buffer:
+        """Page-aligned guest memory (fresh memfd pages: already zero, never handed out twice)."""
         size = (size + PAGE - 1) // PAGE * PAGE
-        gpa = self.memory.alloc(size, PAGE)
-        self.memory.write(gpa, bytes(size))
-        return Buffer(gpa, size)
+        return Buffer(self.memory.alloc(size, PAGE), size)
 
     def page_list(self, buf: Buffer, first_page: int | None = None, npages: int | None = None) -> dict[str, int]:
         """Page-list pages (levels 1 or 2) for a buffer's pages, written into guest memory."""

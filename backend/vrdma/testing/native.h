@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/* The benchmark's native guest side (native.c); the text between the markers is also the cffi declaration. */
+#ifndef VRDMA_NATIVE_H
+#define VRDMA_NATIVE_H
+
+#include <stdint.h>
+
+/* NATIVE-API-BEGIN */
+struct nat_queue {
+	uint64_t base;            /* host address of the send queue's first WQE */
+	uint64_t ring_hdr;        /* host address of the QP's ring header page */
+	uint64_t doorbell_page;   /* host address of the context's doorbell page */
+	uint32_t depth;
+	uint32_t stride;
+	uint32_t prod;
+	uint32_t db_slot;
+	int wake_fd;              /* the wake virtqueue's kick eventfd */
+	uint32_t reserved;
+};
+
+struct nat_cq {
+	uint64_t hdr;             /* host address of the CQ's ring header */
+	uint64_t cqes;            /* host address of the first CQE */
+	uint32_t entries;
+	uint32_t cons;
+};
+
+struct nat_write {
+	uint64_t laddr;
+	uint64_t raddr;
+	uint32_t lkey;
+	uint32_t rkey;
+	uint32_t len;
+	uint32_t reserved;
+};
+
+int64_t nat_now(void);
+int nat_write_latency(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
+		      int64_t *samples, int64_t timeout_ns);
+int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint64_t count,
+			 uint32_t signal_every, int64_t timeout_ns);
+int64_t nat_memcpy(uint64_t dst, uint64_t src, uint64_t len, uint32_t iters);
+/* NATIVE-API-END */
+
+#endif /* VRDMA_NATIVE_H */
