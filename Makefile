@@ -50,7 +50,7 @@ $(VENV_STAMP): pyproject.toml
 	@$(call timed,venv) { \
 	  echo "[make] creating $(VENV) (vrdma and its Python dependencies)"; \
 	  rm -rf $(VENV); $(PYTHON) -m venv $(VENV); \
-	  $(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'; \
+	  $(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test,bench]'; \
 	  touch $@; }
 
 qemu: deps

@@ -174,6 +174,82 @@ def memcpy_bandwidth() -> list[dict[str, Any]]:
     return results
 
 
+# Guest side: message sizes for the bandwidth sweeps, and how many messages per size for each device (rxe under
+# TCG moves a few MB/s: it gets fewer messages, the figure is the rate either way).
+SWEEP = [4096, 65536, MIB]
+BW_TOOLS = ["ib_write_bw", "ib_read_bw", "ib_send_bw"]
+BW_ITERATIONS = {"vrdma0": 1000, "rxe0": 20}
+LAT_TOOLS = ["ib_write_lat", "ib_send_lat"]
+LAT_ITERATIONS = 300
+REG_MR_SCRIPT = Path(__file__).parent / "harness" / "guest" / "reg_mr.py"
+GUEST_MEMORY_MIB = 3072  # room for a 1 GiB registration next to the guest's own RAM disk
+
+
+def guests_vs_rxe() -> tuple[list[dict[str, Any]], dict[str, dict[str, dict[int, float]]]]:
+    """vrdma and the kernel's software RoCE (rxe) side by side in the same two guests, same runs, same sizes.
+
+    Returns the metrics and the bandwidth sweeps ({device: {tool: {size: GB/s}}}) for the plot."""
+    from vrdma.harness import verbs
+    from vrdma.harness.cluster import Cluster
+
+    results: list[dict[str, Any]] = []
+    sweeps: dict[str, dict[str, dict[int, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
+            Cluster(2, Path(tmp), memory_mib=GUEST_MEMORY_MIB) as guests:
+        server, client = guests[0], guests[1]
+        for vm in guests:
+            verbs.add_rxe(vm, "rxe0")
+        accel = guests.accel.upper()
+        for device in ("vrdma0", "rxe0"):
+            name = device.rstrip("0")
+            gid = verbs.ipv4_gid_index(server, device)
+            sweeps[name] = {}
+            for tool in BW_TOOLS:
+                sweeps[name][tool] = {}
+                for size in SWEEP:
+                    row = verbs.perftest(server, client, tool, device, gid,
+                                         ("-s", str(size), "-n", str(BW_ITERATIONS[device])))[-1]
+                    sweeps[name][tool][size] = row["BW average[MiB/sec]"] * MIB / 1e9
+                log.info("%s %s: %s", device, tool, ", ".join(f"{s} B {g:.3f} GB/s"
+                                                             for s, g in sweeps[name][tool].items()))
+            results.append({"name": f"{name}_write_bw_1mib_gbps", "value": round(sweeps[name]["ib_write_bw"][MIB], 3),
+                            "unit": "GB/s", "command": f"vrdma bench (ib_write_bw -s 1048576, two {accel} guests)"})
+            for tool in LAT_TOOLS:
+                row = verbs.perftest(server, client, tool, device, gid, ("-n", str(LAT_ITERATIONS)))[-1]
+                label = tool.removeprefix("ib_").removesuffix("_lat")
+                results.append({"name": f"{name}_{label}_lat_small_us", "value": round(row["t_typical[usec]"], 1),
+                                "unit": "us", "command": f"vrdma bench ({tool} 2 B, two {accel} guests)"})
+            reg = client.run(["python3", "-c", REG_MR_SCRIPT.read_text(), device, str(GIB), "3"], timeout=600)
+            reg.check(f"ibv_reg_mr of 1 GiB on {device}")
+            results.append({"name": f"{name}_reg_mr_1gib_ms", "value": round(json.loads(reg.stdout)["median_ms"], 1),
+                            "unit": "ms", "command": f"vrdma bench (ibv_reg_mr 1 GiB in a {accel} guest)"})
+    return results, sweeps
+
+
+def plot(sweeps: dict[str, dict[str, dict[int, float]]], memcpy: dict[int, float], dest: Path) -> None:
+    """Bandwidth against message size: vrdma and rxe between guests, and host memcpy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for device, tools in sweeps.items():
+        for tool, points in tools.items():
+            ax.plot(list(points), list(points.values()), marker="o", label=f"{device} {tool}")
+    ax.plot(list(memcpy), list(memcpy.values()), color="black", linestyle="--", label="host memcpy (C)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bandwidth (GB/s)")
+    ax.set_title("vrdma vs rxe between two guests, and host memcpy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(dest, dpi=110)
+    plt.close(fig)
+
+
 IDLE_QPS = 100
 IDLE_SECONDS = 10.0
 IDLE_SCRIPT = Path(__file__).parent / "harness" / "guest" / "idle_qps.py"
@@ -228,6 +304,24 @@ def _parked(region: Path) -> bool:
         return int.from_bytes(f.read(4), "little") != 0
 
 
+def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comparisons the targets are stated in (docs/performance.md), from figures of this same run."""
+    value = {r["name"]: r["value"] for r in results}
+    command = "vrdma bench (ratio of figures measured in this run)"
+    out = []
+
+    def ratio(name: str, num: str, den: str) -> None:
+        if value.get(num) is not None and value.get(den):
+            out.append({"name": name, "value": round(value[num] / value[den], 3), "unit": "x", "command": command})
+
+    ratio("vrdma_write_bw_1mib_vs_memcpy", "vrdma_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    ratio("vrdma_write_bw_1mib_vs_rxe", "vrdma_write_bw_1mib_gbps", "rxe_write_bw_1mib_gbps")
+    ratio("vrdma_write_lat_vs_rxe", "vrdma_write_lat_small_us", "rxe_write_lat_small_us")
+    ratio("vrdma_send_lat_vs_rxe", "vrdma_send_lat_small_us", "rxe_send_lat_small_us")
+    ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    return out
+
+
 def run(iterations: int = 5000, output: Path | None = None) -> int:
     log.info("control-command round trip: %d QUERY_DEVICE through the simulated frontend", iterations)
     results = control_round_trip(iterations)
@@ -237,9 +331,17 @@ def run(iterations: int = 5000, output: Path | None = None) -> int:
     results += native_backend()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
+    log.info("vrdma and rxe side by side in two guests (%s)", ", ".join(BW_TOOLS + LAT_TOOLS + ["ibv_reg_mr"]))
+    guest_results, sweeps = guests_vs_rxe()
+    results += guest_results
+    results += ratios(results)
     out = output or paths.build_dir() / "bench" / "results.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
+    memcpy_sweep = next(r["sweep"] for r in results if r["name"] == "memcpy_1mib_gbps")
+    png = out.with_suffix(".png")
+    plot(sweeps, {int(k): v for k, v in memcpy_sweep.items() if int(k) <= MIB}, png)
+    print(f"plot: {png}")
     print(f"{'metric':<32} {'value':>10}  unit")
     for r in results:
         print(f"{r['name']:<32} {r['value']:>10}  {r['unit']}")
