@@ -61,7 +61,11 @@ class Fabric:
         if self.parked:
             work = self.engine.poll(self.limits.poll_budget)  # woken by a descriptor: look once
         else:
-            work = self.engine.spin(self.limits.poll_budget, self.limits.spin_us * 1000)
+            # Spin in C, but not past the moment the engine would park: an idle device parks on time and the
+            # event loop (control commands) is never kept waiting longer than spin_us.
+            idle_left = self.park_after - (time.monotonic() - self.last_work)
+            spin_ns = int(max(0.0, min(self.limits.spin_us / 1e6, idle_left)) * 1e9)
+            work = self.engine.spin(self.limits.poll_budget, spin_ns)
         events = self.engine.take_events()
         for event in events:
             device = self.devices[event.device] if event.device < len(self.devices) else None

@@ -31,7 +31,7 @@ class DeviceLimits:
     max_pending_events: int = 1024   # events kept while the driver has posted no event buffers
     # Data engine
     poll_budget: int = 64            # send WQEs one QP may run per poll, so that no QP starves the others
-    park_after_idle_us: int = 1000   # poll this long without work, then park until a guest wakes the device
+    park_after_idle_us: int = 50     # poll this long without work, then park until a guest wakes the device
     spin_us: int = 200               # one turn of the engine polls in C this long before the event loop looks
                                      # at its descriptors again (control commands wait at most this much)
 

@@ -101,7 +101,7 @@ class Engine:
         return int(lib.vre_poll(self._e, budget))
 
     def spin(self, budget: int, spin_ns: int) -> int:
-        """Poll repeatedly, in C, until there is work or ``spin_ns`` have passed; return the work done."""
+        """Poll repeatedly, in C, for ``spin_ns`` (less if events wait for delivery); return the work done."""
         return int(lib.vre_spin(self._e, budget, spin_ns))
 
     def take_events(self) -> list[EngineEvent]:
