@@ -127,6 +127,45 @@ static u32 vrdma_ucontext_handle(struct ib_udata *udata)
 	return uc ? uc->handle : 0;
 }
 
+/*
+ * Make a created object reachable by events (its xarray, by the device's handle) and tell the provider about it;
+ * on failure undo both and destroy it in the device. The caller releases what it pinned.
+ */
+static int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
+			 struct ib_udata *udata, void *uresp, size_t uresp_len)
+{
+	int ret;
+
+	ret = xa_insert_irq(xa, handle, obj, GFP_KERNEL);
+	if (ret)
+		goto err_destroy;
+	ret = ib_copy_to_udata(udata, uresp, uresp_len);
+	if (ret)
+		goto err_erase;
+	return 0;
+
+err_erase:
+	xa_erase_irq(xa, handle);
+err_destroy:
+	vrdma_destroy_handle(dev, destroy_opcode, handle);
+	return ret;
+}
+
+/*
+ * Destroy an object the device knows by handle: unreachable by events first (the dispatcher holds the xarray's
+ * lock), then destroyed in the device; if the device refuses, it is put back.
+ */
+static int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode)
+{
+	int ret;
+
+	xa_erase_irq(xa, handle);
+	ret = vrdma_destroy_handle(dev, destroy_opcode, handle);
+	if (ret)
+		xa_store_irq(xa, handle, obj, GFP_KERNEL);
+	return ret;
+}
+
 /* -- memory regions -------------------------------------------------------------------------------------------- */
 
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
@@ -230,20 +269,11 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, stru
 		goto err_umem;
 	cq->handle = le32_to_cpu(resp.handle);
 	ibcq->cqe = ucmd.entries;
-	ret = xa_insert_irq(&dev->cqs, cq->handle, cq, GFP_KERNEL);
-	if (ret)
-		goto err_destroy;
 	uresp.cq_handle = cq->handle;
 	uresp.db_slot = le32_to_cpu(resp.db_slot);
-	ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
-	if (ret)
-		goto err_erase;
-	return 0;
-
-err_erase:
-	xa_erase_irq(&dev->cqs, cq->handle);
-err_destroy:
-	vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->handle);
+	ret = vrdma_publish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, udata, &uresp, sizeof(uresp));
+	if (!ret)
+		return 0;
 err_umem:
 	ib_umem_release(cq->umem);
 	return ret;
@@ -255,12 +285,9 @@ int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
 	int ret;
 
-	xa_erase_irq(&dev->cqs, cq->handle);  /* from here on no event reaches this CQ */
-	ret = vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->handle);
-	if (ret) {
-		xa_store_irq(&dev->cqs, cq->handle, cq, GFP_KERNEL);
+	ret = vrdma_unpublish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ);
+	if (ret)
 		return ret;
-	}
 	ib_umem_release(cq->umem);
 	return 0;
 }
@@ -332,20 +359,11 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct
 	srq->max_sge = attr->attr.max_sge;
 	srq->depth = ucmd.depth;
 	attr->attr.max_wr = ucmd.depth;
-	ret = xa_insert_irq(&dev->srqs, srq->handle, srq, GFP_KERNEL);
-	if (ret)
-		goto err_destroy;
 	uresp.srq_handle = srq->handle;
 	uresp.db_slot = le32_to_cpu(resp.db_slot);
-	ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
-	if (ret)
-		goto err_erase;
-	return 0;
-
-err_erase:
-	xa_erase_irq(&dev->srqs, srq->handle);
-err_destroy:
-	vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->handle);
+	ret = vrdma_publish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, udata, &uresp, sizeof(uresp));
+	if (!ret)
+		return 0;
 err_umem:
 	ib_umem_release(srq->umem);
 	return ret;
@@ -391,12 +409,9 @@ int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
 	int ret;
 
-	xa_erase_irq(&dev->srqs, srq->handle);
-	ret = vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->handle);
-	if (ret) {
-		xa_store_irq(&dev->srqs, srq->handle, srq, GFP_KERNEL);
+	ret = vrdma_unpublish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ);
+	if (ret)
 		return ret;
-	}
 	ib_umem_release(srq->umem);
 	return 0;
 }
@@ -470,22 +485,13 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	cap->max_send_wr = ucmd.sq_depth;
 	cap->max_recv_wr = ucmd.rq_depth;
 	qp->cap = *cap;
-	ret = xa_insert_irq(&dev->qps, qp->handle, qp, GFP_KERNEL);
-	if (ret)
-		goto err_destroy;
 	uresp.qpn = ibqp->qp_num;
 	uresp.sq_db_slot = le32_to_cpu(resp.sq_db_slot);
 	uresp.rq_db_slot = le32_to_cpu(resp.rq_db_slot);
 	uresp.max_inline_data = cap->max_inline_data;
-	ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
-	if (ret)
-		goto err_erase;
-	return 0;
-
-err_erase:
-	xa_erase_irq(&dev->qps, qp->handle);
-err_destroy:
-	vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_QP, qp->handle);
+	ret = vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, udata, &uresp, sizeof(uresp));
+	if (!ret)
+		return 0;
 err_umem:
 	ib_umem_release(qp->umem);
 	return ret;
@@ -595,12 +601,9 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 	int ret;
 
-	xa_erase_irq(&dev->qps, qp->handle);
-	ret = vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_QP, qp->handle);
-	if (ret) {
-		xa_store_irq(&dev->qps, qp->handle, qp, GFP_KERNEL);
+	ret = vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP);
+	if (ret)
 		return ret;
-	}
 	ib_umem_release(qp->umem);
 	return 0;
 }
