@@ -7,7 +7,7 @@ from a guest finds nothing rather than someone else's object.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -43,17 +43,6 @@ class HandleTable(Generic[T]):
 
     def clear(self) -> None:
         self.objects.clear()
-
-
-@dataclass
-class UContext:
-    doorbell_page: int
-    pds: set[int] = field(default_factory=set)
-
-
-@dataclass
-class ProtectionDomain:
-    ucontext: int  # 0: a kernel PD
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,6 @@ size_t vrdma_payload_size(void);
 int vrdma_max_fds(void);
 
 void vu_deinit(VuDev *dev);
-void *vu_gpa_to_va(VuDev *dev, uint64_t *plen, uint64_t guest_addr);
 VuVirtq *vu_get_queue(VuDev *dev, int qidx);
 void vu_set_queue_handler(VuDev *dev, VuVirtq *vq, vu_queue_handler_cb handler);
 bool vu_queue_enabled(VuDev *dev, VuVirtq *vq);

@@ -216,14 +216,6 @@ class VhostUserDevice:
         return [MemoryRegion(int(r.gpa), int(r.size), int(r.mmap_addr) + int(r.mmap_offset))
                 for r in (dev.regions[i] for i in range(dev.nregions))]
 
-    def gpa_to_va(self, gpa: int) -> tuple[int, int]:
-        """Host address of guest physical address ``gpa`` and how many bytes are contiguous from it (0: none)."""
-        plen = ffi.new("uint64_t *", 2**64 - 1)
-        ptr = lib.vu_gpa_to_va(self._dev, plen, gpa)
-        if ptr == ffi.NULL:
-            return 0, 0
-        return int(ffi.cast("uintptr_t", ptr)), int(plen[0])
-
     def pop(self, index: int) -> Element | None:
         vq = lib.vu_get_queue(self._dev, index)
         raw = lib.vu_queue_pop(self._dev, vq, ffi.sizeof("VuVirtqElement"))
