@@ -88,13 +88,14 @@ ISOLATION = (Path(__file__).parent / "guest" / "isolation.py").read_text()
 REM_ACCESS_ERR = 10  # IBV_WC_REM_ACCESS_ERR
 
 
-def test_a_guest_cannot_touch_memory_it_was_not_granted(guests: Cluster) -> None:
+def test_a_guest_cannot_touch_memory_it_was_not_granted(guests: Cluster, gid: int) -> None:
     victim, attacker = guests[0], guests[1]
-    argv = ["python3", "-c", ISOLATION, "victim", "18600"]
+    argv = ["python3", "-c", ISOLATION, "victim", str(gid), "18600"]
     victim_pid = victim.agent.spawn(argv)
     try:
         verbs.wait_listening(victim, 18600, server_pid=victim_pid)
-        attack = attacker.run(["python3", "-c", ISOLATION, "attacker", victim.address, "18600"], timeout=300)
+        attack = attacker.run(["python3", "-c", ISOLATION, "attacker", str(gid), victim.address, "18600"],
+                              timeout=300)
         defended = victim.agent.wait(victim_pid, argv, 300)
     except BaseException:
         victim.agent.kill(victim_pid)

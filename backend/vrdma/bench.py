@@ -308,14 +308,15 @@ IDLE_SCRIPT = Path(__file__).parent / "harness" / "guest" / "idle_qps.py"
 
 def idle_cpu(qps: int = IDLE_QPS, seconds: float = IDLE_SECONDS) -> list[dict[str, Any]]:
     """The backend's CPU use with two guests connected and ``qps`` idle QPs, measured with psutil."""
+    from vrdma.harness import verbs
     from vrdma.harness.backend import admin
     from vrdma.harness.cluster import Cluster
 
     script = IDLE_SCRIPT.read_text()
-    argv = ["python3", "-c", script, str(qps // 2)]
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, Cluster(2, Path(tmp)) as cluster:
         assert cluster.backend is not None and cluster.backend.process is not None
-        holders = [(vm, vm.agent.spawn(argv)) for vm in cluster]
+        holders = [(vm, vm.agent.spawn(["python3", "-c", script, str(qps // 2),
+                                        str(verbs.ipv4_gid_index(vm, "vrdma0"))])) for vm in cluster]
         try:
             deadline = time.monotonic() + 300
             while sum(admin(cluster.backend, {"command": "counters"})["vms"][vm.name]["objects"]["qp"]  # type: ignore[index]

@@ -1,7 +1,9 @@
 """Run inside two guests: one guest attacks the other's memory through RDMA WRITE and READ. Modes:
 
-  victim PORT          register memory, serve one QP per attack, report checksums of the memory under attack
-  attacker HOST PORT   for each attack, connect a fresh QP and try it; report the completion status
+  victim GID PORT          register memory, serve one QP per attack, report checksums of the memory attacked
+  attacker GID HOST PORT   for each attack, connect a fresh QP and try it; report the completion status
+
+GID is the index of vrdma0's RoCE v2 IPv4 GID (the host looks it up: vrdma.harness.verbs.ipv4_gid_index).
 
 Attacks (each with RDMA WRITE and with RDMA READ): a wrong rkey, a valid rkey of another PD, a range past the
 end of the MR, an MR registered without remote access. After them, one legitimate write into a scratch MR shows
@@ -26,18 +28,6 @@ SIZE = 64 * 1024
 REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
 ATTACKS = [(kind, op) for kind in ("wrong rkey", "rkey of another PD", "past the end", "no remote access")
            for op in ("write", "read")]
-
-
-def gid_index(ctx):
-    for index in range(16):
-        try:
-            gid = ctx.query_gid(1, index)
-        except Exception:
-            continue
-        with open(f"/sys/class/infiniband/vrdma0/ports/1/gid_attrs/types/{index}") as f:
-            if str(gid).startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in f.read():
-                return index
-    sys.exit("no RoCE v2 IPv4 GID on vrdma0")
 
 
 def new_qp(pd, cq):
@@ -74,9 +64,8 @@ def digest(mr):
     return hashlib.sha256(mr.read(SIZE, 0)).hexdigest()
 
 
-def victim(port):
+def victim(index, port):
     ctx = Context(name="vrdma0")
-    index = gid_index(ctx)
     pd, other_pd = PD(ctx), PD(ctx)
     cq = CQ(ctx, 16)
     target = MR(pd, SIZE, REMOTE)
@@ -103,9 +92,8 @@ def victim(port):
     print(json.dumps({"before": before, "after": after, "scratch": scratch.read(32, 0).decode(errors="replace")}))
 
 
-def attacker(host, port):
+def attacker(index, host, port):
     ctx = Context(name="vrdma0")
-    index = gid_index(ctx)
     pd = PD(ctx)
     cq = CQ(ctx, 16)
     local = MR(pd, SIZE, REMOTE)
@@ -147,6 +135,6 @@ def attacker(host, port):
 
 if __name__ == "__main__":
     if sys.argv[1] == "victim":
-        victim(int(sys.argv[2]))
+        victim(int(sys.argv[2]), int(sys.argv[3]))
     else:
-        attacker(sys.argv[2], int(sys.argv[3]))
+        attacker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))

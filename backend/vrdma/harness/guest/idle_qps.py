@@ -1,5 +1,8 @@
 """Run inside a guest (by `vrdma bench`): hold N connected, idle RC QPs on vrdma0 until killed.
 
+  idle_qps.py N GID    GID: the index of vrdma0's RoCE v2 IPv4 GID (the host looks it up)
+
+
 The QPs are connected in pairs to each other through the guest's own RoCE v2 IPv4 GID and moved to RTS, so the
 backend's engine has N QPs to watch and nothing to do. Prints "ready N" once they are all in RTS.
 """
@@ -15,21 +18,8 @@ from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
 
-def ipv4_gid_index(ctx):
-    for index in range(16):
-        try:
-            gid = str(ctx.query_gid(1, index))
-        except Exception:
-            continue
-        with open(f"/sys/class/infiniband/vrdma0/ports/1/gid_attrs/types/{index}") as f:
-            if gid.startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in f.read():
-                return index
-    sys.exit("no RoCE v2 IPv4 GID on vrdma0")
-
-
-def main(count):
+def main(count, index):
     ctx = Context(name="vrdma0")
-    index = ipv4_gid_index(ctx)
     gid = ctx.query_gid(1, index)
     pd = PD(ctx)
     cq = CQ(ctx, 64)
@@ -53,4 +43,4 @@ def main(count):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]))
