@@ -12,7 +12,7 @@ import pytest
 
 from vrdma.device.model import OBJECT_KINDS
 from vrdma.harness import verbs
-from vrdma.harness.backend import admin
+from vrdma.harness.backend import admin, vm_counters
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Products
 
@@ -44,7 +44,7 @@ def bound(cluster: Cluster) -> bool:
 
 def counters(cluster: Cluster) -> dict[str, Any]:
     assert cluster.backend is not None
-    return admin(cluster.backend, {"command": "counters"})["vms"]["vm0"]  # type: ignore[index,no-any-return]
+    return vm_counters(cluster.backend, "vm0")
 
 
 def test_vrdma0_is_an_active_roce_device_on_eth0(guest: Cluster) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from vrdma.harness import verbs
-from vrdma.harness.backend import admin
+from vrdma.harness.backend import admin, vm_counters
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Products
 
@@ -30,7 +30,7 @@ def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def counters(cluster: Cluster) -> dict[str, Any]:
     assert cluster.backend is not None
-    return admin(cluster.backend, {"command": "counters"})["vms"]["vm0"]  # type: ignore[index,no-any-return]
+    return vm_counters(cluster.backend, "vm0")
 
 
 def pyverbs(cluster: Cluster, *args: str) -> Any:
@@ -61,7 +61,7 @@ def test_ibv_devinfo_shows_an_active_roce_port_with_the_ipv4_gid(guest: Cluster)
 def test_pyverbs_queries_what_the_backend_advertises(guest: Cluster) -> None:
     attrs = pyverbs(guest, "query", "vrdma0")
     assert guest.backend is not None
-    device = admin(guest.backend, {"command": "counters"})["vms"]["vm0"]
+    device = vm_counters(guest.backend, "vm0")
     assert attrs["phys_port_cnt"] == 1 and attrs["fw_ver"] == "0.0.1"
     assert attrs["max_qp"] == 1024 and attrs["port_state"] == 4 and attrs["link_layer"] == 2  # ACTIVE, Ethernet
     assert attrs["gid_tbl_len"] >= len(device["gids"])

@@ -309,7 +309,7 @@ IDLE_SCRIPT = Path(__file__).parent / "harness" / "guest" / "idle_qps.py"
 def idle_cpu(qps: int = IDLE_QPS, seconds: float = IDLE_SECONDS) -> list[dict[str, Any]]:
     """The backend's CPU use with two guests connected and ``qps`` idle QPs, measured with psutil."""
     from vrdma.harness import verbs
-    from vrdma.harness.backend import admin
+    from vrdma.harness.backend import vm_counters
     from vrdma.harness.cluster import Cluster
 
     script = IDLE_SCRIPT.read_text()
@@ -319,8 +319,7 @@ def idle_cpu(qps: int = IDLE_QPS, seconds: float = IDLE_SECONDS) -> list[dict[st
                                         str(verbs.ipv4_gid_index(vm, "vrdma0"))])) for vm in cluster]
         try:
             deadline = time.monotonic() + 300
-            while sum(admin(cluster.backend, {"command": "counters"})["vms"][vm.name]["objects"]["qp"]  # type: ignore[index]
-                      for vm in cluster) < qps:
+            while sum(vm_counters(cluster.backend, vm.name)["objects"]["qp"] for vm in cluster) < qps:
                 for vm, pid in holders:
                     done = vm.agent.poll(pid)
                     if done is not None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -113,6 +114,11 @@ def admin(service: BackendService, request: dict[str, object]) -> dict[str, obje
     from vrdma.backend.admin import ask
 
     return ask(service.admin_socket, request)
+
+
+def vm_counters(service: BackendService, vm: str) -> dict[str, Any]:
+    """One VM's counters from the running backend (docs/backend.md lists them)."""
+    return admin(service, {"command": "counters"})["vms"][vm]  # type: ignore[index,no-any-return]
 
 
 def _read_until_eof(fd: int, timeout: float) -> bytes:
