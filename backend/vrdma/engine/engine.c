@@ -89,7 +89,7 @@ struct vre_device {
 	struct vre_qp **qps;
 	struct vre_qp **active;   /* the QPs, densely, for polling */
 	uint32_t nactive;
-	uint32_t nmoderated;      /* CQs with moderation set: only then are CQ timers scanned */
+	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none): the only time CQs are scanned */
 	struct vre_counters counters;
 };
 
@@ -384,28 +384,37 @@ static void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *c
 		return;
 	}
 	/* Moderated: announce after mod_count completions, or mod_period_us after the first (vre_poll's timer). */
-	if (++cq->mod_pending == 1 && cq->mod_period_us)
+	if (++cq->mod_pending == 1 && cq->mod_period_us) {
 		cq->mod_deadline = e->now + (int64_t)cq->mod_period_us * 1000;
+		if (!d->mod_next || cq->mod_deadline < d->mod_next)
+			d->mod_next = cq->mod_deadline;
+	}
 	if (cq->mod_count > 1 && cq->mod_pending >= cq->mod_count)
 		cq_announce(e, d, cq, arm);
 }
 
-/* Moderated CQs whose period ran out announce what they hold; returns the earliest deadline still pending. */
-static int64_t cq_timers(struct vre_engine *e, struct vre_device *d, bool fire)
+/*
+ * Once the device's earliest moderation deadline has passed: the CQs whose period ran out announce what they hold,
+ * and the earliest deadline still pending becomes the next one. (A deadline that went away early, because its CQ
+ * reached its count, only makes this run once for nothing.)
+ */
+static void cq_timers(struct vre_engine *e, struct vre_device *d)
 {
-	int64_t next = -1;
+	int64_t next = 0;
 
+	if (!d->mod_next || e->now < d->mod_next)
+		return;
 	for (uint32_t i = 0; i < d->lim.max_cq; i++) {
 		struct vre_cq *cq = d->cqs[i];
 
 		if (!cq || !cq->mod_deadline)
 			continue;
-		if (fire && e->now >= cq->mod_deadline)
+		if (e->now >= cq->mod_deadline)
 			cq_announce(e, d, cq, load_acquire(cq->arm));
-		else if (next < 0 || cq->mod_deadline < next)
+		else if (!next || cq->mod_deadline < next)
 			next = cq->mod_deadline;
 	}
-	return next;
+	d->mod_next = next;
 }
 
 static void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event)
@@ -843,8 +852,7 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 			continue;
 		for (uint32_t j = 0; j < d->nactive; j++)
 			work += qp_poll(e, d, d->active[j], budget);
-		if (d->nmoderated)
-			cq_timers(e, d, true);
+		cq_timers(e, d);
 	}
 	return work;
 }
@@ -881,12 +889,8 @@ int64_t vre_next_deadline(struct vre_engine *e)
 			if (t && (next < 0 || t < next))
 				next = t;
 		}
-		if (d->open && d->nmoderated) {
-			int64_t t = cq_timers(e, d, false);
-
-			if (t >= 0 && (next < 0 || t < next))
-				next = t;
-		}
+		if (d->open && d->mod_next && (next < 0 || d->mod_next < next))
+			next = d->mod_next;
 	}
 	return next;
 }
@@ -1147,18 +1151,14 @@ int vre_cq_moderate(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t 
 {
 	struct vre_device *d = device(e, dev);
 	struct vre_cq *cq;
-	bool was, is;
 
 	if (!d || slot >= d->lim.max_cq || !d->cqs[slot])
 		return fail(e, EINVAL, "no CQ in slot %u", slot);
 	cq = d->cqs[slot];
-	was = cq->mod_count > 1 || cq->mod_period_us;
-	is = count > 1 || period_us;
 	cq->mod_count = count;
 	cq->mod_period_us = period_us;
-	if (!is && cq->mod_pending)
+	if (count <= 1 && !period_us && cq->mod_pending)
 		cq_announce(e, d, cq, load_acquire(cq->arm));  /* nothing held back any longer */
-	d->nmoderated += (uint32_t)is - (uint32_t)was;
 	return 0;
 }
 
@@ -1168,8 +1168,6 @@ void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 
 	if (!d || slot >= d->lim.max_cq || !d->cqs[slot])
 		return;
-	if (d->cqs[slot]->mod_count > 1 || d->cqs[slot]->mod_period_us)
-		d->nmoderated--;
 	mem_free(&d->cqs[slot]->ring);
 	free(d->cqs[slot]);
 	d->cqs[slot] = NULL;
