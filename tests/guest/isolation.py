@@ -49,15 +49,19 @@ def to_rts(qp, remote_qpn, remote_gid, index):
     qp.to_rts(attr)
 
 
-def exchange(conn, message):
-    conn.sendall((json.dumps(message) + "\n").encode())
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
+class Peer:
+    """The other side's TCP connection, one JSON object per line. Both sides send before they read, so the peer can
+    be a whole message ahead and one recv() can hold two lines: lines are read through a buffered file."""
+
+    def __init__(self, sock):
+        self.sock, self.lines = sock, sock.makefile("rb")
+
+    def exchange(self, message):
+        self.sock.sendall((json.dumps(message) + "\n").encode())
+        line = self.lines.readline()
+        if not line.endswith(b"\n"):
             sys.exit("peer closed the connection")
-        line += chunk
-    return json.loads(line)
+        return json.loads(line)
 
 
 def digest(mr):
@@ -78,16 +82,16 @@ def victim(index, port):
     keys = {"target": [target.buf, target.rkey], "other": [other.buf, other.rkey],
             "local_only": [local_only.buf, local_only.rkey], "scratch": [scratch.buf, scratch.rkey]}
     listener = socket.create_server(("", port))
-    conn, _ = listener.accept()
+    conn = Peer(listener.accept()[0])
     gid = str(ctx.query_gid(1, index))
     qps = []
     for _ in range(len(ATTACKS) + 1):
         qp = new_qp(pd, cq)
-        peer = exchange(conn, {"qpn": qp.qp_num, "gid": gid, "keys": keys})
+        peer = conn.exchange({"qpn": qp.qp_num, "gid": gid, "keys": keys})
         to_rts(qp, peer["qpn"], GID(peer["gid"]), index)
         qps.append(qp)
-        exchange(conn, {"ready": True})    # in RTS: the attacker may post (its answer says it is in RTS too)
-        exchange(conn, {"waiting": True})  # returns once the attacker saw its completion
+        conn.exchange({"ready": True})    # in RTS: the attacker may post (its answer says it is in RTS too)
+        conn.exchange({"waiting": True})  # returns once the attacker saw its completion
     after = {name: digest(mr) for name, mr in (("target", target), ("other", other), ("local_only", local_only))}
     print(json.dumps({"before": before, "after": after, "scratch": scratch.read(32, 0).decode(errors="replace")}))
 
@@ -97,14 +101,14 @@ def attacker(index, host, port):
     pd = PD(ctx)
     cq = CQ(ctx, 16)
     local = MR(pd, SIZE, REMOTE)
-    conn = socket.create_connection((host, port))
+    conn = Peer(socket.create_connection((host, port)))
     gid = str(ctx.query_gid(1, index))
     results = {}
     for attack in [*ATTACKS, ("legitimate", "write")]:
         qp = new_qp(pd, cq)
-        peer = exchange(conn, {"qpn": qp.qp_num, "gid": gid})
+        peer = conn.exchange({"qpn": qp.qp_num, "gid": gid})
         to_rts(qp, peer["qpn"], GID(peer["gid"]), index)
-        exchange(conn, {"rts": True})  # returns once the victim's QP is in RTS too
+        conn.exchange({"rts": True})  # returns once the victim's QP is in RTS too
         kind, op = attack
         addr, rkey = peer["keys"]["target"]
         length = 64
@@ -129,7 +133,7 @@ def attacker(index, host, port):
             if n:
                 break
         results[f"{kind} / {op}"] = int(wcs[0].status)
-        exchange(conn, {"done": True})
+        conn.exchange({"done": True})
     print(json.dumps(results))
 
 
