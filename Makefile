@@ -16,17 +16,21 @@ export VRDMA_CACHE
 VENV := .venv
 VRDMA := $(VENV)/bin/vrdma
 PYTEST_ARGS ?=
+# Options of `make fuzz` (python -m fuzz.run --help), e.g. FUZZ_ARGS="--only engine --inputs 5000000".
+FUZZ_ARGS ?=
 # Each phase reports how long it took: $(call timed,NAME) COMMAND
 timed = TIMEFORMAT='[make] $(1): %1R s'; time
 
 # Debian packages the host needs: QEMU's build dependencies (the subset our configure uses), the kernel
-# module toolchain, the image tools and the firmware QEMU loads at run time (-L /usr/share/qemu, seabios).
+# module toolchain, the image tools, the firmware QEMU loads at run time (-L /usr/share/qemu, seabios), and
+# clang with libFuzzer and the sanitizer runtimes (llvm-symbolizer for their reports) for the fuzzers.
 APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev \
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data \
-	cmake libnl-3-dev libnl-route-3-dev
+	cmake libnl-3-dev libnl-route-3-dev \
+	clang-14 libclang-rt-14-dev llvm-14
 
-.PHONY: all deps apt-deps venv qemu kernel driver provider image backend bench demo test lint clean distclean
+.PHONY: all deps apt-deps venv qemu kernel driver provider image backend bench demo test lint fuzz clean distclean
 
 all: image qemu backend
 
@@ -72,7 +76,8 @@ image: kernel driver provider
 
 # The backend's cffi binding to libvhost-user, compiled from the QEMU source tree `make qemu` keeps.
 backend: qemu
-	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build && $(VENV)/bin/python backend/vrdma/engine/_build.py && $(VENV)/bin/python backend/vrdma/testing/_native_build.py
+	@$(call timed,backend) $(VENV)/bin/python -m vrdma.vhost_user._build && $(VENV)/bin/python backend/vrdma/engine/_build.py \
+	  && $(VENV)/bin/python backend/vrdma/faultguard/_build.py && $(VENV)/bin/python backend/vrdma/testing/_native_build.py
 
 bench: image qemu backend
 	@$(call timed,bench) $(VRDMA) bench
@@ -80,11 +85,16 @@ bench: image qemu backend
 demo: image qemu backend
 	@$(call timed,demo) $(VRDMA) demo
 
+# Every fuzzer for its default budget (at least 1,000,000 inputs on each interface; several minutes): a table
+# of inputs, rates, coverage and findings, also in build/fuzz/results.json. `make test` runs a smoke of each.
+fuzz: backend
+	@$(call timed,fuzz) $(VENV)/bin/python -m fuzz.run $(FUZZ_ARGS)
+
 test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests setup.py && $(VENV)/bin/mypy; }
+	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests fuzz setup.py && $(VENV)/bin/mypy; }
 
 clean:
 	rm -rf build

@@ -1,4 +1,8 @@
-"""The `vrdma backend` process as the backend tests run it, and the command every test ends with."""
+"""The `vrdma backend` process as the backend tests run it, and the command every test ends with.
+
+With VRDMA_SANITIZE=1 the backend runs with the ASan/UBSan build of its C (fuzz/sanitize.py: the data engine,
+libvhost-user and its glue, the fault guard), and a test whose backend wrote a sanitizer report fails.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,42 @@ import os
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
 
+SANITIZE = os.environ.get("VRDMA_SANITIZE") == "1"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sanitized_launch() -> tuple[list[str], dict[str, str]]:
+    """The command prefix and environment of a backend with the sanitizer build (built first if stale)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # fuzz/ lives in the checkout, beside the tests
+    from fuzz import sanitize
+
+    sanitize.build()
+    # No quarantine of freed memory: tests bound the backend's RSS growth to a MiB, and ASan's quarantine (256 MiB
+    # by default) is all they would measure.
+    return sanitize.backend_command(), sanitize.environment(quarantine_mb=0)
+
+
+def sanitizer_report(text: str) -> bool:
+    if not SANITIZE:
+        return False
+    from fuzz import sanitize
+
+    return sanitize.report_in(text)
+
 
 class BackendProcess:
     """`vrdma backend` serving vm0 and vm1, started and stopped by a test."""
+
+    # Every backend a test session started (the sanitizer tier reads their logs after each test).
+    started: ClassVar[weakref.WeakSet[BackendProcess]] = weakref.WeakSet()
 
     def __init__(self, directory: Path, names: tuple[str, ...] = ("vm0", "vm1"), test_hooks: bool = False) -> None:
         self.directory = directory
@@ -24,31 +55,69 @@ class BackendProcess:
         read_end, write_end = os.pipe()
         args = [a for name, path in self.sockets.items() for a in ("--socket-path", f"{name}={path}")]
         args += ["--admin-socket", str(self.admin), *(["--test-hooks"] if test_hooks else [])]
+        command, env = _sanitized_launch() if SANITIZE else ([sys.executable, "-m", "vrdma.cli"], None)
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vrdma.cli", "-v", "backend", *args, "--mac", "vm0=52:54:00:76:72:00",
-                 "--ready-fd", str(write_end)], pass_fds=[write_end], stdout=log, stderr=subprocess.STDOUT)
+                [*command, "-v", "backend", *args, "--mac", "vm0=52:54:00:76:72:00",
+                 "--ready-fd", str(write_end)], pass_fds=[write_end], stdout=log, stderr=subprocess.STDOUT, env=env)
         os.close(write_end)
         with os.fdopen(read_end, "rb") as ready:
             line = ready.read()  # EOF without READY: the backend failed to start
         if line != b"READY\n":
             self.proc.kill()
             raise AssertionError(f"backend did not start:\n{self.log.read_text()}")
+        if SANITIZE:
+            # The launcher says which modules it loaded: the tier must not quietly run the normal build.
+            assert self.log_text().count("sanitizer build: loaded") == 3, self.log_text()
+        BackendProcess.started.add(self)
 
     def frontend(self, name: str) -> Frontend:
         return Frontend(str(self.sockets[name]))
 
     def stop(self) -> int:
         self.proc.terminate()
-        return self.proc.wait(10)
+        try:
+            status = self.proc.wait(30 if SANITIZE else 10)
+        except subprocess.TimeoutExpired:
+            # A backend stuck in C never runs its SIGTERM handler: kill it rather than leave it spinning after the
+            # tests (a test that hung it fails here instead).
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the backend did not stop on SIGTERM:\n{self.log_text()[-5000:]}") from None
+        self.check_sanitizer()
+        return status
 
     def log_text(self) -> str:
-        return self.log.read_text()
+        return self.log.read_text(errors="replace")
+
+    def check_sanitizer(self) -> None:
+        """Fail if the backend (sanitizer build) reported anything: once, in the test that was running then (a
+        module's backend outlives that test; its log still holds the report for the tests after it)."""
+        if getattr(self, "_reported", False) or not self.log.exists():
+            return
+        if sanitizer_report(text := self.log_text()):
+            self._reported = True
+            raise AssertionError(f"sanitizer report in the backend log {self.log}:\n{text[-20000:]}")
 
     def counters(self, vm: str = "vm0") -> dict[str, Any]:
         from vrdma.backend.admin import ask
 
         return ask(self.admin, {"command": "counters"})["vms"][vm]  # type: ignore[no-any-return]
+
+    def connection(self, vm: str = "vm0") -> dict[str, Any]:
+        """The VM's connection counters (accepted, closed, protocol_errors, memory_faults, ...)."""
+        return self.counters(vm)["connection"]  # type: ignore[no-any-return]
+
+    def wait_for_closed(self, vm: str, count: int, timeout: float = 10.0) -> dict[str, Any]:
+        """Wait until the backend has closed ``count`` of the VM's connections in all; return the counters."""
+        deadline = time.monotonic() + timeout
+        while True:
+            connection = self.connection(vm)
+            if connection["closed"] >= count:
+                return connection
+            assert self.proc.poll() is None, f"the backend died:\n{self.log_text()}"
+            assert time.monotonic() < deadline, f"{vm}: {connection['closed']} connections closed, not {count}"
+            time.sleep(0.01)
 
     def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
         self.wait_for_log_count(text, 1, timeout)
@@ -59,6 +128,20 @@ class BackendProcess:
         while self.log_text().count(text) < count:
             assert time.monotonic() < deadline, f"{text!r} not logged {count} times:\n{self.log_text()}"
             time.sleep(0.01)
+
+
+def expect_closed(fe: Frontend, timeout: float = 10.0, replies_first: bool = False) -> None:
+    """The backend dropped this VM's connection. ``replies_first``: replies it sent before that are read and
+    dropped (a few socket buffers' worth at most); otherwise the first thing read must be the end."""
+    fe.sock.settimeout(timeout)
+    try:
+        for _ in range(64 if replies_first else 1):
+            data = fe.sock.recv(4096)
+            if not data:
+                return
+    except ConnectionResetError:
+        return
+    raise AssertionError(f"expected the connection to close, got {data!r}")
 
 
 def query_device(fe: Frontend, seq: int = 1) -> object:

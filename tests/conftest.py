@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from backend_process import BackendProcess
+from backend_process import SANITIZE, BackendProcess
 
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Products
@@ -37,6 +37,16 @@ def no_orphan_qemu() -> Iterator[None]:
     for proc in left:
         proc.kill()
     assert not left, f"QEMU processes left running after the tests: {[p.pid for p in left]}"
+
+
+@pytest.fixture(autouse=True)
+def no_sanitizer_reports() -> Iterator[None]:
+    """The sanitizer tier (VRDMA_SANITIZE=1): a report in any backend's log fails the test that was running, even
+    when the backend outlives it (module-scoped backends) or the test never stops it."""
+    yield
+    if SANITIZE:
+        for process in list(BackendProcess.started):
+            process.check_sanitizer()
 
 
 @pytest.fixture(scope="session")

@@ -109,3 +109,30 @@ def test_objects_are_per_vm_and_freed_on_disconnect(backend: BackendProcess) -> 
     with backend.frontend("vm0") as again:  # a new connection starts from nothing
         again.start()
         assert backend.counters("vm0")["objects"] == dict.fromkeys(OBJECT_KINDS, 0)
+
+
+def test_handle_tables_stay_bounded_however_many_objects_come_and_go() -> None:
+    """A guest that creates and destroys objects in a loop must not grow the backend: a table's memory is bounded by
+    its limit (it once remembered every handle ever issued), and a stale handle still finds nothing."""
+    import tracemalloc
+
+    from vrdma.device.objects import HandleTable
+
+    table: HandleTable[int] = HandleTable("mr", 1024)
+    held = [table.add(i) for i in range(512)]
+    stale = table.add(-1)
+    table.remove(stale)
+    tracemalloc.start()
+    try:
+        for i in range(10_000):  # warm-up: the dict reaches its working size
+            table.remove(table.add(i))
+        warm, _ = tracemalloc.get_traced_memory()
+        for i in range(50_000):
+            table.remove(table.add(i))
+        grown = tracemalloc.get_traced_memory()[0] - warm
+    finally:
+        tracemalloc.stop()
+    assert grown < 4 << 10, f"{grown} bytes kept by 50,000 more create/destroy pairs"
+    assert table.get(stale) is None and len(table) == len(held)
+    assert all(table.get(handle) == i for i, handle in enumerate(held))
+    assert len({table.add(i) for i in range(512)} | set(held)) == 1024 and table.full()

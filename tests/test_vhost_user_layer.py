@@ -13,6 +13,7 @@ from vrdma.vhost_user import protocol
 from vrdma.vhost_user.device import (
     VHOST_USER_F_PROTOCOL_FEATURES,
     VIRTIO_F_VERSION_1,
+    CloseCause,
     MemoryRegion,
     State,
     VhostUserDevice,
@@ -94,7 +95,7 @@ def pair() -> Iterator[tuple[Frontend, VhostUserDevice, FakeModel]]:
     model = FakeModel()
     device = VhostUserDevice("vm-test", back, loop, model)
     yield Frontend(front, loop), device, model
-    device.close("test over")
+    device.close("test over", CloseCause.STOPPING)
     front.close()
     loop.close()
 

@@ -37,6 +37,7 @@ struct vrdma_dev {
 	u32 cmd_seq;
 	void *cmd_buf;			/* request, then response: PAGE_SIZE, kmalloc'd (DMA-able) */
 	bool broken;			/* a timed-out command leaves the queue unusable */
+	bool lost;			/* the device forgot our objects: commands fail, the driver probes again */
 
 	/* Event queue buffers, recycled after each event. */
 	struct vrdma_event *events;
@@ -45,6 +46,7 @@ struct vrdma_dev {
 	/* Config space, read once at probe (little-endian fields converted). */
 	u32 abi_version;
 	u64 pairing_id;
+	u64 epoch;			/* the device state this driver's handles belong to (vrdma_config) */
 	u32 doorbell_pages;
 	u8 mac[6];
 
@@ -116,6 +118,8 @@ int vrdma_cmd_init(struct vrdma_dev *dev);
 void vrdma_cmd_fini(struct vrdma_dev *dev);
 void vrdma_cmd_vq_done(struct virtqueue *vq);
 int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp, size_t resp_len);
+
+void vrdma_device_lost(struct vrdma_dev *dev, const char *why);
 
 int vrdma_doorbell_pair(struct vrdma_dev *dev);
 void vrdma_doorbell_unpair(struct vrdma_dev *dev);

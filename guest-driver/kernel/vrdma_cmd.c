@@ -8,6 +8,8 @@
 #include <linux/slab.h>
 #include <linux/scatterlist.h>
 
+#include <linux/virtio_config.h>
+
 #include "vrdma.h"
 
 void vrdma_cmd_vq_done(struct virtqueue *vq)
@@ -52,6 +54,27 @@ static int vrdma_status_to_errno(u16 status)
  * Execute one command. @req starts with struct vrdma_cmd_hdr (opcode set by the caller), @resp with struct
  * vrdma_resp_hdr; both lengths are the ABI sizes of the command's structs. Returns 0 or a negative errno.
  */
+/*
+ * What a command returns once the device is lost: releasing an object succeeds (the device has forgotten it
+ * already, and the RDMA core must be able to tear everything down without it); anything else fails.
+ */
+static int vrdma_lost_status(u16 opcode)
+{
+	switch (opcode) {
+	case VRDMA_CMD_DEALLOC_UCONTEXT:
+	case VRDMA_CMD_DEALLOC_PD:
+	case VRDMA_CMD_DEREG_MR:
+	case VRDMA_CMD_DESTROY_CQ:
+	case VRDMA_CMD_DESTROY_QP:
+	case VRDMA_CMD_DESTROY_SRQ:
+	case VRDMA_CMD_DESTROY_AH:
+	case VRDMA_CMD_DEL_GID:
+		return 0;
+	default:
+		return -EIO;
+	}
+}
+
 int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp, size_t resp_len)
 {
 	struct vrdma_cmd_hdr *hdr = req;
@@ -67,12 +90,16 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp,
 	if (req_len < sizeof(*hdr) || resp_len < sizeof(*rhdr) || req_len + resp_len > PAGE_SIZE)
 		return -EINVAL;
 
+	opcode = le16_to_cpu(hdr->opcode);
 	mutex_lock(&dev->cmd_lock);
+	if (READ_ONCE(dev->lost)) {
+		ret = vrdma_lost_status(opcode);
+		goto out;
+	}
 	if (dev->broken) {
 		ret = -EIO;
 		goto out;
 	}
-	opcode = le16_to_cpu(hdr->opcode);
 	seq = ++dev->cmd_seq;
 	hdr->seq = cpu_to_le32(seq);
 	hdr->reserved = 0;
@@ -93,11 +120,19 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp,
 		goto out;
 
 	if (!wait_for_completion_timeout(&dev->cmd_done, msecs_to_jiffies(VRDMA_CMD_TIMEOUT_MS))) {
-		/* The device still owns the buffer: never reuse the queue rather than risk a late write. */
-		dev_err(&dev->vdev->dev, "command %u (seq %u) timed out after %d ms; command channel disabled\n",
-			opcode, seq, VRDMA_CMD_TIMEOUT_MS);
+		/* The device still owns the buffer: never reuse the queue rather than risk a late write. The device
+		 * is gone as far as this driver can tell: start over with a new probe. */
+		dev_err(&dev->vdev->dev, "command %u (seq %u) timed out after %d ms\n", opcode, seq,
+			VRDMA_CMD_TIMEOUT_MS);
 		dev->broken = true;
-		ret = -ETIMEDOUT;
+		mutex_unlock(&dev->cmd_lock);
+		vrdma_device_lost(dev, "a command timed out");
+		return vrdma_lost_status(opcode);
+	}
+	if (READ_ONCE(dev->lost)) {
+		/* Woken by vrdma_device_lost, not by the device: the buffer may still be the device's. */
+		dev->broken = true;
+		ret = vrdma_lost_status(opcode);
 		goto out;
 	}
 
@@ -124,6 +159,14 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp,
 		goto out;
 	}
 	ret = vrdma_status_to_errno(le16_to_cpu(rhdr->status));
+	if (ret && le16_to_cpu(rhdr->status) == VRDMA_STATUS_INVALID &&
+	    virtio_cread64(dev->vdev, offsetof(struct vrdma_config, device_epoch)) != dev->epoch) {
+		/* Refused because the device no longer knows our handles: it lost its state before its event
+		 * saying so reached us. */
+		mutex_unlock(&dev->cmd_lock);
+		vrdma_device_lost(dev, "the device's state was reset (new epoch)");
+		return vrdma_lost_status(opcode);
+	}
 	if (ret) {
 		dev_dbg(&dev->vdev->dev, "command %u: status %u\n", opcode, le16_to_cpu(rhdr->status));
 		memcpy(resp, rhdr, sizeof(*rhdr));

@@ -671,7 +671,7 @@ int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 
 /* -- events ---------------------------------------------------------------------------------------------------- */
 
-static void vrdma_cq_event(struct vrdma_dev *dev, u32 type, u32 handle)
+static void vrdma_cq_event(struct vrdma_dev *dev, u32 type, u32 handle, u64 data)
 {
 	struct vrdma_cq *cq = xa_load(&dev->cqs, handle);
 	struct ib_event ev = { .device = &dev->ib_dev, .event = IB_EVENT_CQ_ERR };
@@ -689,7 +689,7 @@ static void vrdma_cq_event(struct vrdma_dev *dev, u32 type, u32 handle)
 	}
 }
 
-static void vrdma_qp_event(struct vrdma_dev *dev, u32 type, u32 handle)
+static void vrdma_qp_event(struct vrdma_dev *dev, u32 type, u32 handle, u64 data)
 {
 	static const enum ib_event_type ib_type[] = {
 		[VRDMA_EVENT_QP_FATAL] = IB_EVENT_QP_FATAL,
@@ -712,7 +712,7 @@ static void vrdma_qp_event(struct vrdma_dev *dev, u32 type, u32 handle)
 	}
 }
 
-static void vrdma_srq_event(struct vrdma_dev *dev, u32 type, u32 handle)
+static void vrdma_srq_event(struct vrdma_dev *dev, u32 type, u32 handle, u64 data)
 {
 	struct vrdma_srq *srq = xa_load(&dev->srqs, handle);
 	struct ib_event ev = { .device = &dev->ib_dev, .event = IB_EVENT_SRQ_LIMIT_REACHED };
@@ -727,14 +727,16 @@ static void vrdma_srq_event(struct vrdma_dev *dev, u32 type, u32 handle)
 	}
 }
 
-static void vrdma_port_event(struct vrdma_dev *dev, u32 type, u32 handle)
+static void vrdma_port_event(struct vrdma_dev *dev, u32 type, u32 handle, u64 data)
 {
-	dev_dbg(&dev->vdev->dev, "port %u active\n", handle);
+	dev_dbg(&dev->vdev->dev, "port %u active, device epoch %#llx\n", handle, data);
+	if (data != dev->epoch)
+		vrdma_device_lost(dev, "the device's state was reset (new epoch)");
 }
 
 /* One handler per event type; the xarray it looks in is locked around the whole dispatch. */
 static const struct {
-	void (*handle)(struct vrdma_dev *dev, u32 type, u32 handle);
+	void (*handle)(struct vrdma_dev *dev, u32 type, u32 handle, u64 data);
 	size_t table;	/* offset of the xarray in struct vrdma_dev, 0: none */
 } vrdma_event_table[] = {
 	[VRDMA_EVENT_PORT_ACTIVE] = { vrdma_port_event, 0 },
@@ -750,6 +752,7 @@ static const struct {
 void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event)
 {
 	u32 type = le16_to_cpu(event->type), handle = le32_to_cpu(event->handle);
+	u64 data = le64_to_cpu(event->data);
 	struct xarray *xa;
 	unsigned long flags;
 
@@ -758,11 +761,11 @@ void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event
 		return;
 	}
 	if (!vrdma_event_table[type].table) {
-		vrdma_event_table[type].handle(dev, type, handle);
+		vrdma_event_table[type].handle(dev, type, handle, data);
 		return;
 	}
 	xa = (struct xarray *)((char *)dev + vrdma_event_table[type].table);
 	xa_lock_irqsave(xa, flags);
-	vrdma_event_table[type].handle(dev, type, handle);
+	vrdma_event_table[type].handle(dev, type, handle, data);
 	xa_unlock_irqrestore(xa, flags);
 }

@@ -7,6 +7,7 @@
  */
 #include <linux/module.h>
 #include <linux/slab.h>
+#include <linux/workqueue.h>
 #include <linux/virtio_config.h>
 #include <linux/virtio_ids.h>
 
@@ -46,6 +47,67 @@ static void vrdma_event_done(struct virtqueue *vq)
 	spin_unlock_irqrestore(&dev->event_lock, flags);
 }
 
+/*
+ * Device loss and recovery. The device forgot every object this driver created (its backend restarted, or its
+ * vhost-user connection was re-established, which the device epoch reveals; or it stopped answering commands).
+ * Every handle held is stale, so the driver starts over as if the device had been unplugged and plugged back:
+ * a work item reports IB_EVENT_DEVICE_FATAL and reprobes the virtio device. remove() unregisters the ib_device,
+ * which disassociates user contexts (their doorbell mappings become a zero page, their processes get
+ * IBV_EVENT_DEVICE_FATAL and EIO from further verbs, libvrdma flushes their outstanding work) without waiting for
+ * them to exit; probe() registers a fresh vrdma device. Meanwhile commands fail at once (vrdma_cmd.c), and the
+ * commands that only release an object succeed locally: the device has already forgotten it.
+ */
+struct vrdma_recovery {
+	struct work_struct work;
+	struct device *dev;	/* the virtio device, referenced until the work ran */
+	ktime_t lost_at;
+};
+
+static void vrdma_recover(struct work_struct *work)
+{
+	struct vrdma_recovery *rec = container_of(work, struct vrdma_recovery, work);
+	struct virtio_device *vdev = dev_to_virtio(rec->dev);
+	struct vrdma_dev *dev;
+	int ret;
+
+	device_lock(rec->dev);
+	dev = vdev->priv;
+	if (dev && dev->registered) {
+		struct ib_event ev = { .device = &dev->ib_dev, .event = IB_EVENT_DEVICE_FATAL,
+				       .element.port_num = 1 };
+
+		ib_dispatch_event(&ev);
+	}
+	device_unlock(rec->dev);
+	ret = device_reprobe(rec->dev);
+	if (ret)
+		dev_err(rec->dev, "probing the device again failed: %d\n", ret);
+	else
+		dev_info(rec->dev, "device recovered in %lld ms\n", ktime_ms_delta(ktime_get(), rec->lost_at));
+	put_device(rec->dev);
+	kfree(rec);
+}
+
+/* Any context, once per device life: the work item does the rest. */
+void vrdma_device_lost(struct vrdma_dev *dev, const char *why)
+{
+	struct vrdma_recovery *rec;
+
+	if (xchg(&dev->lost, true))
+		return;
+	dev_err(&dev->vdev->dev, "device lost: %s; reporting it fatal and probing again\n", why);
+	complete(&dev->cmd_done);	/* a command waiting for the old device gives up now */
+	rec = kzalloc(sizeof(*rec), GFP_ATOMIC);
+	if (!rec) {
+		dev_err(&dev->vdev->dev, "no memory to recover: unbind and bind the driver by hand\n");
+		return;
+	}
+	INIT_WORK(&rec->work, vrdma_recover);
+	rec->dev = get_device(&dev->vdev->dev);
+	rec->lost_at = ktime_get();
+	schedule_work(&rec->work);
+}
+
 static int vrdma_read_config(struct vrdma_dev *dev)
 {
 	struct virtio_device *vdev = dev->vdev;
@@ -57,6 +119,7 @@ static int vrdma_read_config(struct vrdma_dev *dev)
 		return -EINVAL;
 	}
 	dev->pairing_id = virtio_cread64(vdev, offsetof(struct vrdma_config, pairing_id));
+	dev->epoch = virtio_cread64(vdev, offsetof(struct vrdma_config, device_epoch));
 	dev->doorbell_pages = virtio_cread32(vdev, offsetof(struct vrdma_config, doorbell_pages));
 	virtio_cread_bytes(vdev, offsetof(struct vrdma_config, mac), dev->mac, sizeof(dev->mac));
 	if (dev->doorbell_pages < 2 || dev->doorbell_pages > 65536) {

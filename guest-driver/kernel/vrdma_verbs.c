@@ -208,6 +208,14 @@ static int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	return ret;
 }
 
+/*
+ * The RDMA core detaches user contexts from a device that goes away (device loss: vrdma_recover) without waiting
+ * for their processes: it replaces their doorbell mappings by a zero page itself. Nothing else maps device memory.
+ */
+static void vrdma_disassociate_ucontext(struct ib_ucontext *ibuc)
+{
+}
+
 static void vrdma_mmap_free(struct rdma_user_mmap_entry *rdma_entry)
 {
 	kfree(container_of(rdma_entry, struct vrdma_user_mmap_entry, rdma_entry));
@@ -271,6 +279,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
+	.disassociate_ucontext = vrdma_disassociate_ucontext,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,

@@ -35,6 +35,8 @@ struct vrdma_context {
 	uint32_t doorbell_page;   /* index of this context's page in the device's doorbell region */
 	size_t doorbell_size;
 	volatile uint32_t *doorbell;  /* that page, mapped from the uverbs file; only this process maps it */
+	pthread_mutex_t qps_lock;
+	struct vrdma_qp *qps;     /* every QP of the context (flushed when the device loses the context) */
 };
 
 struct vrdma_pd {
@@ -76,6 +78,7 @@ struct vrdma_qp {
 	uint32_t max_inline;
 	struct ibv_post_send wake_cmd;
 	struct ib_uverbs_post_send_resp wake_resp;
+	struct vrdma_qp *next;    /* in the context's list */
 };
 
 struct vrdma_srq {
@@ -218,6 +221,15 @@ static void wake_if_parked(struct vrdma_context *ctx, struct vrdma_qp *qp)
 	qp->wake_cmd.qp_handle = qp->vqp.qp.handle;
 	if (write(ctx->ibv_ctx.context.cmd_fd, &qp->wake_cmd, sizeof(qp->wake_cmd)) != sizeof(qp->wake_cmd))
 		verbs_err(&ctx->ibv_ctx, "vrdma: waking the device failed: %s\n", strerror(errno));
+}
+
+/*
+ * Whether the device still knows this context (VRDMA_DB_SLOT_ALIVE). A restarted backend clears the word; the
+ * kernel maps a zero page over the doorbell page when it detaches the context from a lost device.
+ */
+static inline bool ctx_alive(struct vrdma_context *ctx)
+{
+	return __atomic_load_n(&ctx->doorbell[VRDMA_DB_SLOT_ALIVE], __ATOMIC_ACQUIRE) == VRDMA_DB_ALIVE;
 }
 
 static int vrdma_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
@@ -380,6 +392,65 @@ static int vrdma_modify_cq(struct ibv_cq *ibcq, struct ibv_modify_cq_attr *attr)
 	return ibv_cmd_modify_cq(ibcq, attr, &cmd, sizeof(cmd));
 }
 
+/* A flushed work request's completion: status WR_FLUSH_ERR, and only wr_id and qp_num defined. */
+static void flush_wc(struct ibv_wc *w, uint64_t wr_id, uint32_t qp_num, enum ibv_wc_opcode opcode)
+{
+	memset(w, 0, sizeof(*w));
+	w->wr_id = wr_id;
+	w->status = IBV_WC_WR_FLUSH_ERR;
+	w->opcode = opcode;
+	w->qp_num = qp_num;
+}
+
+/* Outstanding WQEs of one ring, from the device's consumer index to our producer index, as flushed completions. */
+static int flush_queue(struct vrdma_queue *q, volatile uint32_t *cons, uint32_t qp_num, bool send, int ne,
+		       struct ibv_wc *wc)
+{
+	uint32_t at = __atomic_load_n(cons, __ATOMIC_ACQUIRE);
+	int n = 0;
+
+	if (q->prod - at > q->depth)
+		at = q->prod - q->depth;  /* an index that is not the device's: flush what the ring can hold */
+	for (; n < ne && at != q->prod; n++, at++) {
+		const uint8_t *wqe = q->base + (size_t)(at & (q->depth - 1)) * q->stride;
+		uint64_t wr_id;
+
+		memcpy(&wr_id, wqe, sizeof(wr_id));  /* wr_id is the first field of both WQE kinds */
+		flush_wc(&wc[n], wr_id, qp_num, send ? IBV_WC_SEND : IBV_WC_RECV);
+	}
+	__atomic_store_n(cons, at, __ATOMIC_RELEASE);  /* the device is gone: the consumer index is ours now */
+	return n;
+}
+
+/*
+ * The device lost the context: complete every outstanding work request of the QPs feeding this CQ with
+ * WR_FLUSH_ERR (as a QP in the error state would), so that programs polling for completions see the error instead
+ * of waiting for ever. Receives posted to an SRQ stay there, as the verbs define for a QP in error.
+ */
+static int flush_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, int ne, struct ibv_wc *wc)
+{
+	struct vrdma_qp *qp;
+	int n = 0;
+
+	pthread_mutex_lock(&ctx->qps_lock);
+	for (qp = ctx->qps; qp && n < ne; qp = qp->next) {
+		struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
+
+		if (qp->vqp.qp.send_cq == &cq->vcq.cq) {
+			pthread_spin_lock(&qp->sq.lock);
+			n += flush_queue(&qp->sq, &hdr->sq_cons, qp->vqp.qp.qp_num, true, ne - n, wc + n);
+			pthread_spin_unlock(&qp->sq.lock);
+		}
+		if (qp->vqp.qp.recv_cq == &cq->vcq.cq && !qp->vqp.qp.srq) {
+			pthread_spin_lock(&qp->rq.lock);
+			n += flush_queue(&qp->rq, &hdr->rq_cons, qp->vqp.qp.qp_num, false, ne - n, wc + n);
+			pthread_spin_unlock(&qp->rq.lock);
+		}
+	}
+	pthread_mutex_unlock(&ctx->qps_lock);
+	return n;
+}
+
 static int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
@@ -414,6 +485,9 @@ static int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 		cq->cons++;
 	}
 	__atomic_store_n(&hdr->cons, cq->cons, __ATOMIC_RELEASE);
+	/* Nothing from the device: one load tells whether it still exists for us. */
+	if (n < ne && cq->cons == prod && !ctx_alive(to_vctx(ibcq->context)))
+		n += flush_cq(to_vctx(ibcq->context), cq, ne - n, wc + n);
 	pthread_spin_unlock(&cq->lock);
 	return n;
 }
@@ -467,6 +541,10 @@ static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, vola
 {
 	int ret = 0;
 
+	if (!ctx_alive(ctx)) {
+		*bad_wr = wr;
+		return EIO;
+	}
 	pthread_spin_lock(&q->lock);
 	for (; wr; wr = wr->next) {
 		struct vrdma_recv_wqe *wqe;
@@ -502,6 +580,7 @@ static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, vola
 
 static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
+	struct vrdma_context *ctx = to_vctx(pd->context);
 	struct vrdma_create_qp_req cmd = {};
 	struct vrdma_create_qp_rsp resp = {};
 	struct ibv_qp_cap *cap = &attr->cap;
@@ -570,6 +649,10 @@ static struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr
 	qp->wake_cmd.hdr.out_words = sizeof(qp->wake_resp) / 4;
 	qp->wake_cmd.response = (uintptr_t)&qp->wake_resp;
 	qp->wake_cmd.wqe_size = sizeof(struct ibv_send_wr);
+	pthread_mutex_lock(&ctx->qps_lock);
+	qp->next = ctx->qps;
+	ctx->qps = qp;
+	pthread_mutex_unlock(&ctx->qps_lock);
 	return &qp->vqp.qp;
 
 err_buf:
@@ -643,10 +726,20 @@ static int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int att
 static int vrdma_destroy_qp(struct ibv_qp *ibqp)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_context *ctx = to_vctx(ibqp->context);
+	struct vrdma_qp **link;
 	int ret = ibv_cmd_destroy_qp(ibqp);
 
 	if (ret)
 		return ret;
+	pthread_mutex_lock(&ctx->qps_lock);
+	for (link = &ctx->qps; *link; link = &(*link)->next) {
+		if (*link == qp) {
+			*link = qp->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->qps_lock);
 	buf_free(&qp->buf);
 	pthread_spin_destroy(&qp->sq.lock);
 	pthread_spin_destroy(&qp->rq.lock);
@@ -679,6 +772,10 @@ static int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct i
 	uint32_t posted = 0;
 	int ret = 0;
 
+	if (!ctx_alive(ctx)) {
+		*bad_wr = wr;  /* the device lost this context: nothing posted now would ever complete */
+		return EIO;
+	}
 	pthread_spin_lock(&q->lock);
 	for (; wr; wr = wr->next) {
 		struct vrdma_send_wqe *wqe;
@@ -883,6 +980,7 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 
 	if (ctx->doorbell)
 		munmap((void *)ctx->doorbell, ctx->doorbell_size);
+	pthread_mutex_destroy(&ctx->qps_lock);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 }
@@ -941,6 +1039,7 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int c
 	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx, RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
+	pthread_mutex_init(&ctx->qps_lock, NULL);
 	ret = ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
@@ -963,6 +1062,7 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int c
 
 err_free:
 	/* Closing the context's file (done by the caller on failure) releases what the kernel allocated. */
+	pthread_mutex_destroy(&ctx->qps_lock);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 	errno = ret;

@@ -17,19 +17,27 @@ import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from vrdma.device.model import FAULTS, RdmaDevice
+from vrdma.device.model import FAULTS
 from vrdma.vhost_user.loop import EventLoop
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST = 4096
+
+
+class Served(Protocol):
+    """What the admin socket reads and arms of one VM the backend serves."""
+
+    def counters_snapshot(self) -> dict[str, object]: ...
+    def inject_fault(self, fault: str) -> None: ...
+
 TIMEOUT = 2.0
 
 
 class AdminSocket:
-    def __init__(self, path: Path, loop: EventLoop, devices: Callable[[], dict[str, RdmaDevice]],
+    def __init__(self, path: Path, loop: EventLoop, devices: Callable[[], dict[str, Served]],
                  test_hooks: bool) -> None:
         self.path = path
         self.loop = loop
@@ -55,7 +63,7 @@ class AdminSocket:
             except (OSError, ValueError) as err:
                 reply = {"ok": False, "error": f"bad request: {err}"}
             with contextlib.suppress(OSError):  # the client went away: nothing to tell it
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+                conn.sendall(json.dumps(reply).encode() + b"\n", socket.MSG_NOSIGNAL)
 
     def handle(self, request: Any) -> dict[str, Any]:
         if not isinstance(request, dict):

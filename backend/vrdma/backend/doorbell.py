@@ -22,18 +22,24 @@ HEADER_SIZE = abi.sizeof("vrdma_doorbell_header")
 
 
 class DoorbellRegion:
+    """The file stays open for the region's lifetime: if QEMU (which opens it by path) truncates it, ``restore``
+    gives the same inode its size back and maps it again at the same address (the data engine holds that address).
+    """
+
     def __init__(self, path: Path, size: int) -> None:
         if size <= 0 or size & (size - 1):
             raise ValueError(f"ivshmem needs a power-of-two region size, not {size}")
         self.path = path
         self.size = size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NOFOLLOW: the run directory is shared with QEMU, which must not point the backend at another file.
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            if os.fstat(fd).st_size != size:
-                os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            if os.fstat(self.fd).st_size != size:
+                os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
         header = abi.from_bytes("vrdma_doorbell_header", self.map[:HEADER_SIZE])
         if (header.magic == abi.const("VRDMA_DOORBELL_MAGIC") and header.num_pages * header.page_size == size
                 and header.pairing_id):
@@ -43,8 +49,23 @@ class DoorbellRegion:
             self.pairing_id = secrets.randbits(64) or 1
             self.reused = False
 
+    @property
+    def address(self) -> int:
+        """Where the region is mapped in this process."""
+        from vrdma.faultguard import ffi
+
+        return int(ffi.cast("uintptr_t", ffi.from_buffer(self.map)))
+
     def write_header(self, header: bytes) -> None:
         self.map[:len(header)] = header
 
+    def restore(self) -> None:
+        """After a truncation: the file gets its size back (zero-filled) and is mapped again where it was."""
+        from vrdma.faultguard import remap_shared
+
+        os.ftruncate(self.fd, self.size)
+        remap_shared(self.address, self.size, self.fd)
+
     def close(self) -> None:
         self.map.close()
+        os.close(self.fd)

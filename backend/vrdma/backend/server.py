@@ -24,7 +24,8 @@ from vrdma.device.fabric import Fabric
 from vrdma.device.model import RdmaDevice
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.errors import VrdmaError
-from vrdma.vhost_user.device import State, VhostUserDevice
+from vrdma.faultguard import FaultGuard
+from vrdma.vhost_user.device import CloseCause, State, VhostUserDevice
 from vrdma.vhost_user.loop import EventLoop
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,27 @@ class EndpointSpec:
     doorbell_path: Path | None = None
 
 
+@dataclass
+class ConnectionCounters:
+    """What happened to a VM's vhost-user connections (the admin socket's "connection" counters)."""
+
+    accepted: int = 0
+    refused: int = 0             # a second frontend while one is connected
+    closed: int = 0
+    protocol_errors: int = 0     # closes for a message the protocol layer or libvhost-user refused
+    memory_faults: int = 0       # SIGBUS contained in the guest's memory or the doorbell region
+    last_close_reason: str = ""
+
+
 class VmEndpoint:
     """One VM: its socket, its device model, its doorbell region and its current connection."""
 
-    def __init__(self, spec: EndpointSpec, loop: EventLoop, fabric: Fabric) -> None:
+    def __init__(self, spec: EndpointSpec, loop: EventLoop, fabric: Fabric, guard: FaultGuard | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.loop = loop
+        self.guard = guard
+        self.counters = ConnectionCounters()
         self.connection: VhostUserDevice | None = None
         self.listener: socket.socket | None = None
         if spec.socket_path is not None:
@@ -66,6 +81,10 @@ class VmEndpoint:
         self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id, fabric=fabric,
                                doorbells=self.doorbell.map)
         self.doorbell.write_header(self.rdma.doorbell_header())
+        self.doorbell_guard = None
+        if guard is not None:
+            self.doorbell_guard = guard.owner(f"{self.name} doorbell region", self._doorbell_fault)
+            self.doorbell_guard.guard_ranges([(self.doorbell.address, self.doorbell.size)])
         self.transport = VirtioRdmaTransport(self.rdma)
         if self.listener is not None:
             loop.add_reader(self.listener.fileno(), self._accept)
@@ -88,26 +107,66 @@ class VmEndpoint:
             return
         if self.connection is not None and self.connection.state is State.CONNECTED:
             log.error("%s: refusing a second frontend connection while one is active", self.name)
+            self.counters.refused += 1
             sock.close()
             return
         self._serve(sock)
 
     def _serve(self, sock: socket.socket) -> None:
         try:
-            self.connection = VhostUserDevice(self.name, sock, self.loop, self.transport)
+            self.connection = VhostUserDevice(self.name, sock, self.loop, self.transport, guard=self.guard,
+                                              on_closed=self._closed)
         except OSError as err:
             log.error("%s: cannot serve the connection: %s", self.name, err)
             sock.close()
+            return
+        self.counters.accepted += 1
+
+    def _closed(self, cause: CloseCause, reason: str) -> None:
+        self.counters.closed += 1
+        self.counters.last_close_reason = reason
+        if cause is CloseCause.PROTOCOL_ERROR:
+            self.counters.protocol_errors += 1
+        elif cause is CloseCause.MEMORY_FAULT:
+            self.counters.memory_faults += 1
+
+    def _doorbell_fault(self, faults: int) -> None:
+        """QEMU truncated the doorbell region: this VM's device goes down, its region comes back, the VM may
+        reconnect. No other VM is touched."""
+        if self.connection is not None and self.connection.state is not State.CLOSED:
+            self.connection.close(f"doorbell region fault: {self.doorbell.path} was truncated", CloseCause.MEMORY_FAULT)
+        else:
+            self.counters.memory_faults += 1
+        try:
+            self.doorbell.restore()
+        except OSError as err:
+            log.error("%s: the doorbell region cannot be restored (%s): the VM's device stays down", self.name, err)
+            return
+        self.doorbell.write_header(self.rdma.doorbell_header())
+        log.warning("%s: doorbell region restored in place (pairing id %#018x)", self.name, self.rdma.pairing_id)
+
+    def counters_snapshot(self) -> dict[str, object]:
+        c = self.counters
+        connected = self.connection is not None and self.connection.state is State.CONNECTED
+        return {**self.rdma.counters_snapshot(),
+                "connection": {"state": "connected" if connected else "waiting", "accepted": c.accepted,
+                               "refused": c.refused, "closed": c.closed, "protocol_errors": c.protocol_errors,
+                               "memory_faults": c.memory_faults, "last_close_reason": c.last_close_reason}}
+
+    def inject_fault(self, fault: str) -> None:
+        self.rdma.inject_fault(fault)
 
     def close(self) -> None:
         if self.connection is not None:
-            self.connection.close("the backend is stopping")
+            self.connection.close("the backend is stopping", CloseCause.STOPPING)
         if self.listener is not None:
             self.loop.remove_reader(self.listener.fileno())
             self.listener.close()
             if self.spec.socket_path is not None:
                 self.spec.socket_path.unlink(missing_ok=True)
         self.rdma.close()  # the data engine lets go of the doorbell region before it is unmapped
+        if self.doorbell_guard is not None:
+            self.doorbell_guard.release()
         self.doorbell.close()
 
 
@@ -148,6 +207,7 @@ class Backend:
         if len(set(names)) != len(names):
             raise BackendError(f"VM names must be unique: {', '.join(names)}")
         self.loop = EventLoop()
+        self.guard: FaultGuard | None = FaultGuard(self.loop)
         self.fabric = Fabric(max(1, len(specs)))
         self.endpoints: list[VmEndpoint] = []
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -155,11 +215,11 @@ class Backend:
         self.admin: AdminSocket | None = None
         try:
             for spec in specs:
-                self.endpoints.append(VmEndpoint(spec, self.loop, self.fabric))
+                self.endpoints.append(VmEndpoint(spec, self.loop, self.fabric, self.guard))
             if admin_socket is not None:
                 try:
                     self.admin = AdminSocket(admin_socket, self.loop,
-                                             lambda: {e.name: e.rdma for e in self.endpoints}, test_hooks)
+                                             lambda: {e.name: e for e in self.endpoints}, test_hooks)
                 except OSError as err:
                     raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror}") from err
         except BaseException:
@@ -189,6 +249,9 @@ class Backend:
 
     def run(self) -> None:
         previous = {sig: signal.signal(sig, lambda *_: self.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        # A VM's QEMU that closes its socket before reading a reply must cost that VM its connection (EPIPE),
+        # not the process its life: libvhost-user writes replies with plain sendmsg().
+        previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         try:
             while not self.stopping:
                 self.run_once()
@@ -209,6 +272,9 @@ class Backend:
         for endpoint in self.endpoints:
             endpoint.close()
         self.endpoints = []
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         for fd in (self._stop_r, self._stop_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

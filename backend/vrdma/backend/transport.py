@@ -80,11 +80,13 @@ class VirtioRdmaTransport:
         self.device = device
         (self.started.add if started else self.started.discard)(index)
         if started and index == EVENT:
-            # The first thing a driver learns on its event queue: the port is up.
-            self.rdma.post_event(abi.const("VRDMA_EVENT_PORT_ACTIVE"), handle=1)
+            # The first thing a driver learns on its event queue: the port is up, and the device's epoch (a driver
+            # that probed another epoch holds handles this device state never issued: it starts over).
+            self.rdma.post_event(abi.const("VRDMA_EVENT_PORT_ACTIVE"), handle=1, data=self.rdma.epoch)
         if not started and not self.started:
-            # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes.
-            self.rdma.reset()
+            # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes, but
+            # not the guest's memory table, which belongs to the connection.
+            self.rdma.reset(keep_memory=True)
 
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
         self.device = device

@@ -36,6 +36,7 @@ RECV_WQE = abi.sizeof("vrdma_recv_wqe")
 SGE = abi.sizeof("vrdma_sge")
 CQE = abi.sizeof("vrdma_cqe")
 DB_SLOTS = abi.const("VRDMA_DB_SLOTS")
+DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
 QPN_LIMIT = 1 << 24
 
 
@@ -125,7 +126,8 @@ class UserContext:
     doorbell_page: int
     pds: set[int] = field(default_factory=set)
     queues: int = 0
-    slots: SlotTable = field(default_factory=lambda: SlotTable(DB_SLOTS, first=1))
+    # Slot 0 (parked) and the last slot (alive) are the device's; the queues get the ones between.
+    slots: SlotTable = field(default_factory=lambda: SlotTable(DB_SLOT_ALIVE, first=1))
 
 
 class DataPath:
@@ -213,7 +215,9 @@ class DataPath:
         free = next((page for page in range(1, self.limits.doorbell_pages) if page not in used), None)
         if free is None or self.ucontexts.full():
             raise CommandFailed(STATUS_NO_RESOURCES, f"all {self.limits.doorbell_pages - 1} doorbell pages in use")
-        return self.ucontexts.add(UserContext(free)), free
+        handle = self.ucontexts.add(UserContext(free))
+        self.device.set_alive(free, True)
+        return handle, free
 
     def dealloc_ucontext(self, handle: int) -> None:
         ctx = self.ucontexts.get(handle)
@@ -223,6 +227,7 @@ class DataPath:
             raise CommandFailed(STATUS_BUSY, f"user context {handle:#x} still has {len(ctx.pds)} PDs and "
                                              f"{ctx.queues} queues")
         self.ucontexts.remove(handle)
+        self.device.set_alive(ctx.doorbell_page, False)
 
     def alloc_pd(self, ucontext: int) -> int:
         ctx = self.ucontexts.get(ucontext) if ucontext else None

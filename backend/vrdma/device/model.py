@@ -10,6 +10,7 @@ import collections
 import logging
 import mmap
 import secrets
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,9 @@ from vrdma.engine import ffi as engine_ffi
 log = logging.getLogger(__name__)
 
 FW_VERSION = 1
+DOORBELL_PAGE = abi.const("VRDMA_DOORBELL_PAGE_SIZE")
+DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
+ALIVE_WORD = struct.Struct("<I")
 # What counters_snapshot()["objects"] counts, per VM.
 OBJECT_KINDS = ("gid", "ucontext", "pd", "mr", "cq", "srq", "qp", "ah")
 # Test hooks (admin socket, `vrdma backend --test-hooks`): ways to spoil the next response on purpose.
@@ -65,6 +69,7 @@ class RdmaDevice:
         self.mac = mac
         self.limits = limits
         self.pairing_id = pairing_id if pairing_id is not None else secrets.randbits(64)
+        self.epoch = secrets.randbits(64) or 1  # new whenever the device forgets its state (vrdma_config)
         self.node_guid = (secrets.randbits(64) & ~0xFF) | 0x02  # locally administered
         self.fw_version = FW_VERSION
         self.counters = Counters()
@@ -72,9 +77,11 @@ class RdmaDevice:
         self.on_event: Callable[[], None] | None = None
         self.pending_fault: str | None = None
         self.gids: dict[int, Gid] = {}
+        self.memory: list[tuple[int, int, int]] = []  # the memory table the engine has, kept across resets
         self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
         if len(self.doorbells) < self.doorbell_size:
             raise ValueError(f"doorbell region of {len(self.doorbells)} bytes, the device needs {self.doorbell_size}")
+        self.clear_doorbell_pages()  # a restarted backend finds the last one's contexts' slots in the region
         self.fabric = fabric if fabric is not None else Fabric(1, limits)
         self.engine_index = self.fabric.attach(self)
         self._open_engine_device()
@@ -96,7 +103,8 @@ class RdmaDevice:
         limits = self.limits
         config = abi.new("vrdma_config", abi_version=abi.const("VRDMA_ABI_VERSION"),
                          doorbell_page_size=abi.const("VRDMA_DOORBELL_PAGE_SIZE"), pairing_id=self.pairing_id,
-                         doorbell_pages=limits.doorbell_pages, max_ucontext=limits.doorbell_pages - 1)
+                         doorbell_pages=limits.doorbell_pages, max_ucontext=limits.doorbell_pages - 1,
+                         device_epoch=self.epoch)
         config.mac = list(self.mac)
         for name in ("max_qp", "max_qp_wr", "max_sge", "max_inline_data", "max_cq", "max_cqe", "max_mr", "max_pd",
                      "max_srq", "max_srq_wr", "max_ah", "max_mr_size"):
@@ -108,6 +116,15 @@ class RdmaDevice:
                          pairing_id=self.pairing_id, abi_version=abi.const("VRDMA_ABI_VERSION"),
                          page_size=abi.const("VRDMA_DOORBELL_PAGE_SIZE"), num_pages=self.limits.doorbell_pages)
         return abi.to_bytes(header)
+
+    def set_alive(self, page: int, alive: bool) -> None:
+        """Mark a context's doorbell page as known to the device (or not): the provider flushes on zero."""
+        ALIVE_WORD.pack_into(self.doorbells, page * DOORBELL_PAGE + 4 * DB_SLOT_ALIVE,
+                             abi.const("VRDMA_DB_ALIVE") if alive else 0)
+
+    def clear_doorbell_pages(self) -> None:
+        """Every context page back to zeros: no context is known, no index is pending, nothing is parked."""
+        self.doorbells[DOORBELL_PAGE:self.doorbell_size] = bytes(self.doorbell_size - DOORBELL_PAGE)
 
     @property
     def doorbell_size(self) -> int:
@@ -165,6 +182,7 @@ class RdmaDevice:
     def set_memory(self, regions: list[tuple[int, int, int]]) -> None:
         """The guest's memory table (guest-physical start, size, host address): what the engine translates with."""
         self.fabric.engine.set_memory(self.engine_index, regions)
+        self.memory = list(regions)
 
     def _execute(self, request: bytes, capacity: int) -> bytes:
         if capacity < RESP_HDR_SIZE:
@@ -226,8 +244,12 @@ class RdmaDevice:
         self.fabric.detach(self)
         self.datapath.clear()
 
-    def reset(self) -> None:
-        """The guest reset the device or went away: forget everything it owned."""
+    def reset(self, keep_memory: bool = False) -> None:
+        """The guest reset the device or went away: forget everything it owned.
+
+        ``keep_memory``: the connection lives on (a driver reset), so the guest's memory table stays what it was:
+        QEMU sends memory-table changes only as differences (CONFIGURE_MEM_SLOTS), never the same table again.
+        """
         counts = self.datapath.counts()
         log.info("%s: device reset (%d pending events, %d GIDs, %s freed)", self.name, len(self.events),
                  len(self.gids), ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no objects")
@@ -235,8 +257,14 @@ class RdmaDevice:
         self.gids.clear()
         # Every object of the VM goes at once, in the engine too (it forgets the guest's memory with them).
         self.fabric.engine.close_device(self.engine_index)
+        self.clear_doorbell_pages()  # providers of the forgotten contexts see it and flush
         self._open_engine_device()
+        if keep_memory and self.memory:
+            self.set_memory(self.memory)
+        else:
+            self.memory = []
         self.datapath.clear()
+        self.epoch = secrets.randbits(64) or 1
 
 
 def _spoil(response: bytes, fault: str) -> bytes:

@@ -1035,17 +1035,9 @@ void vre_device_close(struct vre_engine *e, uint32_t dev)
 	memset(d, 0, sizeof(*d));
 }
 
-int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count)
+/* Objects keep their guest-physical pages: translate them again; what no longer maps is unusable. */
+static void retranslate_all(struct vre_device *d)
 {
-	struct vre_device *d = device(e, dev);
-
-	if (!d)
-		return fail(e, ENODEV, "device %u is not open", dev);
-	if (count > MAX_REGIONS)
-		return fail(e, EINVAL, "%u memory regions (at most %u)", count, MAX_REGIONS);
-	memcpy(d->regions, regions, count * sizeof(*regions));
-	d->nregions = count;
-	/* Objects keep their guest-physical pages: translate them again; what no longer maps is unusable. */
 	for (uint32_t i = 0; i < d->lim.max_mr; i++)
 		if (d->mrs[i])
 			mem_retranslate(d, &d->mrs[i]->mem);
@@ -1058,6 +1050,33 @@ int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_r
 	for (uint32_t i = 0; i < d->lim.max_qp; i++)
 		if (d->qps[i])
 			mem_retranslate(d, &d->qps[i]->ring);
+}
+
+int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count)
+{
+	struct vre_device *d = device(e, dev);
+
+	if (!d)
+		return fail(e, ENODEV, "device %u is not open", dev);
+	if (count > MAX_REGIONS)
+		return fail(e, EINVAL, "%u memory regions (at most %u)", count, MAX_REGIONS);
+	for (uint32_t i = 0; i < count; i++) {
+		/*
+		 * Guest pages must be pages here too: ring headers, CQEs and atomic targets are accessed as aligned
+		 * words, and an 8-byte atomic must not run past its page. A frontend chooses the mmap offset of a
+		 * region, so a region that starts inside a host page is the frontend's error: the device keeps no
+		 * memory at all (every object becomes unusable) rather than a table it cannot use.
+		 */
+		if ((regions[i].gpa | regions[i].hva) & (PAGE_SIZE - 1)) {
+			d->nregions = 0;
+			retranslate_all(d);
+			return fail(e, EINVAL, "memory region %u (guest %#llx at %#llx) is not page-aligned", i,
+				    (unsigned long long)regions[i].gpa, (unsigned long long)regions[i].hva);
+		}
+	}
+	memcpy(d->regions, regions, count * sizeof(*regions));
+	d->nregions = count;
+	retranslate_all(d);
 	return 0;
 }
 
@@ -1318,12 +1337,15 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	qp->retry_left = attr->retry_cnt;
 	if (attr->state == VRDMA_QPS_RESET) {
 		/* Empty queues: both sides start counting from zero again. */
-		struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
-
 		qp->sq_head = qp->rq_cons = 0;
 		qp->rnr_until = 0;
-		store_release(&hdr->sq_cons, 0);
-		store_release(&hdr->rq_cons, 0);
+		/* The ring may be gone from the memory table (its pages no longer translate): nothing to tell. */
+		if (qp->ring.valid) {
+			struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
+
+			store_release(&hdr->sq_cons, 0);
+			store_release(&hdr->rq_cons, 0);
+		}
 	}
 	return 0;
 }

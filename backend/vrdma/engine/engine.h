@@ -149,6 +149,7 @@ const char *vre_error(struct vre_engine *e);
 int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_limits *limits,
 		    uint64_t doorbell_base);
 void vre_device_close(struct vre_engine *e, uint32_t dev);
+/* The VM's memory table: page-aligned regions; a table refused leaves the device with no memory at all. */
 int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count);
 void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out);
 

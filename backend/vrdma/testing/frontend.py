@@ -9,6 +9,7 @@ use it to drive the backend at native speed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import select
@@ -34,12 +35,18 @@ class FrontendError(Exception):
 
 
 class GuestMemory:
-    """Guest RAM in a memfd: guest physical address 0 is offset 0, with a bump allocator."""
+    """Guest RAM in a memfd: guest physical address 0 is offset 0, with a bump allocator.
 
-    def __init__(self, size: int = 16 << 20) -> None:
+    Sealed against growing and shrinking as QEMU's memory-backend-memfd seals it by default (the backend refuses
+    guest RAM that could shrink under it); ``sealed=False`` makes the memory a hostile frontend would share.
+    """
+
+    def __init__(self, size: int = 16 << 20, sealed: bool = True) -> None:
         self.size = size
-        self.fd = os.memfd_create("vrdma-guest", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("vrdma-guest", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, size)
+        if sealed:
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         self.map = mmap.mmap(self.fd, size)
         self.next = 0x1000  # keep gpa 0 unused, as a null pointer should be
 

@@ -27,6 +27,18 @@ U32 = struct.Struct("<I")
 ALL_ACCESS = 0xF
 
 
+def encode_command(struct: str, opcode: int, seq: int, **fields: Any) -> bytes:
+    """A control command's bytes: ``struct`` with ``fields`` set (a dict value sets the fields of a nested struct)
+    and its header's opcode and sequence number."""
+    req = abi.new(struct, **{name: value for name, value in fields.items() if not isinstance(value, dict)})
+    for name, sub in fields.items():
+        if isinstance(sub, dict):
+            for key, value in sub.items():
+                setattr(getattr(req, name), key, value)
+    req.hdr.opcode, req.hdr.seq = opcode, seq
+    return abi.to_bytes(req)
+
+
 class CommandError(FrontendError):
     def __init__(self, name: str, status: int) -> None:
         self.status = status
@@ -114,13 +126,7 @@ class SimVerbs:
     def call(self, opcode: str, request: str, response: str, **fields: Any) -> Any:
         """Send one command; return the response struct, raise CommandError on a bad status."""
         self.seq += 1
-        req = abi.new(request, **{k: v for k, v in fields.items() if not isinstance(v, dict)})
-        for name, sub in fields.items():
-            if isinstance(sub, dict):
-                for key, value in sub.items():
-                    setattr(getattr(req, name), key, value)
-        req.hdr.opcode, req.hdr.seq = abi.const(opcode), self.seq
-        raw = self.fe.command(abi.to_bytes(req), abi.sizeof(response))
+        raw = self.fe.command(encode_command(request, abi.const(opcode), self.seq, **fields), abi.sizeof(response))
         hdr = abi.from_bytes("vrdma_resp_hdr", raw[:abi.sizeof("vrdma_resp_hdr")])
         if hdr.status != 0:
             raise CommandError(opcode, int(hdr.status))
@@ -228,6 +234,15 @@ class SimVerbs:
                        hop_limit=1)
         self.modify_qp(qp, m("STATE", "SQ_PSN", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC"),
                        qp_state=3, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=rnr_retry, max_rd_atomic=1)
+
+    def loopback_qp(self, gid: bytes, cq_entries: int = 16) -> tuple[int, SimCq, SimQp]:
+        """GID 0, a PD, a CQ and a QP on it in RTS, connected to itself: (pd, cq, qp)."""
+        self.add_gid(0, gid)
+        pd = self.alloc_pd()
+        cq = self.create_cq(cq_entries)
+        qp = self.create_qp(pd, cq, cq)
+        self.connect(qp, qp.qpn, gid)
+        return pd, cq, qp
 
     # -- posting and polling ------------------------------------------------------------------------------------
 

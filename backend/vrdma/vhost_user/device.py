@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vrdma.faultguard import FaultGuard
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.loop import EventLoop
 
@@ -38,11 +39,13 @@ MEMORY_TABLE_REQUESTS = frozenset({protocol.Request.SET_MEM_TABLE, protocol.Requ
 
 @dataclass(frozen=True)
 class MemoryRegion:
-    """One region of the guest's memory table: guest-physical start and size, and its address in this process."""
+    """One region of the guest's memory table: guest-physical start and size, and its address in this process
+    (``mapping``: the whole mmap behind it, from its page-aligned start, for the fault guard)."""
 
     gpa: int
     size: int
     host_address: int
+    mapping: tuple[int, int]
 
 if lib.vrdma_payload_size() != protocol.MAX_PAYLOAD or lib.vrdma_max_fds() != protocol.MAX_FDS:
     raise ImportError(f"libvhost-user's message layout ({lib.vrdma_payload_size()} bytes, {lib.vrdma_max_fds()} "
@@ -62,6 +65,16 @@ class DeviceModel(Protocol):
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None: ...
     def memory_changed(self, device: VhostUserDevice) -> None: ...
     def disconnected(self, device: VhostUserDevice, reason: str) -> None: ...
+
+
+class CloseCause(enum.Enum):
+    """Why a connection ended, for counters (the reason text is for people)."""
+
+    DISCONNECTED = "disconnected"        # the frontend closed its socket
+    PROTOCOL_ERROR = "protocol error"    # a message or ring libvhost-user or the protocol layer refused
+    MEMORY_FAULT = "memory fault"        # guest memory (or the VM's doorbell region) was truncated under us
+    DEVICE_ERROR = "device error"        # the device model failed
+    STOPPING = "stopping"                # the backend is shutting down
 
 
 class State(enum.Enum):
@@ -85,8 +98,13 @@ class Element:
 
 
 class VhostUserDevice:
-    def __init__(self, name: str, sock: socket.socket, loop: EventLoop, model: DeviceModel) -> None:
+    def __init__(self, name: str, sock: socket.socket, loop: EventLoop, model: DeviceModel,
+                 guard: FaultGuard | None = None,
+                 on_closed: Callable[[CloseCause, str], None] | None = None) -> None:
+        """``guard``: contain SIGBUS in the guest's memory (the backend has one; in-process tests may not).
+        ``on_closed``: told the reason once the connection is closed and everything of it freed."""
         self.name = name
+        self.on_closed = on_closed
         self.sock = sock
         self.loop = loop
         self.model = model
@@ -107,6 +125,7 @@ class VhostUserDevice:
         self._watches: dict[int, tuple[Any, Any]] = {}
         if not lib.vrdma_vu_init(self._vu, model.num_queues, sock.fileno(), self._handle, self._iface):
             raise OSError(f"{name}: libvhost-user could not initialise the device")
+        self._guard = guard.owner(f"{name} guest memory", self._memory_fault) if guard is not None else None
         _DEVICES[int(ffi.cast("uintptr_t", self._dev))] = self
         loop.add_reader(sock.fileno(), self._readable)
         log.info("%s: frontend connected", name)
@@ -121,10 +140,10 @@ class VhostUserDevice:
         try:
             messages = self.reader.read()
         except EOFError:
-            self.close("the frontend disconnected")
+            self.close("the frontend disconnected", CloseCause.DISCONNECTED)
             return
         except (protocol.ProtocolError, OSError) as err:
-            self.close(f"protocol error: {err}")
+            self.close(f"protocol error: {err}", CloseCause.PROTOCOL_ERROR)
             return
         for message in messages:
             if self.state is not State.CONNECTED:
@@ -137,9 +156,17 @@ class VhostUserDevice:
             protocol.validate(message, self.model.num_queues)
         except protocol.ProtocolError as err:
             message.close_fds()
-            self.close(f"protocol error: {err}")
+            self.close(f"protocol error: {err}", CloseCause.PROTOCOL_ERROR)
             return
         log.debug("%s: %s", self.name, message.name())
+        if message.request == protocol.Request.ADD_MEM_REG:
+            try:  # the new region against the table libvhost-user holds (the protocol layer has no state)
+                protocol.check_regions(protocol.memory_regions(message),
+                                       [(r.gpa, r.size) for r in self.memory_regions()])
+            except protocol.ProtocolError as err:
+                message.close_fds()
+                self.close(f"protocol error: {err}", CloseCause.PROTOCOL_ERROR)
+                return
         if message.request == protocol.Request.GET_PROTOCOL_FEATURES:
             # libvhost-user would add features of its own (log, postcopy, backend channel) that this backend
             # does not implement: the offer is the model's, limited to what the protocol layer accepts.
@@ -155,21 +182,25 @@ class VhostUserDevice:
         if message.request == protocol.Request.SET_PROTOCOL_FEATURES:
             unoffered = protocol.U64.unpack(message.payload)[0] & ~self.offered_protocol_features
             if unoffered:
-                self.close(f"protocol error: SET_PROTOCOL_FEATURES with features never offered: {unoffered:#x}")
+                self.close(f"protocol error: SET_PROTOCOL_FEATURES with features never offered: {unoffered:#x}",
+                           CloseCause.PROTOCOL_ERROR)
                 return
         fds = ffi.new("int[]", message.fds or [0])
         status = lib.vrdma_vu_dispatch(self._vu, message.request, message.flags, message.payload,
                                        len(message.payload), fds, len(message.fds))
         message.fds = []  # libvhost-user owns them now
         if status != 0 or self._broken():
-            self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}")
+            self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}",
+                       CloseCause.PROTOCOL_ERROR)
             return
         if message.request in MEMORY_TABLE_REQUESTS:
             try:
+                if self._guard is not None:
+                    self._guard.guard_ranges([r.mapping for r in self.memory_regions()])
                 self.model.memory_changed(self)
             except Exception as err:  # the model's failure ends this VM's connection, never the process
                 log.exception("%s: the device model failed on the new memory table", self.name)
-                self.close(f"device model error: {err}")
+                self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
 
     @property
     def offered_protocol_features(self) -> int:
@@ -178,15 +209,19 @@ class VhostUserDevice:
     def _reply(self, message: protocol.Message, payload: bytes) -> None:
         header = protocol.HEADER.pack(message.request, protocol.VERSION | protocol.FLAG_REPLY, len(payload))
         try:
-            self.sock.sendall(header + payload)
+            self.sock.sendall(header + payload, socket.MSG_NOSIGNAL)
         except OSError as err:
-            self.close(f"cannot reply to {message.name()}: {err}")
+            self.close(f"cannot reply to {message.name()}: {err}", CloseCause.DISCONNECTED)
 
     def _broken(self) -> bool:
         """libvhost-user called panic, or a Python callback failed (both mark only this device)."""
         return bool(self._dev.broken) or self.state is State.BROKEN
 
     # -- callbacks from libvhost-user -------------------------------------------------------------------------
+
+    def _memory_fault(self, faults: int) -> None:
+        self.close(f"guest memory fault: the file behind guest RAM was truncated ({faults} fault(s))",
+                   CloseCause.MEMORY_FAULT)
 
     def _panic(self, reason: str) -> None:
         log.error("%s: libvhost-user: %s", self.name, reason)
@@ -202,7 +237,8 @@ class VhostUserDevice:
         if watch is not None and self.state is State.CONNECTED:
             lib.vrdma_call_watch(watch[0], self._dev, VU_WATCH_IN, watch[1])
             if self._broken():
-                self.close(self.broken_reason or "libvhost-user marked the device broken")
+                self.close(self.broken_reason or "libvhost-user marked the device broken",
+                           CloseCause.PROTOCOL_ERROR)
 
     def _remove_watch(self, fd: int) -> None:
         self._watches.pop(fd, None)
@@ -213,7 +249,8 @@ class VhostUserDevice:
     def memory_regions(self) -> list[MemoryRegion]:
         """The guest's memory table as this process has it mapped."""
         dev = self._dev
-        return [MemoryRegion(int(r.gpa), int(r.size), int(r.mmap_addr) + int(r.mmap_offset))
+        return [MemoryRegion(int(r.gpa), int(r.size), int(r.mmap_addr) + int(r.mmap_offset),
+                             (int(r.mmap_addr), int(r.size) + int(r.mmap_offset)))
                 for r in (dev.regions[i] for i in range(dev.nregions))]
 
     def pop(self, index: int) -> Element | None:
@@ -248,16 +285,19 @@ class VhostUserDevice:
 
     # -- teardown ---------------------------------------------------------------------------------------------
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, cause: CloseCause) -> None:
         """Forget everything of this connection: memory table, vrings, fds, socket. Idempotent."""
         if self.state is State.CLOSED:
             return
-        level = logging.INFO if reason == "the frontend disconnected" else logging.ERROR
+        level = logging.INFO if cause in (CloseCause.DISCONNECTED, CloseCause.STOPPING) else logging.ERROR
         log.log(level, "%s: closing the device: %s", self.name, reason)
         self.state = State.CLOSED
         self.loop.remove_reader(self.sock.fileno())
         # The model lets go of guest memory first (its data engine holds addresses in it) ...
         self.model.disconnected(self, reason)
+        # ... and the fault guard (an address range unmapped next may be mapped again for someone else) ...
+        if self._guard is not None:
+            self._guard.release()
         # ... then vu_deinit unmaps guest memory and closes the kick/call fds (removing their watches) and the socket.
         lib.vu_deinit(self._dev)
         self.sock.detach()
@@ -265,6 +305,8 @@ class VhostUserDevice:
             self._remove_watch(fd)
         self.reader.close()
         _DEVICES.pop(int(ffi.cast("uintptr_t", self._dev)), None)
+        if self.on_closed is not None:
+            self.on_closed(cause, reason)
 
 
 _DEVICES: dict[int, VhostUserDevice] = {}

@@ -12,9 +12,11 @@ Nothing here knows about RDMA.
 from __future__ import annotations
 
 import enum
+import itertools
+import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from vrdma.errors import VrdmaError
@@ -112,6 +114,10 @@ class BadPayload(ProtocolError):
     pass
 
 
+class BadMemoryRegion(ProtocolError):
+    """A memory region the backend must not map: empty, wrapping, overlapping, past its file, or able to shrink."""
+
+
 @dataclass
 class Message:
     request: int
@@ -133,6 +139,71 @@ class Message:
         for fd in self.fds:
             socket.close(fd)
         self.fds = []
+
+
+@dataclass(frozen=True)
+class WireRegion:
+    """One region as a memory-table message describes it."""
+
+    gpa: int
+    size: int
+    userspace_addr: int
+    mmap_offset: int
+
+    @property
+    def gpa_end(self) -> int:
+        return self.gpa + self.size
+
+    def __str__(self) -> str:
+        return (f"guest {self.gpa:#x}+{self.size:#x} (frontend address {self.userspace_addr:#x}, "
+                f"file offset {self.mmap_offset:#x})")
+
+
+def memory_regions(message: Message) -> list[WireRegion]:
+    """The regions a validated SET_MEM_TABLE, ADD_MEM_REG or REM_MEM_REG carries."""
+    if message.request == Request.SET_MEM_TABLE:
+        count = MEMORY_HEADER.unpack_from(message.payload)[0]
+        return [WireRegion(*MEMORY_REGION.unpack_from(message.payload, MEMORY_HEADER.size + i * MEMORY_REGION.size))
+                for i in range(count)]
+    return [WireRegion(*MEMORY_REGION.unpack_from(message.payload, U64.size))]
+
+
+U64_END = 1 << 64
+
+
+def check_regions(new: list[WireRegion], existing: Iterable[tuple[int, int]] = ()) -> None:
+    """Refuse regions libvhost-user cannot handle safely: its region search assumes non-empty regions that do not
+    wrap or overlap (one that does sends it round its binary search for ever).
+
+    ``existing``: (guest-physical start, size) of the regions already mapped, for ADD_MEM_REG.
+    """
+    for region in new:
+        if region.size == 0:
+            raise BadMemoryRegion(f"empty memory region: {region}")
+        for what, start in (("guest-physical", region.gpa), ("frontend", region.userspace_addr),
+                            ("file offset", region.mmap_offset)):
+            if start + region.size > U64_END:
+                raise BadMemoryRegion(f"memory region wraps past 2^64 ({what} range): {region}")
+    spans = sorted([(r.gpa, r.gpa_end) for r in new] + [(gpa, gpa + size) for gpa, size in existing])
+    for (start, end), (next_start, _) in itertools.pairwise(spans):
+        if next_start < end:
+            raise BadMemoryRegion(f"memory regions overlap in guest-physical space: {start:#x}..{end:#x} and one "
+                                  f"at {next_start:#x}")
+
+
+def check_region_files(regions: list[WireRegion], fds: list[int]) -> None:
+    """Every region lies inside its file when it is mapped.
+
+    A file that shrinks later (anything but a memfd sealed with F_SEAL_SHRINK, as QEMU's memory-backend-memfd is by
+    default: hugetlbfs files, the ivshmem doorbell file QEMU also shares) is the fault guard's to contain.
+    """
+    for region, fd in zip(regions, fds, strict=True):
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as err:
+            raise BadMemoryRegion(f"cannot stat the file of memory region {region}: {err.strerror}") from None
+        if region.mmap_offset + region.size > size:
+            raise BadMemoryRegion(f"memory region {region} ends past the end of its {size}-byte file")
 
 
 def _u64(message: Message) -> int:
@@ -256,6 +327,10 @@ def validate(message: Message, num_queues: int) -> None:
     fds = fd_rule(message, num_queues)
     if len(message.fds) != fds:
         raise FdCountMismatch(f"{request.name} came with {len(message.fds)} file descriptors (expected {fds})")
+    if request in (Request.SET_MEM_TABLE, Request.ADD_MEM_REG):
+        regions = memory_regions(message)
+        check_regions(regions)
+        check_region_files(regions, message.fds)
 
 
 class MessageReader:
@@ -286,8 +361,21 @@ class MessageReader:
         return HEADER.size + int(size) - len(self.buffer)
 
     def read(self) -> list[Message]:
-        """Read what is available; return the complete messages. EOFError when the peer closed."""
+        """Read what is available; return the complete messages. EOFError when the peer closed.
+
+        On any error the file descriptors of messages already framed in this call are closed with it: they are
+        nobody else's yet (the partial message's ones stay with the reader until close()).
+        """
         messages: list[Message] = []
+        try:
+            self._read_into(messages)
+        except BaseException:
+            for message in messages:
+                message.close_fds()
+            raise
+        return messages
+
+    def _read_into(self, messages: list[Message]) -> None:
         while len(messages) < self.MAX_MESSAGES_PER_READ:
             wanted = self._wanted()
             if wanted == 0:
@@ -297,7 +385,8 @@ class MessageReader:
                 self.fds = []
                 continue
             try:
-                data, ancdata, msg_flags, _ = self.sock.recvmsg(wanted, socket.CMSG_SPACE(4 * MAX_FDS * 4))
+                data, ancdata, msg_flags, _ = self.sock.recvmsg(wanted, socket.CMSG_SPACE(4 * MAX_FDS * 4),
+                                                                socket.MSG_CMSG_CLOEXEC)
             except BlockingIOError:
                 break
             for level, kind, cmsg in ancdata:
@@ -313,7 +402,6 @@ class MessageReader:
             self.buffer += data
         if len(self.buffer) >= HEADER.size:
             self._wanted()  # check a waiting header now rather than when its payload arrives
-        return messages
 
     def close(self) -> None:
         for fd in self.fds:

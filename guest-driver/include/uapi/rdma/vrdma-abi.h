@@ -16,9 +16,9 @@
 #include <linux/types.h>
 
 /* ABI-BEGIN */
-#define VRDMA_ABI_VERSION 1
+#define VRDMA_ABI_VERSION 2
 #define VRDMA_VIRTIO_ID 42
-#define VRDMA_UVERBS_ABI_VERSION 1
+#define VRDMA_UVERBS_ABI_VERSION 2
 
 /* Virtqueues */
 #define VRDMA_QUEUE_CONTROL 0
@@ -69,7 +69,7 @@
 
 /* Events on the event queue (handle: the object's handle; data: event-specific) */
 #define VRDMA_EVENT_NONE 0
-#define VRDMA_EVENT_PORT_ACTIVE 1
+#define VRDMA_EVENT_PORT_ACTIVE 1     /* data: the device epoch (see struct vrdma_config) */
 #define VRDMA_EVENT_CQ_COMP 2         /* an armed CQ got a completion; the CQ is disarmed */
 #define VRDMA_EVENT_CQ_ERR 3          /* CQ overflow: a completion found the ring full; the CQ is in error */
 #define VRDMA_EVENT_QP_FATAL 4        /* the device could not process the QP's work (bad ring index, ...) */
@@ -171,6 +171,15 @@
  */
 #define VRDMA_DB_SLOTS 1024
 #define VRDMA_DB_SLOT_PARKED 0
+/*
+ * The last slot is the device's too: nonzero (VRDMA_DB_ALIVE) from the moment the context is allocated until the
+ * device forgets it. The device clears it when the context goes, when the device is reset and when a restarted
+ * backend finds the region; the kernel's disassociation of a dead device maps a zero page in its place. A provider
+ * whose CQ is empty reads it: zero means the device lost the context, and every outstanding work request is
+ * flushed (IBV_WC_WR_FLUSH_ERR) instead of waiting for completions that will never come.
+ */
+#define VRDMA_DB_SLOT_ALIVE 1023     /* VRDMA_DB_SLOTS - 1 */
+#define VRDMA_DB_ALIVE 0x414c4956     /* "VILA" */
 #define VRDMA_CQ_ARM_NEXT 1
 #define VRDMA_CQ_ARM_SOLICITED 2
 #define VRDMA_CQ_ARM_SEQ_SHIFT 2
@@ -211,6 +220,12 @@ struct vrdma_config {
 	__le32 max_ah;
 	__le32 reserved1;
 	__le64 max_mr_size;
+	/*
+	 * Changes whenever the device forgets its state (a reset, a new vhost-user connection, a restarted backend).
+	 * A driver that sees another epoch than the one it probed with, here or in a PORT_ACTIVE event, holds handles
+	 * the device no longer knows: it reports the device fatal and probes again.
+	 */
+	__le64 device_epoch;
 };
 
 /* Header of the doorbell region's first page. */
@@ -633,7 +648,7 @@ struct vrdma_event {
 /* ABI-END */
 
 #define VRDMA_ASSERT_SIZE(type, size) _Static_assert(sizeof(struct type) == (size), #type " changed size")
-VRDMA_ASSERT_SIZE(vrdma_config, 88);
+VRDMA_ASSERT_SIZE(vrdma_config, 96);
 VRDMA_ASSERT_SIZE(vrdma_doorbell_header, 32);
 VRDMA_ASSERT_SIZE(vrdma_cmd_hdr, 8);
 VRDMA_ASSERT_SIZE(vrdma_resp_hdr, 8);

@@ -1,0 +1,61 @@
+"""The fuzzers' smoke run (`python -m fuzz.run --smoke`, about a minute): each interface fuzzed for a few
+seconds from its corpus, none may find anything. `make fuzz` runs the same with the full budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.fuzz
+
+
+@pytest.mark.timeout(600)
+def test_every_fuzzer_runs_clean_for_a_few_seconds() -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    result = subprocess.run([sys.executable, "-m", "fuzz.run", "--smoke"], cwd=ROOT, env=env, check=False,
+                            capture_output=True, text=True, timeout=600)
+    print(result.stdout)  # the table, in the test's captured output
+    assert result.returncode == 0, f"a fuzzer found something (reproducers under fuzz/crashes/):\n{result.stdout}\n" \
+                                   f"{result.stderr[-10000:]}"
+    results = json.loads((ROOT / "build" / "fuzz" / "smoke-results.json").read_text())
+    interfaces = {entry["interface"]: entry for entry in results["interfaces"]}
+    assert set(interfaces) == {"engine", "vhost-user", "commands", "campaign"}
+    for name, entry in interfaces.items():
+        assert entry["inputs"] > 0, f"{name} ran no inputs"
+
+
+def test_the_campaign_notices_a_breach_a_crash_and_a_hang(tmp_path: Path) -> None:
+    """The campaign's oracles, each made to fire once: the victim's protected memory written behind the backend's
+    back, the backend stopped (a hang), the backend killed (a crash)."""
+    import random
+    import signal
+
+    sys.path.insert(0, str(ROOT))
+    from fuzz import campaign
+
+    backend = campaign.Backend(tmp_path)
+    try:
+        victim = campaign.Victim(backend, random.Random(1))
+        victim.timeout = 1.0
+        peer = campaign.Peer(0, campaign.GID["vm0"])
+        victim.check(backend, peer)
+        victim.verbs.memory.write(victim.protected[1].addr + 100, b"x")
+        with pytest.raises(campaign.CampaignFailure, match="isolation"):
+            victim.check(backend, peer)
+        victim.digest = victim.hash()
+        backend.proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(campaign.CampaignFailure, match="hang"):
+            victim.check(backend, peer)
+        backend.proc.send_signal(signal.SIGKILL)
+        with pytest.raises(campaign.CampaignFailure, match="crash"):
+            victim.check(backend, peer)
+    finally:
+        backend.proc.kill()
+        backend.proc.wait()

@@ -1,0 +1,66 @@
+"""The sanitizer tier: the backend-process tests (tests/test_backend_*.py) against a `vrdma backend` whose C (data
+engine, libvhost-user and its glue, fault guard) is built with AddressSanitizer and UndefinedBehaviorSanitizer.
+
+fuzz/sanitize.py builds and launches it; tests/backend_process.py starts the backend that way when
+VRDMA_SANITIZE=1 (ASan with no quarantine of freed memory there: several tests bound the backend's RSS growth)
+and fails a test whose backend wrote a sanitizer report.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fuzz import sanitize  # noqa: E402
+
+pytestmark = pytest.mark.sanitize
+
+# Tests the tier leaves out, with the reason (none so far).
+NOT_UNDER_ASAN: list[str] = []
+
+# A doorbell region one page long for a device that says it has two: parking writes slot 0 of page 1, one byte
+# past the buffer. The normal build does not notice; the sanitizer build must.
+OVERFLOW = """
+from fuzz import sanitize
+sanitize.install()
+from vrdma.engine import ffi, lib
+engine = lib.vre_engine_new(1)
+region = ffi.new("char[]", 4096)
+limits = ffi.new("struct vre_device_limits *", {"max_qp": 1, "max_cq": 1, "max_mr": 1, "max_srq": 1,
+                                                "doorbell_pages": 2})
+assert lib.vre_device_open(engine, 0, limits, int(ffi.cast("uintptr_t", region))) == 0
+lib.vre_park(engine)
+print("not caught")
+"""
+
+
+def test_the_sanitizer_build_catches_an_overflow_in_the_engine() -> None:
+    sanitize.build()
+    result = subprocess.run([sys.executable, "-c", OVERFLOW], cwd=ROOT, env=sanitize.environment(), check=False,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "not caught" not in result.stdout, result.stdout + result.stderr
+    assert "heap-buffer-overflow" in result.stderr and "vre_park" in result.stderr, result.stderr
+    assert sanitize.report_in(result.stderr)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(os.environ.get("VRDMA_SANITIZE") == "1", reason="already inside the sanitizer tier")
+def test_backend_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
+    sanitize.build()
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_backend_*.py"))
+    env = dict(os.environ, VRDMA_SANITIZE="1")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"),
+               *tests, *(arg for test in NOT_UNDER_ASAN for arg in ("--deselect", test))]
+    result = subprocess.run(command, cwd=ROOT, env=env, check=False, capture_output=True, text=True,
+                            timeout=1200)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    print(f"sanitizer tier: {summary}")
+    assert result.returncode == 0, f"the backend tests under ASan/UBSan failed:\n{result.stdout[-30000:]}\n" \
+                                   f"{result.stderr[-5000:]}"
