@@ -18,6 +18,8 @@ VRDMA := $(VENV)/bin/vrdma
 PYTEST_ARGS ?=
 # Options of `make fuzz` (python -m fuzz.run --help), e.g. FUZZ_ARGS="--only engine --inputs 5000000".
 FUZZ_ARGS ?=
+# Driver reload cycles `make fuzz` runs in a guest after the fuzzers.
+RELOAD_CYCLES ?= 1000
 # Each phase reports how long it took: $(call timed,NAME) COMMAND
 timed = TIMEFORMAT='[make] $(1): %1R s'; time
 
@@ -87,8 +89,11 @@ demo: image qemu backend
 
 # Every fuzzer for its default budget (at least 1,000,000 inputs on each interface; several minutes): a table
 # of inputs, rates, coverage and findings, also in build/fuzz/results.json. `make test` runs a smoke of each.
-fuzz: backend
+# Then RELOAD_CYCLES `rmmod vrdma; modprobe vrdma` cycles in a guest with objects open (make test runs 100).
+fuzz: image qemu backend
 	@$(call timed,fuzz) $(VENV)/bin/python -m fuzz.run $(FUZZ_ARGS)
+	@$(call timed,reload-cycles) env VRDMA_RELOAD_CYCLES=$(RELOAD_CYCLES) $(VENV)/bin/python -m pytest -p no:cacheprovider \
+		-q --log-cli-level=INFO tests/test_vm_driver.py::test_driver_reload_cycles_with_objects_open_leak_nothing
 
 test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)

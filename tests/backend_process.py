@@ -7,6 +7,7 @@ libvhost-user and its glue, the fault guard), and a test whose backend wrote a s
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -80,7 +81,11 @@ class BackendProcess:
             status = self.proc.wait(30 if SANITIZE else 10)
         except subprocess.TimeoutExpired:
             # A backend stuck in C never runs its SIGTERM handler: kill it rather than leave it spinning after the
-            # tests (a test that hung it fails here instead).
+            # tests (a test that hung it fails here instead), after SIGUSR1 wrote its stacks to the log.
+            self.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while "most recent call first" not in self.log_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"the backend did not stop on SIGTERM:\n{self.log_text()[-5000:]}") from None

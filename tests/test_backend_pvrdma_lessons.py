@@ -52,7 +52,8 @@ SEND_WQE = abi.sizeof("vrdma_send_wqe")
 RECV_WQE = abi.sizeof("vrdma_recv_wqe")
 CQE = abi.sizeof("vrdma_cqe")
 RESP_HDR = abi.sizeof("vrdma_resp_hdr")
-LIMITS = {"max_sge": 16, "max_cqe": 65536, "max_qp_wr": 4096, "max_mr_size": 1 << 30, "max_msg_size": 1 << 31}
+LIMITS = {"max_sge": 16, "max_cqe": 65536, "max_qp_wr": 4096, "max_mr_size": 1 << 30, "max_msg_size": 1 << 31,
+          "max_translated_pages": 1 << 22}
 MR_SIZE = 64 << 10
 SENTINEL = 0xA5  # what the device must not have written over
 OUTSIDE = 0x100000  # this far past the end of guest RAM: not a guest page
@@ -477,9 +478,6 @@ def test_ring_of_an_impossible_size_is_refused(vm0: Vm, kind: str, field: str, v
 QP_RING_GAPS = ["gap before the send queue", "gap before the receive queue", "unused receive offset with an SRQ"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a QP ring's page count follows sq_offset/rq_offset, which the device "
-                                       "does not bound by what the queues need (datapath.py create_qp, engine.c "
-                                       "ring_fits): a 2-page QP can make the backend hold a 262144-page table")
 @pytest.mark.parametrize("case", QP_RING_GAPS)
 def test_qp_ring_larger_than_its_queues_is_refused(backend: BackendProcess, case: str) -> None:
     """CVE-2023-1544: "a crafted guest driver [could] allocate and initialize a huge number of page tables to be
@@ -511,6 +509,33 @@ def test_qp_ring_larger_than_its_queues_is_refused(backend: BackendProcess, case
         assert statuses == [STATUS["INVALID"]] * 8
         assert objects(backend, "vm0") == before
         assert rss(backend) - memory < 4 << 20
+
+
+def test_translated_pages_of_a_vm_are_bounded(backend: BackendProcess) -> None:
+    """CVE-2023-1544's lesson for MRs: each page of an MR's list costs the backend a translation (16 bytes) whatever
+    guest page it names, so three guest pages can ask for 4 MiB of backend memory per 1 GiB MR, and max_mr of them
+    for 16 GiB. A VM's translated pages are bounded as an HCA's translation table is (max_translated_pages): MRs
+    past it are refused with STATUS_NO_RESOURCES, the backend's RSS grows by at most the budget's worth, and a
+    deregistration gives its pages back."""
+    budget, per_mr = LIMITS["max_translated_pages"], LIMITS["max_mr_size"] // PAGE
+    with backend.frontend("vm0") as fe:
+        fe.start()
+        v = SimVerbs(fe, backend.directory / "vm0.doorbell")
+        pd, pages = v.alloc_pd(), aliased_pages(v, per_mr)
+        memory = rss(backend)
+
+        def reg() -> Any:
+            return v.call(*MR, pd=pd, access=0xF, iova=0x1_0000_0000, length=per_mr * PAGE, page_offset=0,
+                          pages=pages)
+
+        mrs = [reg() for _ in range(budget // per_mr)]
+        statuses = [status_of(reg) for _ in range(8)]
+        assert statuses == [STATUS["NO_RESOURCES"]] * 8
+        assert objects(backend, "vm0")["mr"] == len(mrs)
+        assert rss(backend) - memory < budget * 16 + (8 << 20)
+        v.call("VRDMA_CMD_DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=mrs.pop().handle)
+        mrs.append(reg())
+        assert status_of(reg) == STATUS["NO_RESOURCES"]
 
 
 # == 3. integer overflow in address/length arithmetic ================================================================
@@ -679,9 +704,6 @@ def test_garbage_receive_producer_index_breaks_only_that_queue(backend: BackendP
     round_trip(receiver, sender, wr_id=99)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: engine.c flush_recv trusts a garbage receive producer index one "
-                                       "ring's worth per pass, pass after pass, flushing ~2^31 phantom receives "
-                                       "(a core busy for seconds per doorbell store) instead of one ring's worth")
 @pytest.mark.parametrize("how", ["QP moved to the error state", "QP made fatal by a SEND"])
 def test_garbage_receive_index_flushes_at_most_one_ring(backend: BackendProcess, pair: tuple[Side, Side],
                                                         how: str) -> None:
@@ -1103,9 +1125,6 @@ def test_failed_creates_leave_nothing_behind(backend: BackendProcess, case: str)
         assert set(final["objects"].values()) == {0} and final["doorbell_pages"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: DataPath.create_qp takes its doorbell slots in a list comprehension; "
-                                       "when the second _db_slot() fails the first slot is never in db_slots, so "
-                                       "the rollback gives nothing back and that slot is lost to the context")
 def test_qp_create_that_runs_out_of_doorbell_slots_half_way_gives_back_the_first(backend: BackendProcess) -> None:
     """CVE-2018-20126 (a failed QP creation must release what it took) with resources exhausted half-way: a context
     whose doorbell page has exactly one free slot asks for a QP (two slots). Each of 1000 attempts is refused with

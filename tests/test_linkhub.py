@@ -36,7 +36,9 @@ def hub(tmp_path: Path) -> Iterator[tuple[Path, list[socket.socket]]]:
                               daemon=True)
     thread.start()
     yield tmp_path / "hub.sock", guests
-    hub_sock.shutdown(socket.SHUT_RDWR)
+    hub_sock.shutdown(socket.SHUT_RDWR)  # the thread returns; closing first could give its fd to the next test
+    thread.join(5)
+    assert not thread.is_alive()
     hub_sock.close()
     for sock in guests:
         sock.close()

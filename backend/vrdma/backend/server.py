@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import logging
 import os
 import signal
@@ -252,10 +253,14 @@ class Backend:
         # A VM's QEMU that closes its socket before reading a reply must cost that VM its connection (EPIPE),
         # not the process its life: libvhost-user writes replies with plain sendmsg().
         previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        # SIGUSR1 writes every thread's Python stack to stderr (the log), from the signal handler itself: it answers
+        # even while the loop is inside C, which is where a backend that does not stop would be.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             while not self.stopping:
                 self.run_once()
         finally:
+            faulthandler.unregister(signal.SIGUSR1)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         log.info("stopping")

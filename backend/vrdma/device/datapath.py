@@ -9,6 +9,7 @@ guessable from another key and a QP number is not reused at once.
 
 from __future__ import annotations
 
+import errno
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -168,7 +169,8 @@ class DataPath:
         try:
             getattr(device.fabric.engine, call)(*args)
         except EngineError as err:
-            raise CommandFailed(STATUS_INVALID, str(err)) from err
+            status = STATUS_NO_RESOURCES if err.errno == errno.ENOMEM else STATUS_INVALID
+            raise CommandFailed(status, str(err)) from err
 
     def _pd(self, handle: int) -> Pd:
         pd = self.pds.get(handle)
@@ -451,7 +453,8 @@ class DataPath:
             raise CommandFailed(STATUS_NO_RESOURCES, f"all {limits.max_qp} QPs in use")
         db_slots: list[int] = []
         try:
-            db_slots = [self._db_slot(ctx) for _ in range(1 if srq else 2)]
+            for _ in range(1 if srq else 2):  # a loop, not a comprehension: a slot taken is in db_slots at once
+                db_slots.append(self._db_slot(ctx))
         except CommandFailed:
             for db in db_slots:
                 ctx.slots.give(db)

@@ -95,7 +95,8 @@ class RdmaDevice:
             "max_sge": limits.max_sge, "max_inline": limits.max_inline_data, "max_qp_wr": limits.max_qp_wr,
             "max_cqe": limits.max_cqe, "max_srq_wr": limits.max_srq_wr,
             "max_mr_pages": limits.max_mr_size // abi.const("VRDMA_PAGE_SIZE"),
-            "doorbell_pages": limits.doorbell_pages, "max_msg_size": limits.max_msg_size}, base)
+            "doorbell_pages": limits.doorbell_pages, "max_pages_total": limits.max_translated_pages,
+            "max_msg_size": limits.max_msg_size}, base)
 
     # -- config space and doorbell region -----------------------------------------------------------------
 

@@ -17,6 +17,9 @@ class DeviceLimits:
     max_cqe: int = 65536
     max_mr: int = 4096
     max_mr_size: int = 1 * GIB      # two levels of page-list pages: 512 * 512 pages of 4 KiB
+    # Pages translated for all of one VM's MRs and rings together (an HCA's translation-table size): 16 GiB
+    # registered at once. Each costs the backend 16 bytes whatever page it names, so this bounds a VM at 64 MiB.
+    max_translated_pages: int = 1 << 22
     max_pd: int = 1024
     max_srq: int = 256
     max_srq_wr: int = 4096

@@ -27,7 +27,11 @@ COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", 
 
 
 class EngineError(VrdmaError):
-    """The engine refused a configuration (its message says why)."""
+    """The engine refused a configuration (its message says why; ``errno`` is ENOMEM when a budget ran out)."""
+
+    def __init__(self, message: str, errno: int) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Engine:
 
     def _check(self, ret: int) -> int:
         if ret < 0:
-            raise EngineError(ffi.string(lib.vre_error(self._e)).decode(errors="replace"))
+            raise EngineError(ffi.string(lib.vre_error(self._e)).decode(errors="replace"), -ret)
         return ret
 
     # -- devices ------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #define MAX_REGIONS 64
 #define DB_WORDS (VRDMA_DOORBELL_PAGE_SIZE / 4)
 #define RNR_INFINITE 7
+#define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
 
 /* Guest memory an object spans: its pages' guest-physical addresses and where they are mapped here. */
 struct vre_mem {
@@ -90,6 +91,7 @@ struct vre_device {
 	struct vre_qp **active;   /* the QPs, densely, for polling */
 	uint32_t nactive;
 	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none): the only time CQs are scanned */
+	uint64_t pages_in_use;    /* translated pages of its MRs and rings, bounded by lim.max_pages_total */
 	struct vre_counters counters;
 };
 
@@ -185,7 +187,16 @@ static void mem_free(struct vre_mem *m)
 	memset(m, 0, sizeof(*m));
 }
 
-/* Read a page list (levels 1 or 2) out of guest memory and translate every page once. */
+/* An object's pages leave the device's translation budget (mem_load charged them). */
+static void mem_put(struct vre_device *d, struct vre_mem *m)
+{
+	d->pages_in_use -= m->npages;
+	mem_free(m);
+}
+
+/* Read a page list (levels 1 or 2) out of guest memory and translate every page once. Each translated page costs
+ * the backend 16 bytes whatever guest page it names (a list may name one page 262,144 times), so the device's pages
+ * together are bounded, as an HCA's translation table is: past the budget a registration fails with ENOMEM. */
 static int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc,
 		    uint32_t max_pages, struct vre_mem *m)
 {
@@ -195,6 +206,9 @@ static int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 	memset(m, 0, sizeof(*m));
 	if (n == 0 || n > max_pages)
 		return fail(e, EINVAL, "page list of %u pages (1..%u allowed)", n, max_pages);
+	if (n > d->lim.max_pages_total - d->pages_in_use)
+		return fail(e, ENOMEM, "page list of %u pages: the device has %llu of %u pages translated", n,
+			    (unsigned long long)d->pages_in_use, d->lim.max_pages_total);
 	if (desc->levels == 1 ? n > VRDMA_PBL_ENTRIES :
 	    desc->levels == 2 ? n > VRDMA_PBL_ENTRIES * VRDMA_PBL_ENTRIES : true)
 		return fail(e, EINVAL, "page list of %u pages cannot have %u levels", n, desc->levels);
@@ -234,6 +248,7 @@ static int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 		}
 	}
 	m->valid = true;
+	d->pages_in_use += n;
 	return 0;
 }
 
@@ -535,7 +550,8 @@ static uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		return 0;  /* an SRQ's receives belong to the other QPs sharing it */
 	prod = load_acquire(qp->rq_db);
 	if (prod - qp->rq_cons > qp->cfg.rq_depth)
-		prod = qp->rq_cons + qp->cfg.rq_depth;  /* never trust more than one ring's worth */
+		return 0;  /* more receives than the ring holds: the index is garbage and names nothing posted (clamping
+			    * it to one ring's worth flushed another ring's worth on every pass, without end) */
 	while (qp->rq_cons != prod && n < budget) {
 		struct vrdma_recv_wqe w;
 		struct vrdma_cqe cqe = { .status = VRDMA_WC_WR_FLUSH_ERR, .opcode = VRDMA_WC_OP_RECV,
@@ -989,7 +1005,8 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 		return fail(e, EBUSY, "device %u is open", dev);
 	if (!is_pow2(limits->max_qp) || !is_pow2(limits->max_cq) || !is_pow2(limits->max_mr) ||
 	    !is_pow2(limits->max_srq) || limits->max_sge > VRDMA_PAGE_SIZE / sizeof(struct vrdma_sge) ||
-	    limits->max_inline > VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe) || !doorbell_base)
+	    limits->max_inline > VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe) || !limits->max_pages_total ||
+	    !doorbell_base)
 		return fail(e, EINVAL, "unusable device limits");
 	memset(d, 0, sizeof(*d));
 	d->lim = *limits;
@@ -1132,7 +1149,7 @@ void vre_mr_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 
 	if (!d || slot >= d->lim.max_mr || !d->mrs[slot])
 		return;
-	mem_free(&d->mrs[slot]->mem);
+	mem_put(d, &d->mrs[slot]->mem);
 	free(d->mrs[slot]);
 	d->mrs[slot] = NULL;
 }
@@ -1187,7 +1204,7 @@ void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 
 	if (!d || slot >= d->lim.max_cq || !d->cqs[slot])
 		return;
-	mem_free(&d->cqs[slot]->ring);
+	mem_put(d, &d->cqs[slot]->ring);
 	free(d->cqs[slot]);
 	d->cqs[slot] = NULL;
 }
@@ -1251,7 +1268,7 @@ void vre_srq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 
 	if (!d || slot >= d->lim.max_srq || !d->srqs[slot])
 		return;
-	mem_free(&d->srqs[slot]->ring);
+	mem_put(d, &d->srqs[slot]->ring);
 	free(d->srqs[slot]);
 	d->srqs[slot] = NULL;
 }
@@ -1261,6 +1278,14 @@ static bool ring_fits(uint32_t depth, uint32_t stride, uint32_t offset, uint64_t
 {
 	return offset >= PAGE_SIZE && !(offset & (PAGE_SIZE - 1)) && offset <= end &&
 	       (uint64_t)depth * stride <= end - offset;
+}
+
+/* The most pages a QP ring may have: its header page and its queues, each queue rounded up to whole pages. The
+ * offsets may place the queues anywhere in that, but not add pages nothing uses (each costs a translation). */
+static uint64_t qp_ring_pages(uint32_t sq_depth, uint32_t sq_stride, uint32_t rq_depth, uint32_t rq_stride)
+{
+	return 1 + DIV_ROUND_UP((uint64_t)sq_depth * sq_stride, PAGE_SIZE) +
+	       DIV_ROUND_UP((uint64_t)rq_depth * rq_stride, PAGE_SIZE);
 }
 
 int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *c)
@@ -1291,6 +1316,10 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 		       c->rq_stride || !ring_fits(c->rq_depth, c->rq_stride, c->rq_offset, size)))
 		return fail(e, EINVAL, "receive queue layout (depth %u, stride %u, offset %u, %u SGEs) is not usable",
 			    c->rq_depth, c->rq_stride, c->rq_offset, c->max_recv_sge);
+	if (c->ring.npages > qp_ring_pages(c->sq_depth, c->sq_stride, own_rq ? c->rq_depth : 0, c->rq_stride))
+		return fail(e, EINVAL, "QP ring of %u pages: its header and queues need %llu", c->ring.npages,
+			    (unsigned long long)qp_ring_pages(c->sq_depth, c->sq_stride, own_rq ? c->rq_depth : 0,
+							      c->rq_stride));
 	if (!db_slot(d, c->db_page, c->sq_db_slot) || (own_rq && !db_slot(d, c->db_page, c->rq_db_slot)))
 		return fail(e, EINVAL, "QP doorbell slots unusable");
 	qp = calloc(1, sizeof(*qp));
@@ -1369,7 +1398,7 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 	qp = d->qps[slot];
 	d->active[qp->index] = d->active[--d->nactive];
 	d->active[qp->index]->index = qp->index;
-	mem_free(&qp->ring);
+	mem_put(d, &qp->ring);
 	free(qp);
 	d->qps[slot] = NULL;
 }

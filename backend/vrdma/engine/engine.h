@@ -42,7 +42,7 @@ struct vre_device_limits {
 	uint32_t max_srq_wr;
 	uint32_t max_mr_pages;
 	uint32_t doorbell_pages;
-	uint32_t reserved;
+	uint32_t max_pages_total; /* pages translated for all of a device's MRs and rings together (the MTT budget) */
 	uint64_t max_msg_size;
 };
 

@@ -32,7 +32,11 @@ BROADCAST_BIT = 0x01  # the I/G bit of the first destination octet: set for broa
 
 
 def serve(sock: socket.socket, guests: Sequence[str]) -> None:
-    """Forward frames until the socket is closed or the process is told to stop."""
+    """Forward frames until the socket is shut down or closed, or the process is told to stop.
+
+    To stop a hub served in a thread, shut its socket down, join the thread, and only then close the socket: a
+    socket closed under a thread about to call recvfrom() can hand its fd number to a new socket, whose datagrams
+    the old thread would then take."""
     where: dict[bytes, str] = {}
     known = set(guests)
     while True:
@@ -40,6 +44,8 @@ def serve(sock: socket.socket, guests: Sequence[str]) -> None:
             frame, source = sock.recvfrom(MAX_FRAME)
         except OSError:
             return
+        if not frame and source is None:
+            return  # shut down (a guest's datagram, even an empty one, comes from its bound address)
         if source not in known or len(frame) < 14:
             continue  # not one of our guests, or not an Ethernet frame
         where[frame[6:12]] = source
