@@ -34,7 +34,7 @@ from vrdma.engine import ffi, lib
 engine = lib.vre_engine_new(1)
 region = ffi.new("char[]", 4096)
 limits = ffi.new("struct vre_device_limits *", {"max_qp": 1, "max_cq": 1, "max_mr": 1, "max_srq": 1,
-                                                "doorbell_pages": 2})
+                                                "doorbell_pages": 2, "max_pages_total": 1})
 assert lib.vre_device_open(engine, 0, limits, int(ffi.cast("uintptr_t", region))) == 0
 lib.vre_park(engine)
 print("not caught")

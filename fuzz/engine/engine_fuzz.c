@@ -284,7 +284,8 @@ static void read_limits(struct in *in, struct vm *vm)
 
 	*l = (struct vre_device_limits){ .max_qp = 8, .max_cq = 8, .max_mr = 8, .max_srq = 4, .max_sge = 16,
 					 .max_inline = 256, .max_qp_wr = 4096, .max_cqe = 4096, .max_srq_wr = 4096,
-					 .max_mr_pages = 4096, .doorbell_pages = 4, .max_msg_size = DEFAULT_MAX_MSG };
+					 .max_mr_pages = 4096, .doorbell_pages = 4, .max_pages_total = 1u << 16,
+					 .max_msg_size = DEFAULT_MAX_MSG };
 	if (!(sel & 1))
 		return;
 	l->max_qp = pow2_limit(u8(in));
@@ -299,6 +300,8 @@ static void read_limits(struct in *in, struct vm *vm)
 	l->max_mr_pages = sel & 2 ? VRDMA_PBL_ENTRIES * VRDMA_PBL_ENTRIES : 1 + u16(in);
 	l->doorbell_pages = u8(in) % 9;
 	l->max_msg_size = sel & 4 ? u64(in) : DEFAULT_MAX_MSG;
+	/* A small translation budget makes registrations run out of it (0: the device does not open). */
+	l->max_pages_total = sel & 16 ? u16(in) : 1u << 22;
 	if (sel & 8)
 		l->max_qp = 3;                /* not a power of two: the device does not open */
 }
