@@ -42,6 +42,21 @@ def sanitizer_report(text: str) -> bool:
     return sanitize.report_in(text)
 
 
+def _describe_fds(pid: int) -> str:
+    """Every open fd of a process, and for an epoll fd the fds it watches (to see what a stuck loop waits on)."""
+    lines = []
+    base = Path(f"/proc/{pid}/fd")
+    for fd in sorted(base.iterdir(), key=lambda p: int(p.name)):
+        try:
+            target = os.readlink(fd)
+            info = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text()
+        except OSError:
+            continue
+        watched = [line.split()[1] for line in info.splitlines() if line.startswith("tfd:")]
+        lines.append(f"{fd.name} -> {target}" + (f" watching {' '.join(watched)}" if watched else ""))
+    return "\n".join(lines)
+
+
 class BackendProcess:
     """`vrdma backend` serving vm0 and vm1, started and stopped by a test."""
 
@@ -86,9 +101,11 @@ class BackendProcess:
             deadline = time.monotonic() + 5
             while "most recent call first" not in self.log_text() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            fds = _describe_fds(self.proc.pid)
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"the backend did not stop on SIGTERM:\n{self.log_text()[-5000:]}") from None
+            raise AssertionError(f"the backend did not stop on SIGTERM:\n{self.log_text()[-5000:]}\n"
+                                 f"its fds (and what each epoll watches):\n{fds}") from None
         self.check_sanitizer()
         return status
 
