@@ -221,3 +221,24 @@ def test_an_exception_in_the_model_closes_only_that_device(
     front.send(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(model.protocol_features()))
     front.send(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, 16, 0) + bytes(16))
     assert closed(device, model, "_get_config_cb failed: model bug"), model.disconnect_reason
+
+
+def test_a_reused_fd_number_is_watched_even_if_the_old_one_was_never_removed() -> None:
+    """An fd closed without remove_reader leaves its number in the selector; a new fd with that number must still be
+    watched (with modify(), only the callback changed and the new fd never woke the loop)."""
+    loop = EventLoop()
+    old_r, old_w = os.pipe()
+    loop.add_reader(old_r, lambda: None)
+    os.close(old_r)
+    os.close(old_w)
+    new_r, new_w = os.pipe()
+    try:
+        assert new_r == old_r  # the lowest free number: the one just closed
+        woke: list[int] = []
+        loop.add_reader(new_r, lambda: woke.append(new_r))
+        os.write(new_w, b"x")
+        assert loop.run_once(timeout=5) == 1 and woke == [new_r]
+    finally:
+        os.close(new_r)
+        os.close(new_w)
+        loop.close()

@@ -16,11 +16,14 @@ class EventLoop:
         self.selector = selectors.DefaultSelector()
 
     def add_reader(self, fd: int, callback: Callback) -> None:
-        """Call ``callback`` whenever ``fd`` is readable (replacing an earlier callback for it)."""
+        """Call ``callback`` whenever ``fd`` is readable (replacing an earlier callback for it).
+
+        Always registered anew: an entry for this number may be stale (an fd closed without remove_reader, its number
+        since reused), and selector.modify() with unchanged events only swaps the callback, so the new fd would
+        never be watched by the kernel at all."""
         if fd in self.selector.get_map():
-            self.selector.modify(fd, selectors.EVENT_READ, callback)
-        else:
-            self.selector.register(fd, selectors.EVENT_READ, callback)
+            self.selector.unregister(fd)  # epoll forgot a closed fd by itself; the selector ignores that error
+        self.selector.register(fd, selectors.EVENT_READ, callback)
 
     def remove_reader(self, fd: int) -> None:
         if fd in self.selector.get_map():
