@@ -12,11 +12,13 @@ import subprocess
 import sys
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
+from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
 
 SANITIZE = os.environ.get("VRDMA_SANITIZE") == "1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,3 +173,30 @@ def query_device(fe: Frontend, seq: int = 1) -> object:
                                                                   "seq": seq}))
     response = fe.command(request, abi.sizeof("vrdma_resp_query_device"))
     return abi.from_bytes("vrdma_resp_query_device", response)
+
+
+@dataclass
+class SimSide:
+    """One simulated VM ready for RC traffic: its GID at index 0, a PD, a 64-entry CQ, an RC QP on it, one MR."""
+
+    verbs: SimVerbs
+    pd: int
+    cq: SimCq
+    qp: SimQp
+    mr: SimMr
+
+
+def start_side(fe: Frontend, backend: BackendProcess, name: str, gid: bytes, mr_size: int) -> SimSide:
+    fe.start()
+    verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
+    verbs.add_gid(0, gid)
+    pd = verbs.alloc_pd()
+    cq = verbs.create_cq(64)
+    qp = verbs.create_qp(pd, cq, cq)
+    return SimSide(verbs, pd, cq, qp, verbs.reg_mr(pd, mr_size))
+
+
+def connect_sides(a: SimSide, a_gid: bytes, b: SimSide, b_gid: bytes) -> None:
+    """Move both QPs to RTS, each aimed at the other."""
+    a.verbs.connect(a.qp, b.qp.qpn, b_gid)
+    b.verbs.connect(b.qp, a.qp.qpn, a_gid)

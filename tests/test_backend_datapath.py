@@ -10,15 +10,15 @@ import hashlib
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, query_device
+from backend_process import BackendProcess, connect_sides, query_device, start_side
+from backend_process import SimSide as Side
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend, FrontendError
-from vrdma.testing.verbs import CommandError, SimCq, SimMr, SimQp, SimVerbs
+from vrdma.testing.verbs import CommandError
 
 pytestmark = pytest.mark.backend
 
@@ -32,34 +32,15 @@ OP = {name: abi.const(f"VRDMA_WC_OP_{name}") for name in ("SEND", "RDMA_WRITE", 
                                                            "FETCH_ADD", "RECV", "RECV_RDMA_WITH_IMM")}
 
 
-@dataclass
-class Side:
-    """One VM's end: its context, PD, CQ, QP and a 64 KiB MR."""
-
-    verbs: SimVerbs
-    pd: int
-    cq: SimCq
-    qp: SimQp
-    mr: SimMr
-
-
-def make_side(fe: Frontend, backend: BackendProcess, name: str, rnr_retry: int = 7) -> Side:
-    fe.start()
-    verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
-    verbs.add_gid(0, GID[name])
-    pd = verbs.alloc_pd()
-    cq = verbs.create_cq(64)
-    qp = verbs.create_qp(pd, cq, cq)
-    mr = verbs.reg_mr(pd, 64 << 10)
-    return Side(verbs, pd, cq, qp, mr)
+def make_side(fe: Frontend, backend: BackendProcess, name: str) -> Side:
+    return start_side(fe, backend, name, GID[name], 64 << 10)
 
 
 @pytest.fixture
 def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
     with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
         a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
-        a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
-        b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"])
+        connect_sides(a, GID["vm0"], b, GID["vm1"])
         yield a, b
 
 

@@ -30,11 +30,11 @@ from typing import Any
 
 import psutil
 import pytest
-from backend_process import BackendProcess, query_device
+from backend_process import BackendProcess, SimSide, connect_sides, query_device, start_side
 
 from vrdma.device import abi
 from vrdma.testing.frontend import VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_VERSION_1, Frontend, Virtqueue
-from vrdma.testing.verbs import PAGE, PBL, SGE, CommandError, SimCq, SimMr, SimQp, SimVerbs
+from vrdma.testing.verbs import PAGE, PBL, SGE, CommandError, SimCq, SimQp, SimVerbs
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 
@@ -72,13 +72,8 @@ def pattern(name: str, size: int) -> bytes:
 # -- a VM's end: context, PD, CQ, QP, MR ------------------------------------------------------------------------
 
 @dataclass
-class Side:
-    name: str
-    verbs: SimVerbs
-    pd: int
-    cq: SimCq
-    qp: SimQp
-    mr: SimMr
+class Side(SimSide):
+    name: str = ""
 
     def fill(self) -> None:
         self.verbs.memory.write(self.mr.addr, pattern(self.name, MR_SIZE))
@@ -88,13 +83,8 @@ class Side:
 
 
 def make_side(fe: Frontend, backend: BackendProcess, name: str) -> Side:
-    fe.start()
-    verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
-    verbs.add_gid(0, GID[name])
-    pd = verbs.alloc_pd()
-    cq = verbs.create_cq(64)
-    qp = verbs.create_qp(pd, cq, cq)
-    side = Side(name, verbs, pd, cq, qp, verbs.reg_mr(pd, MR_SIZE))
+    base = start_side(fe, backend, name, GID[name], MR_SIZE)
+    side = Side(base.verbs, base.pd, base.cq, base.qp, base.mr, name)
     side.fill()
     return side
 
@@ -104,8 +94,7 @@ def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
     """(vm0, vm1) with their QPs connected to each other in RTS; each MR holds its sentinel pattern."""
     with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
         a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
-        a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
-        b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"])
+        connect_sides(a, GID["vm0"], b, GID["vm1"])
         yield a, b
 
 
@@ -197,6 +186,17 @@ def put_send_wqe(verbs: SimVerbs, qp: SimQp, body: bytes, **fields: int) -> None
 
 def recv_wqe(wr_id: int, num_sge: int, body: bytes) -> bytes:
     return abi.to_bytes(abi.new("vrdma_recv_wqe", wr_id=wr_id, num_sge=num_sge)) + body
+
+
+def put_recv_wqe(verbs: SimVerbs, qp: SimQp, srq: Any, wqe: bytes, producer: int) -> None:
+    """Write a receive WQE into the first slot of the QP's receive queue (or of its SRQ) and store ``producer``,
+    whatever it is, as that queue's producer index."""
+    if srq is not None:
+        verbs.memory.write(srq.buf.gpa + PAGE, wqe)
+        verbs.ring(srq.db_slot, producer)
+    else:
+        verbs.memory.write(qp.buf.gpa + qp.rq_offset, wqe)
+        verbs.ring(qp.rq_db_slot, producer)
 
 
 def events_ready(verbs: SimVerbs) -> None:
@@ -334,12 +334,7 @@ def test_receive_wqe_with_more_sges_than_its_queue_allows(backend: BackendProces
     stride = srq.stride if srq else rqp.rq_stride
     body = sges([(receiver.mr.addr + 256 * i, 256, receiver.mr.lkey) for i in range((stride - RECV_WQE) // SGE)])
     wqe = recv_wqe(0xBAD, num_sge, body)
-    if srq is not None:
-        v.memory.write(srq.buf.gpa + PAGE, wqe)
-        v.ring(srq.db_slot, 1)
-    else:
-        v.memory.write(rqp.buf.gpa + rqp.rq_offset, wqe)
-        v.ring(rqp.rq_db_slot, 1)
+    put_recv_wqe(v, rqp, srq, wqe, 1)
     sender.verbs.post_send(sqp, WR["SEND"], [(sender.mr.addr, 64, sender.mr.lkey)], wr_id=7)
     (received,) = wait_cqes(v, receiver.cq, 1)
     (sent,) = wait_cqes(sender.verbs, sender.cq, 1)
@@ -687,12 +682,7 @@ def test_garbage_receive_producer_index_breaks_only_that_queue(backend: BackendP
     sqp = connected_qp(sender, receiver, rqp)
     v.connect(rqp, sqp.qpn, GID[sender.name])
     wqe = recv_wqe(1, 1, sges([(receiver.mr.addr, MR_SIZE, receiver.mr.lkey)]))
-    if srq is not None:
-        v.memory.write(srq.buf.gpa + PAGE, wqe)
-        v.ring(srq.db_slot, 0x7FFF0000)
-    else:
-        v.memory.write(rqp.buf.gpa + rqp.rq_offset, wqe)
-        v.ring(rqp.rq_db_slot, 0x7FFF0000)
+    put_recv_wqe(v, rqp, srq, wqe, 0x7FFF0000)
     sender.verbs.post_send(sqp, WR["SEND"], [(sender.mr.addr, 64, sender.mr.lkey)], wr_id=7)
     (sent,) = wait_cqes(sender.verbs, sender.cq, 1)
     assert (sent.wr_id, sent.status) == (7, WC["REM_OP_ERR"])
