@@ -99,7 +99,7 @@ test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests fuzz setup.py && $(VENV)/bin/mypy; }
+	@$(call timed,lint) { $(VENV)/bin/ruff check backend tests fuzz setup.py && $(VENV)/bin/mypy && $(VENV)/bin/lint-imports --no-cache; }
 
 clean:
 	rm -rf build

@@ -39,10 +39,12 @@ import atheris
 from fuzz.atheris_main import Stats, main
 
 with atheris.instrument_imports(include=["vrdma"]):
-    from vrdma.device import abi, commands, datapath, model, objects, qp_states
+    from vrdma.device import abi, ah, commands, cq, device, gid, mr, objects, pd, pool, qp, qp_states, rings, srq
+    from vrdma.device import ucontext as ucontext_module
     from vrdma.device.commands import COMMANDS, RESP_HDR_SIZE
-    from vrdma.device.model import ResponseTooSmall
-    from vrdma.engine import ffi as engine_ffi
+    from vrdma.device.status import ResponseTooSmall
+    from vrdma.engine.native import Engine
+    from vrdma.engine.native import ffi as engine_ffi
 from vrdma.testing.verbs import encode_command  # after the block: the encoder is the fuzzer's, not the target's
 
 PAGE = abi.const("VRDMA_PAGE_SIZE")
@@ -59,7 +61,9 @@ MEMORY_TABLE = 15
 
 # Only the device's behaviour matters here, not its log lines (which would cost more than the commands).
 logging.disable(logging.CRITICAL)
-assert commands and datapath and model and objects and qp_states  # instrumented by the imports above
+# Instrumented by the imports above.
+assert ah and commands and cq and gid and mr and objects and pd and pool and qp and qp_states and rings and srq
+assert ucontext_module
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ class Session:
     """The device every input runs on (reset at the start of each)."""
 
     def __init__(self) -> None:
-        self.device = model.RdmaDevice("fuzz")
+        self.device = device.RdmaDevice("fuzz", engine=Engine(1))
         self.ram = GuestRam()
         self.stats = Stats("commands")
 
@@ -145,16 +149,19 @@ def _check_response(opcode: int, seq: int, request: bytes, capacity: int, respon
         assert len(response) == expected, f"{COMMANDS[opcode].name}: {len(response)}-byte response, not {expected}"
 
 
-def _check_bookkeeping(device: model.RdmaDevice) -> None:
-    dp = device.datapath
-    for kind, table in (("PD", dp.pds), ("CQ", dp.cqs), ("SRQ", dp.srqs)):
+def _check_bookkeeping(rdma: device.RdmaDevice) -> None:
+    objs = rdma.objects
+    pools: tuple[tuple[str, pool.Pool[pd.Pd] | pool.Pool[cq.Cq] | pool.Pool[srq.Srq]], ...] = (
+        ("PD", objs.pds.pool), ("CQ", objs.cqs.pool), ("SRQ", objs.srqs.pool))
+    for kind, table in pools:
         for handle, obj in table.objects.items():
             assert obj.refs >= 0, f"{kind} {handle:#x} has {obj.refs} references"
-    for handle, ctx in dp.ucontexts.objects.items():
+    for handle, ctx in objs.ucontexts.pool.objects.items():
         assert ctx.queues >= 0, f"user context {handle:#x} has {ctx.queues} queues"
-    for handle, qp in dp.qps.objects.items():
-        device.fabric.engine.qp_state(device.engine_index, qp.slot)  # EngineError: the engine lost the QP
-        assert qp.send_cq in dp.cqs.objects and qp.recv_cq in dp.cqs.objects, f"QP {handle:#x} lost its CQs"
+    for handle, queue_pair in objs.qps.pool.objects.items():
+        rdma.seat.engine.qp_state(rdma.engine_index, queue_pair.slot)  # EngineError: the engine lost the QP
+        assert queue_pair.send_cq in objs.cqs.pool.objects and queue_pair.recv_cq in objs.cqs.pool.objects, \
+            f"QP {handle:#x} lost its CQs"
 
 
 def _patch_handles(opcode: int, request: bytearray, returned: list[int]) -> None:

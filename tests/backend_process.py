@@ -124,7 +124,7 @@ class BackendProcess:
             raise AssertionError(f"sanitizer report in the backend log {self.log}:\n{text[-20000:]}")
 
     def counters(self, vm: str = "vm0") -> dict[str, Any]:
-        from vrdma.backend.admin import ask
+        from vrdma.daemon.admin import ask
 
         return ask(self.admin, {"command": "counters"})["vms"][vm]  # type: ignore[no-any-return]
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from vrdma.build.cache import product
+from vrdma.buildchain.cache import product
 from vrdma.device import abi
 
 pytestmark = pytest.mark.products

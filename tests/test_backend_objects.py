@@ -9,7 +9,7 @@ import pytest
 from backend_process import BackendProcess
 
 from vrdma.device import abi
-from vrdma.device.model import OBJECT_KINDS
+from vrdma.device.objects import OBJECT_KINDS
 from vrdma.testing.frontend import Frontend
 
 pytestmark = pytest.mark.backend
@@ -111,14 +111,14 @@ def test_objects_are_per_vm_and_freed_on_disconnect(backend: BackendProcess) -> 
         assert backend.counters("vm0")["objects"] == dict.fromkeys(OBJECT_KINDS, 0)
 
 
-def test_handle_tables_stay_bounded_however_many_objects_come_and_go() -> None:
+def test_handle_pools_stay_bounded_however_many_objects_come_and_go() -> None:
     """A guest that creates and destroys objects in a loop must not grow the backend: a table's memory is bounded by
     its limit (it once remembered every handle ever issued), and a stale handle still finds nothing."""
     import tracemalloc
 
-    from vrdma.device.objects import HandleTable
+    from vrdma.device.pool import Pool
 
-    table: HandleTable[int] = HandleTable("mr", 1024)
+    table: Pool[int] = Pool("mr", 1024)
     held = [table.add(i) for i in range(512)]
     stale = table.add(-1)
     table.remove(stale)

@@ -89,7 +89,7 @@ def test_restarted_backend_keeps_the_doorbell_region_and_pairing(tmp_path: Path)
 
 
 def test_admin_socket_counters_and_test_hooks(tmp_path: Path) -> None:
-    from vrdma.backend.admin import ask
+    from vrdma.daemon.admin import ask
 
     backend = BackendProcess(tmp_path, names=("vm0",), test_hooks=True)
     admin = backend.admin

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vrdma.build import cache
+from vrdma.buildchain import cache
 from vrdma.errors import MissingProductError
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vrdma.build import image
+from vrdma.buildchain import image
 from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.products
@@ -63,7 +63,7 @@ def test_image_has_the_rdma_modules_and_their_dependencies(image_files: set[str]
 
 
 def test_image_carries_the_vrdma_driver_built_for_its_kernel(image_files: set[str], products: Products) -> None:
-    from vrdma.build.cache import product
+    from vrdma.buildchain.cache import product
 
     release = products.kernel["release"]
     assert f"usr/lib/modules/{release}/extra/vrdma.ko" in image_files
@@ -74,7 +74,7 @@ def test_image_carries_the_vrdma_driver_built_for_its_kernel(image_files: set[st
 
 
 def test_image_carries_libvrdma_for_its_own_libibverbs(image_files: set[str]) -> None:
-    from vrdma.build.cache import product
+    from vrdma.buildchain.cache import product
 
     provider = product("provider")
     library = Path(provider["library_path"])

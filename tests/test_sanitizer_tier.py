@@ -30,7 +30,7 @@ NOT_UNDER_ASAN: list[str] = []
 OVERFLOW = """
 from fuzz import sanitize
 sanitize.install()
-from vrdma.engine import ffi, lib
+from vrdma.engine.native import ffi, lib
 engine = lib.vre_engine_new(1)
 region = ffi.new("char[]", 4096)
 limits = ffi.new("struct vre_device_limits *", {"max_qp": 1, "max_cq": 1, "max_mr": 1, "max_srq": 1,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from vrdma.device.model import OBJECT_KINDS
+from vrdma.device.objects import OBJECT_KINDS
 from vrdma.harness import verbs
 from vrdma.harness.backend import admin, vm_counters
 from vrdma.harness.cluster import Cluster

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from vrdma.errors import VrdmaError
 
@@ -22,7 +20,7 @@ log = logging.getLogger("vrdma")
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from vrdma.build import driver, image, kernel, provider, qemu
+    from vrdma.buildchain import driver, image, kernel, provider, qemu
 
     builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "kernel": kernel.build, "image": image.build,
                                                  "driver": driver.build, "provider": provider.build}
@@ -76,65 +74,19 @@ def _cmd_vm_cmdline(args: argparse.Namespace) -> int:
 
 
 def _cmd_backend(args: argparse.Namespace) -> int:
-    import json
+    from vrdma.daemon import main as daemon
 
-    from vrdma.backend import server
+    if not args.test_hooks:
+        return daemon.run(args)
+    from vrdma.testing import faults  # the daemon carries no test code: the hooks come from here
 
-    if args.print_capabilities:
-        print(json.dumps(server.capabilities(), indent=2))
-        return 0
-    specs = _endpoint_specs(args)
-    if not specs:
-        raise server.BackendError("nothing to serve: give --socket-path PATH or --fd N (see --help)")
-    admin_socket = Path(args.admin_socket) if args.admin_socket else None
-    if args.test_hooks and admin_socket is None:
-        raise server.BackendError("--test-hooks needs --admin-socket (the hooks are reached through it)")
-    with server.Backend(specs, admin_socket=admin_socket, test_hooks=args.test_hooks) as backend:
-        if args.ready_fd is not None:
-            try:
-                os.write(args.ready_fd, b"READY\n")
-                os.close(args.ready_fd)
-            except OSError as err:
-                raise server.BackendError(f"--ready-fd {args.ready_fd}: {err}") from err
-        backend.run()
-    return 0
-
-
-def _endpoint_specs(args: argparse.Namespace) -> list[Any]:
-    from vrdma.backend.server import BackendError, EndpointSpec
-
-    macs: dict[str, bytes] = {}
-    for item in args.mac:
-        name, _, text = item.partition("=")
-        try:
-            mac = bytes.fromhex(text.replace(":", ""))
-        except ValueError:
-            mac = b""
-        if not name or len(mac) != 6:
-            raise BackendError(f"--mac {item!r}: expected NAME=xx:xx:xx:xx:xx:xx")
-        macs[name] = mac
-    specs = []
-    for item in args.socket_path:
-        name, sep, path_text = item.partition("=")
-        if not sep or "/" in name:
-            name, path_text = Path(item).stem, item
-        path = Path(path_text).absolute()
-        doorbell_dir = Path(args.doorbell_dir) if args.doorbell_dir else path.parent
-        specs.append(EndpointSpec(name=name, socket_path=path, mac=macs.pop(name, bytes(6)),
-                                  doorbell_path=doorbell_dir / f"{name}.doorbell"))
-    for fd in args.fd:
-        name = f"fd{fd}"
-        doorbell = Path(args.doorbell_dir) / f"{name}.doorbell" if args.doorbell_dir else None
-        specs.append(EndpointSpec(name=name, fd=fd, mac=macs.pop(name, bytes(6)), doorbell_path=doorbell))
-    if macs:
-        raise BackendError(f"--mac for unknown VM(s): {', '.join(macs)}")
-    return specs
+    return daemon.run(args, admin_extensions=faults.admin_commands())
 
 
 def _cmd_admin(args: argparse.Namespace) -> int:
     import json
 
-    from vrdma.backend.admin import ask
+    from vrdma.daemon.admin import ask
 
     request: dict[str, object] = {"command": args.admin_command}
     if args.admin_command == "inject":
@@ -196,28 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--guests", type=_positive_int, default=2)
     cl.set_defaults(func=_cmd_vm_cmdline)
 
+    from vrdma.daemon import options as daemon_options
+
     backend = sub.add_parser(
-        "backend", help="run the vrdma device backend (vhost-user) for one or more VMs",
-        description="Serve one vrdma device (virtio ID 42) per VM over vhost-user. Runs in the foreground until "
-                    "SIGTERM or SIGINT.")
-    backend.add_argument("--socket-path", action="append", default=[], metavar="[NAME=]PATH",
-                         help="listen for a VM's QEMU on this unix socket (repeatable, one device each); the VM "
-                              "name defaults to the file's stem")
-    backend.add_argument("--fd", action="append", default=[], type=int, metavar="N",
-                         help="serve a VM over this inherited, already connected socket (repeatable)")
-    backend.add_argument("--mac", action="append", default=[], metavar="NAME=MAC",
-                         help="MAC of the virtio-net netdev paired with VM NAME's device")
-    backend.add_argument("--doorbell-dir", metavar="DIR",
-                         help="where to create each VM's doorbell region NAME.doorbell (default: next to its "
-                              "socket)")
-    backend.add_argument("--ready-fd", type=int, metavar="N",
-                         help="write READY to this inherited fd once every socket listens")
-    backend.add_argument("--admin-socket", metavar="PATH",
-                         help="serve counters (and, with --test-hooks, fault injection) on this unix socket")
+        "backend", help="run the vrdma device backend (vhost-user) for one or more VMs (also `vrdma-backend`)",
+        description=daemon_options.DESCRIPTION)
+    daemon_options.add_arguments(backend)
     backend.add_argument("--test-hooks", action="store_true",
-                         help="allow fault injection through the admin socket (tests only)")
-    backend.add_argument("--print-capabilities", action="store_true",
-                         help="print the backend's capabilities as JSON and exit")
+                         help="let the admin socket inject faults into command responses (tests only; "
+                              "vrdma.testing.faults)")
     backend.set_defaults(func=_cmd_backend)
 
     admin = sub.add_parser("admin", help="ask a running backend through its admin socket")
@@ -226,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     admin_sub.add_parser("counters", help="per-VM counters as JSON")
     inject = admin_sub.add_parser("inject", help="spoil a VM's next command response (backend --test-hooks)")
     inject.add_argument("vm")
-    inject.add_argument("fault", choices=["wrong-opcode", "wrong-seq", "short-response", "bad-status"])
+    inject.add_argument("fault", choices=["wrong-opcode", "wrong-seq", "short-response", "bad-status",
+                                          "doorbell-page-out-of-range"])
     admin.set_defaults(func=_cmd_admin)
 
     bench = sub.add_parser("bench", help="run the benchmarks; results go to build/bench/results.json")
@@ -274,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command = guest_command
     if is_exec and not args.command:
         parser.error("no command given: vrdma vm exec GUEST [--timeout S] -- CMD [ARG...]")
-    log_format = ("%(asctime)s %(levelname)s %(name)s: %(message)s" if args.command == "backend"
+    from vrdma.daemon.options import LOG_FORMAT
+
+    log_format = (LOG_FORMAT if args.command == "backend"
                   else "[vrdma] %(message)s")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=log_format,
                         stream=sys.stderr)

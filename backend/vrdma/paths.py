@@ -3,8 +3,8 @@
 - the cache (``VRDMA_CACHE``, default ``~/.cache/vrdma``) holds build products keyed by their inputs, so a
   fresh clone on a machine that built them before reuses them;
 - ``build/`` in the checkout records which cached products this checkout uses (``build/products.json``);
-- the run directory (``VRDMA_RUN_DIR``, default ``build/run``) holds the state of guests started by
-  ``vrdma vm up``.
+- the run directory (``VRDMA_RUN_DIR``, default ``run/`` in the checkout) holds the state of guests started by
+  ``vrdma vm up``: not under ``build/``, so that `make clean` never pulls it from under running guests.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def products_file() -> Path:
 
 def run_dir() -> Path:
     env = os.environ.get("VRDMA_RUN_DIR")
-    return Path(env).resolve() if env else build_dir() / "run"
+    return Path(env).resolve() if env else project_root() / "run"
 
 
 def qemu_configs_dir() -> Path:

@@ -58,7 +58,7 @@ class Backend:
         return self.log.read_text(errors="replace")
 
     def counters(self, vm: str) -> dict[str, Any]:
-        from vrdma.backend.admin import ask
+        from vrdma.daemon.admin import ask
 
         return ask(self.admin, {"command": "counters"})["vms"][vm]  # type: ignore[no-any-return]
 

@@ -8,6 +8,7 @@ declared once. The header's ``VRDMA_ASSERT_SIZE`` lines are checked against cffi
 from __future__ import annotations
 
 import re
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,13 @@ def from_bytes(struct: str, data: bytes) -> Any:
 
 def sizeof(struct: str) -> int:
     return int(ffi.sizeof(f"struct {struct}"))
+
+
+def check_enum(enum: type[IntEnum], prefix: str) -> None:
+    """Hold a Python enum to the header: its members are exactly the header's ``<prefix>*`` constants, same
+    values (called at import by the modules that declare them, so a drift fails at once, naming the member)."""
+    header = {name[len(prefix):]: value for name, value in constants.items() if name.startswith(prefix)}
+    ours = {member.name: int(member.value) for member in enum}
+    if header != ours:
+        differ = sorted(set(header.items()) ^ set(ours.items()))
+        raise AbiError(f"{enum.__name__} disagrees with the header's {prefix}* constants: {differ}")

@@ -1,41 +1,30 @@
-"""Control commands: one dispatch table of opcode -> (request struct, response struct, handler).
+"""Control commands: one dispatch table of opcode -> (request struct, response struct, handler), one dispatcher.
 
-A command arrives as the bytes of a control-queue chain's device-readable part. Checks run in order: the header
-fits, the opcode is known, the request has exactly its struct's size, the response fits the space the driver
-gave. Anything else gets a response header with a status; nothing in a request is used before it is checked.
+A command arrives as the bytes of a control-queue chain's device-readable part. ``execute`` checks, in order:
+the response header fits the room the driver gave, the command header fits, the opcode is known, the reserved
+header field is zero, the request has exactly its struct's size, the response fits. Anything else gets a
+response header with a status; nothing in a request is used before it is checked, and a handler's CommandFailed
+becomes the response status here and nowhere else.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from vrdma.device import abi
+from vrdma.device.objects import DeviceObjects
+from vrdma.device.params import query_fields
+from vrdma.device.status import CommandFailed, ResponseTooSmall, Status
 
-if TYPE_CHECKING:
-    from vrdma.device.model import RdmaDevice
+log = logging.getLogger(__name__)
 
-STATUS_OK = abi.const("VRDMA_STATUS_OK")
-STATUS_NOT_SUPPORTED = abi.const("VRDMA_STATUS_NOT_SUPPORTED")
-STATUS_INVALID = abi.const("VRDMA_STATUS_INVALID")
-STATUS_BAD_LENGTH = abi.const("VRDMA_STATUS_BAD_LENGTH")
-STATUS_NO_RESOURCES = abi.const("VRDMA_STATUS_NO_RESOURCES")
-STATUS_BUSY = abi.const("VRDMA_STATUS_BUSY")
-GID_TYPES = (abi.const("VRDMA_GID_TYPE_ROCE_V1"), abi.const("VRDMA_GID_TYPE_ROCE_V2"))
 RESP_HDR_SIZE = abi.sizeof("vrdma_resp_hdr")
 CMD_HDR_SIZE = abi.sizeof("vrdma_cmd_hdr")
 
-
-class CommandFailed(Exception):
-    """A handler refuses a request; becomes the response status."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        self.status = status
-        super().__init__(reason)
-
-
-Handler = Callable[["RdmaDevice", Any, Any], None]  # (device, request, response to fill)
+Handler = Callable[[DeviceObjects, Any, Any], None]  # (the device's objects, request, response to fill)
 
 
 @dataclass(frozen=True)
@@ -46,31 +35,39 @@ class Command:
     handler: Handler
 
 
-def _query_device(device: RdmaDevice, request: Any, response: Any) -> None:
-    limits = device.limits
-    for field in ("max_qp", "max_qp_wr", "max_sge", "max_cq", "max_cqe", "max_mr", "max_pd", "max_srq",
-                  "max_srq_wr", "max_srq_sge", "max_ah", "max_inline_data", "max_mr_size", "page_size_cap"):
-        setattr(response, field, getattr(limits, field))
-    response.max_qp_rd_atom = limits.max_qp_rd_atom
-    response.max_qp_init_rd_atom = limits.max_qp_rd_atom
-    response.fw_ver = device.fw_version
-    response.node_guid = device.node_guid
-    response.sys_image_guid = device.node_guid
+@dataclass
+class CommandCounters:
+    commands: int = 0
+    command_errors: int = 0
+    by_opcode: dict[str, int] = field(default_factory=dict)
+
+
+def _reserved_zero(request: Any, name: str) -> None:
+    if request.reserved:
+        raise CommandFailed(Status.INVALID, f"reserved field of {name} is {request.reserved}")
+
+
+def _query_device(objs: DeviceObjects, request: Any, response: Any) -> None:
+    for name, value in query_fields(objs.limits).items():
+        setattr(response, name, value)
+    response.fw_ver = objs.identity.fw_version
+    response.node_guid = objs.identity.node_guid
+    response.sys_image_guid = objs.identity.node_guid
     response.vendor_id = 0x1AF4
     response.vendor_part_id = abi.const("VRDMA_VIRTIO_ID")
     response.hw_ver = abi.const("VRDMA_ABI_VERSION")
 
 
-def _query_port(device: RdmaDevice, request: Any, response: Any) -> None:
+def _query_port(objs: DeviceObjects, request: Any, response: Any) -> None:
     if request.port != 1:
-        raise CommandFailed(STATUS_INVALID, f"port {request.port} does not exist (the device has port 1)")
+        raise CommandFailed(Status.INVALID, f"port {request.port} does not exist (the device has port 1)")
     if any(request.reserved):
-        raise CommandFailed(STATUS_INVALID, "reserved bytes of QUERY_PORT are not zero")
+        raise CommandFailed(Status.INVALID, "reserved bytes of QUERY_PORT are not zero")
     response.state = abi.const("VRDMA_PORT_STATE_ACTIVE")
     response.max_mtu = 5       # IB_MTU_4096
     response.active_mtu = 3    # IB_MTU_1024, what a 1500-byte Ethernet link carries in RoCE
-    response.gid_tbl_len = device.limits.gid_table_len
-    response.max_msg_sz = device.limits.max_msg_size
+    response.gid_tbl_len = objs.limits.gid_table_len
+    response.max_msg_sz = objs.limits.max_msg_size
     response.pkey_tbl_len = 1
     response.link_layer = abi.const("VRDMA_LINK_LAYER_ETHERNET")
     response.active_speed = 1  # SDR
@@ -78,143 +75,171 @@ def _query_port(device: RdmaDevice, request: Any, response: Any) -> None:
     response.phys_state = 5    # LinkUp
 
 
-def _reserved_zero(request: Any, name: str) -> None:
-    if request.reserved:
-        raise CommandFailed(STATUS_INVALID, f"reserved field of {name} is {request.reserved}")
+def _add_gid(objs: DeviceObjects, request: Any, response: Any) -> None:
+    objs.gids.add(int(request.index), bytes(request.gid), int(request.type))
 
 
-def _add_gid(device: RdmaDevice, request: Any, response: Any) -> None:
-    index, gid_type = int(request.index), int(request.type)
-    if index >= device.limits.gid_table_len:
-        raise CommandFailed(STATUS_INVALID, f"GID index {index} (the table has {device.limits.gid_table_len})")
-    if gid_type not in GID_TYPES:
-        raise CommandFailed(STATUS_INVALID, f"GID type {gid_type}")
-    device.add_gid(index, bytes(request.gid), gid_type)
-
-
-def _del_gid(device: RdmaDevice, request: Any, response: Any) -> None:
+def _del_gid(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DEL_GID")
-    if not device.del_gid(int(request.index)):
-        raise CommandFailed(STATUS_INVALID, f"GID index {int(request.index)} is not set")
+    objs.gids.remove(int(request.index))
 
 
-def _alloc_ucontext(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle, response.doorbell_page = device.datapath.alloc_ucontext()
+def _alloc_ucontext(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.doorbell_page = objs.ucontexts.alloc()
 
 
-def _dealloc_ucontext(device: RdmaDevice, request: Any, response: Any) -> None:
+def _dealloc_ucontext(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DEALLOC_UCONTEXT")
-    device.datapath.dealloc_ucontext(int(request.handle))
+    objs.ucontexts.dealloc(int(request.handle))
 
 
-def _alloc_pd(device: RdmaDevice, request: Any, response: Any) -> None:
+def _alloc_pd(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "ALLOC_PD")
-    response.handle = device.datapath.alloc_pd(int(request.ucontext))
+    response.handle = objs.pds.alloc(int(request.ucontext))
 
 
-def _dealloc_pd(device: RdmaDevice, request: Any, response: Any) -> None:
+def _dealloc_pd(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DEALLOC_PD")
-    device.datapath.dealloc_pd(int(request.handle))
+    objs.pds.dealloc(int(request.handle))
 
 
-def _reg_mr(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle, response.lkey, response.rkey = device.datapath.reg_mr(request)
+def _reg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.lkey, response.rkey = objs.mrs.register(request)
 
 
-def _dereg_mr(device: RdmaDevice, request: Any, response: Any) -> None:
+def _dereg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DEREG_MR")
-    device.datapath.dereg_mr(int(request.handle))
+    objs.mrs.deregister(int(request.handle))
 
 
-def _create_cq(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle, response.db_slot = device.datapath.create_cq(request)
+def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.db_slot = objs.cqs.create(request)
 
 
-def _modify_cq(device: RdmaDevice, request: Any, response: Any) -> None:
-    device.datapath.modify_cq(int(request.handle), int(request.cq_count), int(request.cq_period))
+def _modify_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
+    objs.cqs.moderate(int(request.handle), int(request.cq_count), int(request.cq_period))
 
 
-def _destroy_cq(device: RdmaDevice, request: Any, response: Any) -> None:
+def _destroy_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DESTROY_CQ")
-    device.datapath.destroy_cq(int(request.handle))
+    objs.cqs.destroy(int(request.handle))
 
 
-def _create_qp(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle, response.qpn, response.sq_db_slot, response.rq_db_slot = device.datapath.create_qp(request)
+def _create_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.qpn, response.sq_db_slot, response.rq_db_slot = objs.qps.create(request)
 
 
-def _modify_qp(device: RdmaDevice, request: Any, response: Any) -> None:
-    device.datapath.modify_qp(request)
+def _modify_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
+    objs.qps.modify(request)
 
 
-def _query_qp(device: RdmaDevice, request: Any, response: Any) -> None:
+def _query_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "QUERY_QP")
-    device.datapath.query_qp(int(request.handle), response.attr)
+    objs.qps.query(int(request.handle), response.attr)
 
 
-def _destroy_qp(device: RdmaDevice, request: Any, response: Any) -> None:
+def _destroy_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DESTROY_QP")
-    device.datapath.destroy_qp(int(request.handle))
+    objs.qps.destroy(int(request.handle))
 
 
-def _create_srq(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle, response.db_slot = device.datapath.create_srq(request)
+def _create_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.db_slot = objs.srqs.create(request)
 
 
-def _modify_srq(device: RdmaDevice, request: Any, response: Any) -> None:
-    device.datapath.modify_srq(request)
+def _modify_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
+    objs.srqs.modify(request)
 
 
-def _query_srq(device: RdmaDevice, request: Any, response: Any) -> None:
+def _query_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "QUERY_SRQ")
-    response.max_wr, response.max_sge, response.srq_limit = device.datapath.query_srq(int(request.handle))
+    response.max_wr, response.max_sge, response.srq_limit = objs.srqs.query(int(request.handle))
 
 
-def _destroy_srq(device: RdmaDevice, request: Any, response: Any) -> None:
+def _destroy_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DESTROY_SRQ")
-    device.datapath.destroy_srq(int(request.handle))
+    objs.srqs.destroy(int(request.handle))
 
 
-def _create_ah(device: RdmaDevice, request: Any, response: Any) -> None:
-    response.handle = device.datapath.create_ah(request)
+def _create_ah(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle = objs.ahs.create(request)
 
 
-def _destroy_ah(device: RdmaDevice, request: Any, response: Any) -> None:
+def _destroy_ah(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "DESTROY_AH")
-    device.datapath.destroy_ah(int(request.handle))
+    objs.ahs.destroy(int(request.handle))
 
 
-COMMANDS: dict[int, Command] = {
-    abi.const("VRDMA_CMD_QUERY_DEVICE"): Command("QUERY_DEVICE", "vrdma_cmd_query_device",
-                                                 "vrdma_resp_query_device", _query_device),
-    abi.const("VRDMA_CMD_QUERY_PORT"): Command("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port",
-                                               _query_port),
-    abi.const("VRDMA_CMD_ADD_GID"): Command("ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", _add_gid),
-    abi.const("VRDMA_CMD_DEL_GID"): Command("DEL_GID", "vrdma_cmd_del_gid", "vrdma_resp_hdr", _del_gid),
-    abi.const("VRDMA_CMD_ALLOC_UCONTEXT"): Command("ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext",
-                                                   "vrdma_resp_alloc_ucontext", _alloc_ucontext),
-    abi.const("VRDMA_CMD_DEALLOC_UCONTEXT"): Command("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", "vrdma_resp_hdr",
-                                                     _dealloc_ucontext),
-    abi.const("VRDMA_CMD_ALLOC_PD"): Command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
-    abi.const("VRDMA_CMD_DEALLOC_PD"): Command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_pd),
-    abi.const("VRDMA_CMD_REG_MR"): Command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
-    abi.const("VRDMA_CMD_DEREG_MR"): Command("DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dereg_mr),
-    abi.const("VRDMA_CMD_CREATE_CQ"): Command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
-                                              _create_cq),
-    abi.const("VRDMA_CMD_DESTROY_CQ"): Command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_cq),
-    abi.const("VRDMA_CMD_MODIFY_CQ"): Command("MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", _modify_cq),
-    abi.const("VRDMA_CMD_CREATE_QP"): Command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
-                                              _create_qp),
-    abi.const("VRDMA_CMD_MODIFY_QP"): Command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),
-    abi.const("VRDMA_CMD_QUERY_QP"): Command("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", _query_qp),
-    abi.const("VRDMA_CMD_DESTROY_QP"): Command("DESTROY_QP", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_qp),
-    abi.const("VRDMA_CMD_CREATE_SRQ"): Command("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
-                                               _create_srq),
-    abi.const("VRDMA_CMD_MODIFY_SRQ"): Command("MODIFY_SRQ", "vrdma_cmd_modify_srq", "vrdma_resp_hdr", _modify_srq),
-    abi.const("VRDMA_CMD_QUERY_SRQ"): Command("QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq",
-                                              _query_srq),
-    abi.const("VRDMA_CMD_DESTROY_SRQ"): Command("DESTROY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_hdr",
-                                                _destroy_srq),
-    abi.const("VRDMA_CMD_CREATE_AH"): Command("CREATE_AH", "vrdma_cmd_create_ah", "vrdma_resp_create_ah", _create_ah),
-    abi.const("VRDMA_CMD_DESTROY_AH"): Command("DESTROY_AH", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_ah),
-}
+def _command(name: str, request: str, response: str, handler: Handler) -> tuple[int, Command]:
+    return abi.const(f"VRDMA_CMD_{name}"), Command(name, request, response, handler)
+
+
+# Commands that answer with nothing but a header have vrdma_resp_hdr as their response struct; commands that name
+# one object by handle share vrdma_cmd_destroy as their request.
+COMMANDS: dict[int, Command] = dict([
+    _command("QUERY_DEVICE", "vrdma_cmd_query_device", "vrdma_resp_query_device", _query_device),
+    _command("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port", _query_port),
+    _command("ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", _add_gid),
+    _command("DEL_GID", "vrdma_cmd_del_gid", "vrdma_resp_hdr", _del_gid),
+    _command("ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext", _alloc_ucontext),
+    _command("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_ucontext),
+    _command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
+    _command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_pd),
+    _command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
+    _command("DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dereg_mr),
+    _command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", _create_cq),
+    _command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_cq),
+    _command("MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", _modify_cq),
+    _command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", _create_qp),
+    _command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),
+    _command("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", _query_qp),
+    _command("DESTROY_QP", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_qp),
+    _command("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq", _create_srq),
+    _command("MODIFY_SRQ", "vrdma_cmd_modify_srq", "vrdma_resp_hdr", _modify_srq),
+    _command("QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq", _query_srq),
+    _command("DESTROY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_srq),
+    _command("CREATE_AH", "vrdma_cmd_create_ah", "vrdma_resp_create_ah", _create_ah),
+    _command("DESTROY_AH", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_ah),
+])
+
+
+def execute(objs: DeviceObjects, counters: CommandCounters, owner: str, request: bytes, capacity: int) -> bytes:
+    """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits."""
+    if capacity < RESP_HDR_SIZE:
+        counters.command_errors += 1
+        raise ResponseTooSmall(f"{capacity} device-writable bytes, a response needs at least {RESP_HDR_SIZE}")
+    counters.commands += 1
+
+    def refuse(opcode: int, seq: int, status: Status, reason: str) -> bytes:
+        counters.command_errors += 1
+        log.warning("%s: command refused (status %d): %s", owner, status, reason)
+        return abi.to_bytes(abi.new("vrdma_resp_hdr", opcode=opcode, status=status, seq=seq))
+
+    if len(request) < CMD_HDR_SIZE:
+        return refuse(0, 0, Status.BAD_LENGTH, f"a {len(request)}-byte command has no header")
+    hdr = abi.from_bytes("vrdma_cmd_hdr", request[:CMD_HDR_SIZE])
+    opcode, seq = int(hdr.opcode), int(hdr.seq)
+    command = COMMANDS.get(opcode)
+    if command is None:
+        return refuse(opcode, seq, Status.NOT_SUPPORTED, f"unknown command {opcode}")
+    counters.by_opcode[command.name] = counters.by_opcode.get(command.name, 0) + 1
+    if hdr.reserved:
+        return refuse(opcode, seq, Status.INVALID, f"{command.name}: reserved header field is {hdr.reserved}")
+    expected = abi.sizeof(command.request)
+    if len(request) != expected:
+        return refuse(opcode, seq, Status.BAD_LENGTH, f"{command.name} of {len(request)} bytes (expected {expected})")
+    response_size = abi.sizeof(command.response)
+    if capacity < response_size:
+        return refuse(opcode, seq, Status.BAD_LENGTH,
+                      f"{command.name} response needs {response_size} bytes, the driver gave {capacity}")
+    body = abi.from_bytes(command.request, request)
+    response = abi.new(command.response)
+    response_hdr = response if command.response == "vrdma_resp_hdr" else response.hdr
+    response_hdr.opcode, response_hdr.seq = opcode, seq
+    try:
+        command.handler(objs, body, response)
+    except CommandFailed as err:
+        return refuse(opcode, seq, err.status, f"{command.name}: {err}")
+    response_hdr.status = Status.OK
+    log.debug("%s: %s seq %d ok", owner, command.name, seq)
+    return abi.to_bytes(response)

@@ -14,27 +14,33 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
-from vrdma.engine import NO_DEVICE, Engine
-
-if TYPE_CHECKING:
-    from vrdma.device.model import RdmaDevice
+from vrdma.engine.api import NO_DEVICE, DataEngine
 
 log = logging.getLogger(__name__)
 
 
+class FabricMember(Protocol):
+    """What the fabric needs of a device it joins: whether it holds a GID, and a way to hand it an event."""
+
+    def has_gid(self, raw: bytes) -> bool: ...
+    def post_event(self, event_type: int, handle: int = 0, data: int = 0) -> None: ...
+
+
 class Fabric:
-    def __init__(self, max_devices: int, limits: DeviceLimits = DEFAULT_LIMITS) -> None:
-        self.engine = Engine(max_devices)
+    def __init__(self, engine: DataEngine, max_devices: int, limits: DeviceLimits = DEFAULT_LIMITS) -> None:
+        """``engine``: the data engine to run, made for ``max_devices`` (vrdma.engine.native.Engine in the daemon,
+        vrdma.testing.fake_engine.FakeEngine in unit tests)."""
+        self.engine = engine
         self.limits = limits
-        self.devices: list[RdmaDevice | None] = [None] * max_devices
+        self.devices: list[FabricMember | None] = [None] * max_devices
         self.parked = False
         self.last_work = time.monotonic()
         self.park_after = limits.park_after_idle_us / 1e6
 
-    def attach(self, device: RdmaDevice) -> int:
+    def attach(self, device: FabricMember) -> int:
         """Give a device its engine index."""
         for index, slot in enumerate(self.devices):
             if slot is None:
@@ -42,7 +48,7 @@ class Fabric:
                 return index
         raise RuntimeError(f"the fabric has room for {len(self.devices)} devices")
 
-    def detach(self, device: RdmaDevice) -> None:
+    def detach(self, device: FabricMember) -> None:
         for index, slot in enumerate(self.devices):
             if slot is device:
                 self.devices[index] = None
@@ -52,7 +58,7 @@ class Fabric:
         for index, device in enumerate(self.devices):
             if device is not None and device.has_gid(gid):
                 return index
-        return int(NO_DEVICE)
+        return NO_DEVICE
 
     # -- the loop ---------------------------------------------------------------------------------------------
 

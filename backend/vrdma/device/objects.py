@@ -1,79 +1,57 @@
-"""Per-VM object tables: handles the guest names objects by, with limits and ownership.
+"""The object tables of one device, composed with their dependencies: what the command handlers act on.
 
-A handle is a table slot in its low bits and that slot's generation above them. Each reuse of a slot advances
-its generation, so a stale or forged handle finds nothing (not a newer object in the same slot) until that slot has
-been reused 2^(32 - slot bits) times, and the table's memory is bounded by its limit whatever a guest creates and
-destroys (an earlier table remembered every handle it had issued: a guest looping on create/destroy grew the
-backend without bound). Generations start at random values, so handles of one device life do not repeat the last.
+Each kind lives in its own module (ucontext, pd, mr, cq, srq, qp, ah, gid) and is given exactly the tables and
+the engine seat it depends on, in dependency order; nothing here knows of commands, virtqueues or sockets.
 """
 
 from __future__ import annotations
 
-import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
-T = TypeVar("T")
+from vrdma.device.ah import AddressHandles
+from vrdma.device.cq import CompletionQueues
+from vrdma.device.gid import GidTable
+from vrdma.device.mr import MemoryRegions
+from vrdma.device.params import DeviceLimits
+from vrdma.device.pd import ProtectionDomains
+from vrdma.device.qp import QueuePairs
+from vrdma.device.seat import EngineSeat
+from vrdma.device.srq import SharedReceiveQueues
+from vrdma.device.ucontext import UserContexts
 
-HANDLE_BITS = 32
-
-
-class HandleTable(Generic[T]):
-    def __init__(self, kind: str, limit: int) -> None:
-        if not 0 < limit < 1 << (HANDLE_BITS - 1):
-            raise ValueError(f"{kind} table of {limit} entries")
-        self.kind = kind
-        self.limit = limit
-        self.slot_bits = max(1, (limit - 1).bit_length())
-        self.generation_mask = (1 << (HANDLE_BITS - self.slot_bits)) - 1
-        self.objects: dict[int, T] = {}
-        self._free: list[int] = []       # slots given back, reused first
-        self._never_used = 0             # slots >= this one have never been used
-        self._generation: list[int] = []  # per used slot: the generation of its current or last handle
-
-    def __len__(self) -> int:
-        return len(self.objects)
-
-    def full(self) -> bool:
-        return len(self.objects) >= self.limit
-
-    def add(self, obj: T) -> int:
-        """Store ``obj`` under a new handle. The caller checks full() first (a full table is a bug here)."""
-        if self._free:
-            slot = self._free.pop()
-            generation = (self._generation[slot] + 1) & self.generation_mask or 1  # 0 would make handle 0
-        elif self._never_used < self.limit:
-            slot = self._never_used
-            self._never_used += 1
-            generation = secrets.randbits(HANDLE_BITS - self.slot_bits) or 1
-            self._generation.append(0)
-        else:
-            raise RuntimeError(f"{self.kind} table full ({self.limit} entries): check full() before add()")
-        self._generation[slot] = generation
-        handle = generation << self.slot_bits | slot
-        self.objects[handle] = obj
-        return handle
-
-    def get(self, handle: int) -> T | None:
-        return self.objects.get(handle)
-
-    def remove(self, handle: int) -> T | None:
-        obj = self.objects.pop(handle, None)
-        if obj is not None:
-            self._free.append(handle & ((1 << self.slot_bits) - 1))
-        return obj
-
-    def clear(self) -> None:
-        """Forget every object; slots keep their generations, so handles from before stay stale."""
-        self._free.extend(handle & ((1 << self.slot_bits) - 1) for handle in self.objects)
-        self.objects.clear()
+# What counters_snapshot()["objects"] counts, per VM.
+OBJECT_KINDS = ("gid", "ucontext", "pd", "mr", "cq", "srq", "qp", "ah")
 
 
 @dataclass(frozen=True)
-class Gid:
-    raw: bytes
-    type: int
+class Identity:
+    """What QUERY_DEVICE says the device is."""
 
-    def __str__(self) -> str:
-        words = [self.raw[i:i + 2].hex() for i in range(0, 16, 2)]
-        return ":".join(words)
+    fw_version: int
+    node_guid: int
+
+
+class DeviceObjects:
+    def __init__(self, owner: str, seat: EngineSeat, limits: DeviceLimits, identity: Identity,
+                 set_alive: Callable[[int, bool], None], route: Callable[[bytes], int]) -> None:
+        self.limits = limits
+        self.identity = identity
+        self.gids = GidTable(owner, limits.gid_table_len)
+        self.ucontexts = UserContexts(limits.doorbell_pages, set_alive)
+        self.pds = ProtectionDomains(limits.max_pd, self.ucontexts)
+        self.mrs = MemoryRegions(seat, limits.max_mr, limits.max_mr_size, self.pds)
+        self.cqs = CompletionQueues(seat, limits.max_cq, limits.max_cqe, self.ucontexts)
+        self.srqs = SharedReceiveQueues(seat, limits.max_srq, limits.max_srq_wr, limits.max_srq_sge, self.ucontexts,
+                                        self.pds)
+        self.qps = QueuePairs(owner, seat, limits, self.ucontexts, self.pds, self.cqs, self.srqs, self.gids, route)
+        self.ahs = AddressHandles(limits.max_ah, self.pds, self.gids)
+
+    def counts(self) -> dict[str, int]:
+        return {"gid": len(self.gids), "ucontext": len(self.ucontexts), "pd": len(self.pds), "mr": len(self.mrs),
+                "cq": len(self.cqs), "srq": len(self.srqs), "qp": len(self.qps), "ah": len(self.ahs)}
+
+    def clear(self) -> None:
+        """Forget every object (the engine forgot them already: the device closed its seat)."""
+        for table in (self.gids, self.ucontexts, self.pds, self.mrs, self.cqs, self.srqs, self.qps, self.ahs):
+            table.clear()

@@ -1,42 +1,81 @@
-"""Every limit of the device in one table: what config space and QUERY_DEVICE advertise and what is enforced."""
+"""Every limit of the device, declared once: what config space and QUERY_DEVICE advertise, what the model and the
+engine enforce, and the engine's own tuning.
+
+Each field says where it goes (``config``: the config-space field of the same name; ``query``: QUERY_DEVICE's;
+``engine``: the name of the struct vre_device_limits field), so adding a limit is one line here and the three
+places that publish or enforce it follow (config_fields, query_fields, engine_limits).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from vrdma.device import abi
+from vrdma.engine.api import EngineLimits
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 
+def _limit(default: int, *, config: bool = False, query: bool = False, engine: str | None = None) -> Any:
+    return field(default=default, metadata={"config": config, "query": query, "engine": engine})
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
-    max_qp: int = 1024
-    max_qp_wr: int = 4096
-    max_sge: int = 16
-    max_inline_data: int = 256
-    max_cq: int = 1024
-    max_cqe: int = 65536
-    max_mr: int = 4096
-    max_mr_size: int = 1 * GIB      # two levels of page-list pages: 512 * 512 pages of 4 KiB
+    max_qp: int = _limit(1024, config=True, query=True, engine="max_qp")
+    max_qp_wr: int = _limit(4096, config=True, query=True, engine="max_qp_wr")
+    max_sge: int = _limit(16, config=True, query=True, engine="max_sge")
+    max_inline_data: int = _limit(256, config=True, query=True, engine="max_inline")
+    max_cq: int = _limit(1024, config=True, query=True, engine="max_cq")
+    max_cqe: int = _limit(65536, config=True, query=True, engine="max_cqe")
+    max_mr: int = _limit(4096, config=True, query=True, engine="max_mr")
+    # Two levels of page-list pages: 512 * 512 pages of 4 KiB (the engine gets it in pages: engine_limits).
+    max_mr_size: int = _limit(1 * GIB, config=True, query=True)
     # Pages translated for all of one VM's MRs and rings together (an HCA's translation-table size): 16 GiB
     # registered at once. Each costs the backend 16 bytes whatever page it names, so this bounds a VM at 64 MiB.
-    max_translated_pages: int = 1 << 22
-    max_pd: int = 1024
-    max_srq: int = 256
-    max_srq_wr: int = 4096
-    max_srq_sge: int = 16
-    max_ah: int = 1024
-    max_qp_rd_atom: int = 16
-    doorbell_pages: int = 64        # header page + 63 user-context pages; a power of two for ivshmem
-    gid_table_len: int = 16
-    max_msg_size: int = 1 << 31
-    page_size_cap: int = 4 * KIB
-    max_command_size: int = 4 * KIB  # largest control command the device reads from a chain
-    max_pending_events: int = 1024   # events kept while the driver has posted no event buffers
+    max_translated_pages: int = _limit(1 << 22, engine="max_pages_total")
+    max_pd: int = _limit(1024, config=True, query=True)
+    max_srq: int = _limit(256, config=True, query=True, engine="max_srq")
+    max_srq_wr: int = _limit(4096, config=True, query=True, engine="max_srq_wr")
+    max_srq_sge: int = _limit(16, query=True)
+    max_ah: int = _limit(1024, config=True, query=True)
+    max_qp_rd_atom: int = _limit(16, query=True)  # also QUERY_DEVICE's max_qp_init_rd_atom (query_fields)
+    # Header page + 63 user-context pages; a power of two for ivshmem.
+    doorbell_pages: int = _limit(64, config=True, engine="doorbell_pages")
+    gid_table_len: int = _limit(16)
+    max_msg_size: int = _limit(1 << 31, engine="max_msg_size")
+    page_size_cap: int = _limit(4 * KIB, query=True)
+    max_command_size: int = _limit(4 * KIB)  # largest control command the device reads from a chain
+    max_pending_events: int = _limit(1024)   # events kept while the driver has posted no event buffers
     # Data engine
-    poll_budget: int = 64            # send WQEs one QP may run per poll, so that no QP starves the others
-    park_after_idle_us: int = 50     # poll this long without work, then park until a guest wakes the device
-    spin_us: int = 200               # one turn of the engine polls in C this long before the event loop looks
-                                     # at its descriptors again (control commands wait at most this much)
+    poll_budget: int = _limit(64)            # send WQEs one QP may run per poll, so that no QP starves the others
+    park_after_idle_us: int = _limit(50)     # poll this long without work, then park until a guest wakes the device
+    # One turn of the engine polls in C this long before the event loop looks at its descriptors again (control
+    # commands wait at most this much).
+    spin_us: int = _limit(200)
 
 
 DEFAULT_LIMITS = DeviceLimits()
+
+
+def _where(limits: DeviceLimits, place: str) -> dict[str, int]:
+    return {f.name: getattr(limits, f.name) for f in dataclasses.fields(limits) if f.metadata.get(place)}
+
+
+def config_fields(limits: DeviceLimits) -> dict[str, int]:
+    """The limits struct vrdma_config carries, by field name."""
+    return {**_where(limits, "config"), "max_ucontext": limits.doorbell_pages - 1}
+
+
+def query_fields(limits: DeviceLimits) -> dict[str, int]:
+    """The limits QUERY_DEVICE answers, by field of struct vrdma_resp_query_device."""
+    return {**_where(limits, "query"), "max_qp_init_rd_atom": limits.max_qp_rd_atom}
+
+
+def engine_limits(limits: DeviceLimits) -> EngineLimits:
+    """struct vre_device_limits for the data engine."""
+    fields = {f.metadata["engine"]: getattr(limits, f.name) for f in dataclasses.fields(limits)
+              if f.metadata.get("engine")}
+    return cast(EngineLimits, {**fields, "max_mr_pages": limits.max_mr_size // abi.const("VRDMA_PAGE_SIZE")})

@@ -7,11 +7,24 @@ the backend checks it again because the guest kernel is not trusted.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 from vrdma.device import abi
 
-RESET, INIT, RTR, RTS, SQD, SQE, ERR = (abi.const(f"VRDMA_QPS_{s}") for s in
-                                         ("RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"))
-STATE_NAMES = {RESET: "RESET", INIT: "INIT", RTR: "RTR", RTS: "RTS", SQD: "SQD", SQE: "SQE", ERR: "ERR"}
+
+class QpState(IntEnum):
+    RESET = 0
+    INIT = 1
+    RTR = 2
+    RTS = 3
+    SQD = 4
+    SQE = 5
+    ERR = 6
+
+
+abi.check_enum(QpState, "VRDMA_QPS_")
+RESET, INIT, RTR, RTS, SQD, SQE, ERR = QpState
+STATE_NAMES = {state.value: state.name for state in QpState}
 
 
 def _m(*names: str) -> int:

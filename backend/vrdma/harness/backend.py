@@ -111,7 +111,7 @@ class BackendService(Managed):
 
 def admin(service: BackendService, request: dict[str, object]) -> dict[str, object]:
     """Ask the running backend through its admin socket."""
-    from vrdma.backend.admin import ask
+    from vrdma.daemon.admin import ask
 
     return ask(service.admin_socket, request)
 

@@ -105,7 +105,7 @@ def render_guest(fields: Mapping[str, str], with_device: bool) -> list[str]:
 
 def render_for_person(guests: int) -> str:
     """Shell command lines for ``guests`` guests as a person would run them by hand, with path sockets."""
-    from vrdma.build.cache import product
+    from vrdma.buildchain.cache import product
 
     qemu, kernel, image = product("qemu"), product("kernel"), product("image")
     run = "/tmp/vrdma-guests"

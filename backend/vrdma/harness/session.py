@@ -1,6 +1,6 @@
 """Guests kept running in the background for the `vrdma vm up / exec / down / status` commands.
 
-State lives in the run directory (``build/run`` or ``$VRDMA_RUN_DIR``): ``session.json`` names the guests and
+State lives in the run directory (``run/`` or ``$VRDMA_RUN_DIR``): ``session.json`` names the guests and
 the link hub; each guest's directory holds its sockets, console log, QEMU log and ``state.json``. Commands from
 several processes may use one session at once; only ``up`` and ``down`` take the session lock.
 """

@@ -46,7 +46,7 @@ STATE_FILE = "state.json"
 
 @dataclass(frozen=True)
 class Products:
-    """The build products a guest needs (see vrdma.build)."""
+    """The build products a guest needs (see vrdma.buildchain)."""
 
     qemu: Mapping[str, Any]
     kernel: Mapping[str, Any]
@@ -54,7 +54,7 @@ class Products:
 
     @classmethod
     def load(cls) -> Products:
-        from vrdma.build.cache import product
+        from vrdma.buildchain.cache import product
 
         return cls(qemu=product("qemu"), kernel=product("kernel"), image=product("image"))
 

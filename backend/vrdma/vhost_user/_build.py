@@ -118,7 +118,7 @@ def libvhost_user_dir() -> Path:
     if env:
         return Path(env)
     sys.path.insert(0, str(HERE.parents[1]))
-    from vrdma.build.cache import product
+    from vrdma.buildchain.cache import product
 
     return Path(product("qemu")["source_dir"]) / "subprojects" / "libvhost-user"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from vrdma import paths
-from vrdma.build import apt
-from vrdma.build.cache import CachedProduct, file_digest, record_product, run, step
+from vrdma.buildchain import apt
+from vrdma.buildchain.cache import CachedProduct, file_digest, record_product, run, step
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def build() -> dict[str, Any]:
     upstream = version.split(":", 1)[-1].split("+", 1)[0].split("-", 1)[0]
     if not upstream.startswith(SERIES):
         raise BuildError(f"Debian {SUITE} now has QEMU {version}, not the {SERIES}x series this project patches; "
-                         "update qemu-configs/vrdma-qemu.patch and SERIES in backend/vrdma/build/qemu.py")
+                         "update qemu-configs/vrdma-qemu.patch and SERIES in backend/vrdma/buildchain/qemu.py")
     product = CachedProduct("qemu", {
         "source": f"qemu={version}",
         "patch": file_digest(patch_file()),

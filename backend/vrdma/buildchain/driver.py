@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vrdma import paths
-from vrdma.build.cache import CachedProduct, capture, product, record_product, run, step
+from vrdma.buildchain.cache import CachedProduct, capture, product, record_product, run, step
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from vrdma.build import apt
-from vrdma.build.cache import CachedProduct, capture, record_product, run, step
+from vrdma.buildchain import apt
+from vrdma.buildchain.cache import CachedProduct, capture, record_product, run, step
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vrdma import paths
-from vrdma.build.cache import capture, file_digest, run
+from vrdma.buildchain.cache import capture, file_digest, run
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 
 from vrdma.device import abi
-from vrdma.device.model import RdmaDevice, ResponseTooSmall
+from vrdma.device.device import RdmaDevice
+from vrdma.device.status import ResponseTooSmall
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.device import Element, VhostUserDevice
 

@@ -1,12 +1,12 @@
-"""The backend's admin socket: counters a person can read, and (with --test-hooks) fault injection for tests.
+"""The backend's admin socket: counters a person can read, and the commands a caller adds (test hooks).
 
 One JSON object per line in each direction over a unix stream socket; each connection asks one question:
 
     {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}}
-    {"command": "inject", "vm": "vm0", "fault": F}  -> {"ok": true}   (only with --test-hooks)
 
-Faults apply to the VM's next control-command response: "wrong-opcode", "wrong-seq", "short-response",
-"bad-status". `vrdma admin --socket PATH counters` is the command-line client.
+The daemon answers "counters" only. Whoever starts it may add commands (``extensions``): `vrdma backend
+--test-hooks` adds "inject" from vrdma.testing.faults, so the daemon itself carries no test code.
+`vrdma admin --socket PATH counters` is the command-line client.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from vrdma.device.model import FAULTS
+from vrdma.device.device import RdmaDevice
 from vrdma.vhost_user.loop import EventLoop
 
 log = logging.getLogger(__name__)
@@ -30,25 +30,31 @@ MAX_REQUEST = 4096
 class Served(Protocol):
     """What the admin socket reads and arms of one VM the backend serves."""
 
+    @property
+    def rdma(self) -> RdmaDevice: ...
     def counters_snapshot(self) -> dict[str, object]: ...
-    def inject_fault(self, fault: str) -> None: ...
+
+
+# An added admin command: (the request, the VMs served by name) -> the reply.
+AdminCommand = Callable[[dict[str, Any], dict[str, Served]], dict[str, Any]]
 
 TIMEOUT = 2.0
 
 
 class AdminSocket:
     def __init__(self, path: Path, loop: EventLoop, devices: Callable[[], dict[str, Served]],
-                 test_hooks: bool) -> None:
+                 extensions: dict[str, AdminCommand] | None = None) -> None:
         self.path = path
         self.loop = loop
         self.devices = devices
-        self.test_hooks = test_hooks
+        self.extensions = dict(extensions or {})
         path.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(path))
         self.sock.listen(4)
         loop.add_reader(self.sock.fileno(), self._accept)
-        log.info("admin socket on %s%s", path, " (test hooks enabled)" if test_hooks else "")
+        log.info("admin socket on %s%s", path,
+                 f" (also {', '.join(sorted(self.extensions))})" if self.extensions else "")
 
     def _accept(self) -> None:
         try:
@@ -72,18 +78,13 @@ class AdminSocket:
         devices = self.devices()
         if command == "counters":
             return {"ok": True, "vms": {name: dev.counters_snapshot() for name, dev in devices.items()}}
+        extension = self.extensions.get(command) if isinstance(command, str) else None
+        if extension is not None:
+            return extension(request, devices)
         if command == "inject":
-            if not self.test_hooks:
-                return {"ok": False, "error": "fault injection needs `vrdma backend --test-hooks`"}
-            vm, fault = request.get("vm"), request.get("fault")
-            if vm not in devices:
-                return {"ok": False, "error": f"unknown VM {vm!r}"}
-            if fault not in FAULTS:
-                return {"ok": False, "error": f"unknown fault {fault!r} (known: {', '.join(FAULTS)})"}
-            devices[vm].inject_fault(fault)
-            log.warning("%s: test hook armed: %s on the next command response", vm, fault)
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown command {command!r} (known: counters, inject)"}
+            return {"ok": False, "error": "fault injection needs `vrdma backend --test-hooks`"}
+        known = ", ".join(["counters", *sorted(self.extensions)])
+        return {"ok": False, "error": f"unknown command {command!r} (known: {known})"}
 
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())

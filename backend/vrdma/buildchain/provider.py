@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vrdma.build import apt
-from vrdma.build.cache import CachedProduct, record_product, run, step
-from vrdma.build.driver import source_root, sources_digest
+from vrdma.buildchain import apt
+from vrdma.buildchain.cache import CachedProduct, record_product, run, step
+from vrdma.buildchain.driver import source_root, sources_digest
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)

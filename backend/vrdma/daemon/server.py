@@ -17,13 +17,14 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from vrdma.backend.admin import AdminSocket
-from vrdma.backend.doorbell import DoorbellRegion
-from vrdma.backend.transport import VirtioRdmaTransport
+from vrdma.daemon.admin import AdminCommand, AdminSocket
+from vrdma.daemon.doorbell import DoorbellRegion
+from vrdma.daemon.transport import VirtioRdmaTransport
 from vrdma.device import abi
+from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
-from vrdma.device.model import RdmaDevice
 from vrdma.device.params import DEFAULT_LIMITS
+from vrdma.engine.native import Engine
 from vrdma.errors import VrdmaError
 from vrdma.faultguard import FaultGuard
 from vrdma.vhost_user.device import CloseCause, State, VhostUserDevice
@@ -154,9 +155,6 @@ class VmEndpoint:
                                "refused": c.refused, "closed": c.closed, "protocol_errors": c.protocol_errors,
                                "memory_faults": c.memory_faults, "last_close_reason": c.last_close_reason}}
 
-    def inject_fault(self, fault: str) -> None:
-        self.rdma.inject_fault(fault)
-
     def close(self) -> None:
         if self.connection is not None:
             self.connection.close("the backend is stopping", CloseCause.STOPPING)
@@ -203,13 +201,14 @@ class Backend:
     """``with Backend(specs) as backend: backend.run()`` until SIGTERM/SIGINT or ``stop()``."""
 
     def __init__(self, specs: list[EndpointSpec], admin_socket: Path | None = None,
-                 test_hooks: bool = False) -> None:
+                 admin_extensions: dict[str, AdminCommand] | None = None) -> None:
+        """``admin_extensions``: commands the admin socket answers besides "counters" (test hooks)."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise BackendError(f"VM names must be unique: {', '.join(names)}")
         self.loop = EventLoop()
         self.guard: FaultGuard | None = FaultGuard(self.loop)
-        self.fabric = Fabric(max(1, len(specs)))
+        self.fabric = Fabric(Engine(max(1, len(specs))), max(1, len(specs)))
         self.endpoints: list[VmEndpoint] = []
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
@@ -220,7 +219,7 @@ class Backend:
             if admin_socket is not None:
                 try:
                     self.admin = AdminSocket(admin_socket, self.loop,
-                                             lambda: {e.name: e for e in self.endpoints}, test_hooks)
+                                             lambda: {e.name: e for e in self.endpoints}, admin_extensions)
                 except OSError as err:
                     raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror}") from err
         except BaseException:

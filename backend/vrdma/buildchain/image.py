@@ -16,9 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from vrdma.build import apt
-from vrdma.build.cache import CachedProduct, content_key, file_digest, product, record_product, run, step
-from vrdma.build.provider import rdma_core_source
+from vrdma.buildchain import apt
+from vrdma.buildchain.cache import CachedProduct, content_key, file_digest, product, record_product, run, step
+from vrdma.buildchain.provider import rdma_core_source
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,79 @@
+"""Completion queues: a ring of CQEs in the guest's memory with a doorbell slot for arming, and moderation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vrdma.device import rings
+from vrdma.device.pool import Pool
+from vrdma.device.seat import EngineSeat, refused_as_status
+from vrdma.device.status import CommandFailed, Status
+from vrdma.device.ucontext import UserContexts
+
+
+@dataclass
+class Cq:
+    ucontext: int
+    slot: int
+    entries: int
+    db_slot: int
+    refs: int = 0
+
+
+class CompletionQueues:
+    def __init__(self, seat: EngineSeat, limit: int, max_cqe: int, ucontexts: UserContexts) -> None:
+        self.seat = seat
+        self.max_cqe = max_cqe
+        self.ucontexts = ucontexts
+        self.pool: Pool[Cq] = Pool("cq", limit)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def get(self, handle: int) -> Cq:
+        cq = self.pool.get(handle)
+        if cq is None:
+            raise CommandFailed(Status.INVALID, f"no CQ {handle:#x}")
+        return cq
+
+    def create(self, req: Any) -> tuple[int, int]:
+        ctx = self.ucontexts.for_queue(int(req.ucontext), "a CQ")
+        entries = int(req.entries)
+        if not rings.pow2(entries) or entries > self.max_cqe:
+            raise CommandFailed(Status.INVALID, f"CQ of {entries} entries (a power of two up to {self.max_cqe})")
+        pages = rings.page_list(req.ring, rings.cq_ring_pages(entries), "the CQ ring")
+        if self.pool.full():
+            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} CQs in use")
+        db_slot = ctx.take_slot()
+        handle = self.pool.add(Cq(int(req.ucontext), 0, entries, db_slot))
+        cq = self.pool.objects[handle]
+        cq.slot = self.pool.slot(handle)
+        try:
+            with refused_as_status():
+                self.seat.engine.create_cq(self.seat.index, cq.slot, {
+                    "handle": handle, "entries": entries, "db_page": ctx.doorbell_page, "db_slot": db_slot,
+                    "ring": pages})
+        except CommandFailed:
+            self.pool.remove(handle)
+            ctx.slots.give(db_slot)
+            raise
+        self.ucontexts.queue_created(ctx)
+        return handle, db_slot
+
+    def moderate(self, handle: int, count: int, period_us: int) -> None:
+        """CQ moderation: one completion event per ``count`` completions or ``period_us`` after the first."""
+        cq = self.get(handle)
+        with refused_as_status():
+            self.seat.engine.moderate_cq(self.seat.index, cq.slot, count, period_us)
+
+    def destroy(self, handle: int) -> None:
+        cq = self.get(handle)
+        if cq.refs:
+            raise CommandFailed(Status.BUSY, f"CQ {handle:#x} is used by {cq.refs} QPs")
+        self.pool.remove(handle)
+        self.seat.engine.destroy_cq(self.seat.index, cq.slot)
+        self.ucontexts.queue_destroyed(cq.ucontext, [cq.db_slot])
+
+    def clear(self) -> None:
+        self.pool.clear()

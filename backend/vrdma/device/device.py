@@ -1,0 +1,180 @@
+"""One VM's RDMA device: identity, config space, the doorbell region, commands, pending events, counters.
+
+It composes the object tables (objects.py) and the command dispatcher (commands.py) with a seat in the data engine
+of the fabric it is attached to (fabric.py); a device made on its own gets a fabric of its own. It never touches
+sockets or file descriptors: the transport hands it command bytes and takes back response bytes and events.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import mmap
+import secrets
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vrdma.device import abi, commands
+from vrdma.device.fabric import Fabric
+from vrdma.device.objects import DeviceObjects, Identity
+from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits, config_fields, engine_limits
+from vrdma.device.seat import EngineSeat
+from vrdma.engine.api import DataEngine
+
+log = logging.getLogger(__name__)
+
+FW_VERSION = 1
+DOORBELL_PAGE = abi.const("VRDMA_DOORBELL_PAGE_SIZE")
+DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
+ALIVE_WORD = struct.Struct("<I")
+# A hook a test installs to spoil responses on purpose (vrdma.testing.faults): it sees every response.
+ResponseFilter = Callable[[bytes], bytes]
+
+
+@dataclass
+class EventCounters:
+    events_posted: int = 0
+    events_dropped: int = 0
+
+
+class RdmaDevice:
+    def __init__(self, name: str, *, mac: bytes = bytes(6), limits: DeviceLimits = DEFAULT_LIMITS,
+                 pairing_id: int | None = None, fabric: Fabric | None = None,
+                 doorbells: mmap.mmap | None = None, engine: DataEngine | None = None) -> None:
+        """``doorbells``: the doorbell region as this process maps it (the engine polls it); a private one is
+        made when none is given (a device model without guests, in tests). A device joins ``fabric``, or, given
+        ``engine`` instead (one made for a single device), a fabric of its own around that engine."""
+        if len(mac) != 6:
+            raise ValueError(f"a MAC address has 6 bytes, not {len(mac)}")
+        self.name = name
+        self.mac = mac
+        self.limits = limits
+        self.pairing_id = pairing_id if pairing_id is not None else secrets.randbits(64)
+        self.epoch = secrets.randbits(64) or 1  # new whenever the device forgets its state (vrdma_config)
+        self.identity = Identity(FW_VERSION, (secrets.randbits(64) & ~0xFF) | 0x02)  # GUID locally administered
+        self.command_counters = commands.CommandCounters()
+        self.event_counters = EventCounters()
+        self.events: collections.deque[bytes] = collections.deque()
+        self.on_event: Callable[[], None] | None = None
+        self.response_filter: ResponseFilter | None = None
+        self.memory: list[tuple[int, int, int]] = []  # the memory table the engine has, kept across resets
+        self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
+        if len(self.doorbells) < self.doorbell_size:
+            raise ValueError(f"doorbell region of {len(self.doorbells)} bytes, the device needs {self.doorbell_size}")
+        self.clear_doorbell_pages()  # a restarted backend finds the last one's contexts' slots in the region
+        if fabric is None:
+            if engine is None:
+                raise ValueError("a device needs a fabric to join or an engine for a fabric of its own")
+            fabric = Fabric(engine, 1, limits)
+        self.fabric = fabric
+        self.seat = EngineSeat(self.fabric.engine, self.fabric.attach(self))
+        self._open_engine_device()
+        self.objects = DeviceObjects(name, self.seat, limits, self.identity, self.set_alive, self.fabric.route)
+
+    @property
+    def engine_index(self) -> int:
+        return self.seat.index
+
+    def _open_engine_device(self) -> None:
+        base = self.doorbell_address()
+        self.seat.engine.open_device(self.seat.index, engine_limits(self.limits), base)
+
+    def doorbell_address(self) -> int:
+        """Where this process has the doorbell region mapped (the engine polls it there)."""
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.doorbells))
+
+    # -- config space and doorbell region -----------------------------------------------------------------
+
+    def config_space(self) -> bytes:
+        config = abi.new("vrdma_config", abi_version=abi.const("VRDMA_ABI_VERSION"),
+                         doorbell_page_size=DOORBELL_PAGE, pairing_id=self.pairing_id, device_epoch=self.epoch,
+                         **config_fields(self.limits))
+        config.mac = list(self.mac)
+        return abi.to_bytes(config)
+
+    def doorbell_header(self) -> bytes:
+        header = abi.new("vrdma_doorbell_header", magic=abi.const("VRDMA_DOORBELL_MAGIC"),
+                         pairing_id=self.pairing_id, abi_version=abi.const("VRDMA_ABI_VERSION"),
+                         page_size=DOORBELL_PAGE, num_pages=self.limits.doorbell_pages)
+        return abi.to_bytes(header)
+
+    def set_alive(self, page: int, alive: bool) -> None:
+        """Mark a context's doorbell page as known to the device (or not): the provider flushes on zero."""
+        ALIVE_WORD.pack_into(self.doorbells, page * DOORBELL_PAGE + 4 * DB_SLOT_ALIVE,
+                             abi.const("VRDMA_DB_ALIVE") if alive else 0)
+
+    def clear_doorbell_pages(self) -> None:
+        """Every context page back to zeros: no context is known, no index is pending, nothing is parked."""
+        self.doorbells[DOORBELL_PAGE:self.doorbell_size] = bytes(self.doorbell_size - DOORBELL_PAGE)
+
+    @property
+    def doorbell_size(self) -> int:
+        return self.limits.doorbell_pages * DOORBELL_PAGE
+
+    # -- commands, memory and counters --------------------------------------------------------------------
+
+    def execute(self, request: bytes, capacity: int) -> bytes:
+        """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits."""
+        response = commands.execute(self.objects, self.command_counters, self.name, request, capacity)
+        return response if self.response_filter is None else self.response_filter(response)
+
+    def set_memory(self, regions: list[tuple[int, int, int]]) -> None:
+        """The guest's memory table (guest-physical start, size, host address): what the engine translates with."""
+        self.seat.engine.set_memory(self.seat.index, regions)
+        self.memory = list(regions)
+
+    def has_gid(self, raw: bytes) -> bool:
+        return self.objects.gids.holds(raw)
+
+    def counters_snapshot(self) -> dict[str, object]:
+        c, e = self.command_counters, self.event_counters
+        return {"commands": c.commands, "command_errors": c.command_errors, "events_posted": e.events_posted,
+                "events_dropped": e.events_dropped, "events_pending": len(self.events),
+                "by_opcode": dict(c.by_opcode),
+                "objects": self.objects.counts(),
+                "gids": self.objects.gids.snapshot(),
+                "doorbell_pages": self.objects.ucontexts.doorbell_pages_held(),
+                "engine": self.seat.engine.counters(self.seat.index)}
+
+    # -- events -------------------------------------------------------------------------------------------
+
+    def post_event(self, event_type: int, handle: int = 0, data: int = 0) -> None:
+        """Queue an event for the driver; the oldest are dropped (and counted) past the limit."""
+        if len(self.events) >= self.limits.max_pending_events:
+            self.events.popleft()
+            self.event_counters.events_dropped += 1
+        self.events.append(abi.to_bytes(abi.new("vrdma_event", type=event_type, handle=handle, data=data)))
+        self.event_counters.events_posted += 1
+        if self.on_event is not None:
+            self.on_event()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave the fabric: the engine forgets the device (and the doorbell region may be unmapped after)."""
+        self.seat.engine.close_device(self.seat.index)
+        self.fabric.detach(self)
+        self.objects.clear()
+
+    def reset(self, keep_memory: bool = False) -> None:
+        """The guest reset the device or went away: forget everything it owned.
+
+        ``keep_memory``: the connection lives on (a driver reset), so the guest's memory table stays what it was:
+        QEMU sends memory-table changes only as differences (CONFIGURE_MEM_SLOTS), never the same table again.
+        """
+        counts = self.objects.counts()
+        log.info("%s: device reset (%d pending events, %s freed)", self.name, len(self.events),
+                 ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no objects")
+        self.events.clear()
+        # Every object of the VM goes at once, in the engine too (it forgets the guest's memory with them).
+        self.seat.engine.close_device(self.seat.index)
+        self.clear_doorbell_pages()  # providers of the forgotten contexts see it and flush
+        self._open_engine_device()
+        if keep_memory and self.memory:
+            self.set_memory(self.memory)
+        else:
+            self.memory = []
+        self.objects.clear()
+        self.epoch = secrets.randbits(64) or 1

@@ -1,0 +1,85 @@
+"""Memory regions: REG_MR checks the request and hands the engine the page list it translates and keeps.
+
+An MR's lkey and rkey carry its engine slot in their low bits and random bits above them, so a key is not
+guessable from another key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vrdma.device import abi, rings
+from vrdma.device.pd import ProtectionDomains
+from vrdma.device.pool import Pool
+from vrdma.device.seat import EngineSeat, refused_as_status
+from vrdma.device.status import CommandFailed, Status
+
+ACCESS_ALL = 0xF
+LOCAL_WRITE = abi.const("VRDMA_ACCESS_LOCAL_WRITE")
+REMOTE_WRITE = abi.const("VRDMA_ACCESS_REMOTE_WRITE")
+REMOTE_ATOMIC = abi.const("VRDMA_ACCESS_REMOTE_ATOMIC")
+
+
+@dataclass
+class Mr:
+    pd: int
+    slot: int
+    lkey: int
+    rkey: int
+    access: int
+    iova: int
+    length: int
+
+
+class MemoryRegions:
+    def __init__(self, seat: EngineSeat, limit: int, max_mr_size: int, pds: ProtectionDomains) -> None:
+        self.seat = seat
+        self.max_mr_size = max_mr_size
+        self.pds = pds
+        self.pool: Pool[Mr] = Pool("mr", limit)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def register(self, req: Any) -> tuple[int, int, int]:
+        pd = self.pds.get(int(req.pd))
+        access, length, iova, offset = int(req.access), int(req.length), int(req.iova), int(req.page_offset)
+        if req.reserved:
+            raise CommandFailed(Status.INVALID, "reserved field of REG_MR is not zero")
+        if access & ~ACCESS_ALL:
+            raise CommandFailed(Status.INVALID, f"unknown access flags {access:#x}")
+        if access & (REMOTE_WRITE | REMOTE_ATOMIC) and not access & LOCAL_WRITE:
+            raise CommandFailed(Status.INVALID, "remote write or atomic access needs local write access")
+        if not 0 < length <= self.max_mr_size:
+            raise CommandFailed(Status.INVALID, f"MR length {length} (1 to {self.max_mr_size} bytes)")
+        if offset >= rings.PAGE or iova + length > 2**64:
+            raise CommandFailed(Status.INVALID, f"MR at {iova:#x} (page offset {offset}) of {length} bytes")
+        pages = rings.page_list(req.pages, rings.pages_for(offset + length), "the MR")
+        if self.pool.full():
+            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} MRs in use")
+        handle = self.pool.add(Mr(int(req.pd), 0, 0, 0, access, iova, length))
+        mr = self.pool.objects[handle]
+        mr.slot = self.pool.slot(handle)
+        mr.lkey = self.pool.key(mr.slot)
+        mr.rkey = self.pool.key(mr.slot, avoid=mr.lkey)
+        try:
+            with refused_as_status():
+                self.seat.engine.create_mr(self.seat.index, mr.slot, {
+                    "handle": handle, "pd": int(req.pd), "lkey": mr.lkey, "rkey": mr.rkey, "access": access,
+                    "page_offset": offset, "iova": iova, "length": length, "pages": pages})
+        except CommandFailed:
+            self.pool.remove(handle)
+            raise
+        pd.refs += 1
+        return handle, mr.lkey, mr.rkey
+
+    def deregister(self, handle: int) -> None:
+        mr = self.pool.remove(handle)
+        if mr is None:
+            raise CommandFailed(Status.INVALID, f"no MR {handle:#x}")
+        self.seat.engine.destroy_mr(self.seat.index, mr.slot)
+        self.pds.release(mr.pd)
+
+    def clear(self) -> None:
+        self.pool.clear()

@@ -1,0 +1,97 @@
+"""One pool per object kind: handles the guest names objects by, the engine table slot behind each, and keys.
+
+A handle is the object's slot in its low bits and that slot's generation above them. The same slot is the
+object's row in the engine's table of that kind, so a handle, its engine slot and (for MRs and QPs) the key or
+QP number that carries the slot in its low bits are one allocation, not three.
+
+Each reuse of a slot advances its generation, so a stale or forged handle finds nothing (not a newer object in
+the same slot) until that slot has been reused 2^(32 - slot bits) times, and a pool's memory is bounded by its
+limit whatever a guest creates and destroys (an earlier table remembered every handle it had issued: a guest
+looping on create/destroy grew the backend without bound). Generations start at random values, so handles of one
+device life do not repeat the last.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+HANDLE_BITS = 32
+KEY_BITS = 32
+
+
+class FreeSlots:
+    """Free slots of a small fixed table, lowest first (a user context's doorbell slots)."""
+
+    def __init__(self, size: int, first: int = 0) -> None:
+        self._free = list(range(size - 1, first - 1, -1))
+
+    def take(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def give(self, slot: int) -> None:
+        self._free.append(slot)
+
+
+class Pool(Generic[T]):
+    def __init__(self, kind: str, limit: int) -> None:
+        if not 0 < limit < 1 << (HANDLE_BITS - 1):
+            raise ValueError(f"{kind} pool of {limit} entries")
+        self.kind = kind
+        self.limit = limit
+        self.slot_bits = max(1, (limit - 1).bit_length())
+        self.generation_mask = (1 << (HANDLE_BITS - self.slot_bits)) - 1
+        self.objects: dict[int, T] = {}
+        self._free: list[int] = []       # slots given back, reused first
+        self._never_used = 0             # slots >= this one have never been used
+        self._generation: list[int] = []  # per used slot: the generation of its current or last handle
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+    def full(self) -> bool:
+        return len(self.objects) >= self.limit
+
+    def add(self, obj: T) -> int:
+        """Store ``obj`` under a new handle. The caller checks full() first (a full pool is a bug here)."""
+        if self._free:
+            slot = self._free.pop()
+            generation = (self._generation[slot] + 1) & self.generation_mask or 1  # 0 would make handle 0
+        elif self._never_used < self.limit:
+            slot = self._never_used
+            self._never_used += 1
+            generation = secrets.randbits(HANDLE_BITS - self.slot_bits) or 1
+            self._generation.append(0)
+        else:
+            raise RuntimeError(f"{self.kind} pool full ({self.limit} entries): check full() before add()")
+        self._generation[slot] = generation
+        handle = generation << self.slot_bits | slot
+        self.objects[handle] = obj
+        return handle
+
+    def slot(self, handle: int) -> int:
+        """The slot a handle names: the object's row in the engine's table of its kind."""
+        return handle & ((1 << self.slot_bits) - 1)
+
+    def get(self, handle: int) -> T | None:
+        return self.objects.get(handle)
+
+    def remove(self, handle: int) -> T | None:
+        obj = self.objects.pop(handle, None)
+        if obj is not None:
+            self._free.append(self.slot(handle))
+        return obj
+
+    def clear(self) -> None:
+        """Forget every object; slots keep their generations, so handles from before stay stale."""
+        self._free.extend(self.slot(handle) for handle in self.objects)
+        self.objects.clear()
+
+    def key(self, slot: int, avoid: int = -1) -> int:
+        """A key naming ``slot``: random bits above the slot bits, so that one key does not reveal another."""
+        while True:
+            key = (secrets.randbits(KEY_BITS - self.slot_bits) << self.slot_bits) | slot
+            if key != avoid:
+                return key

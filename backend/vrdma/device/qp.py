@@ -1,0 +1,246 @@
+"""Queue pairs: CREATE_QP checks the rings and capabilities, MODIFY_QP walks the state table (qp_states.py) and
+checks every attribute, and the engine runs the QP between state changes.
+
+A QP number carries its engine slot in its low bits and a rotating generation above them, so a QP number is not
+reused at once (a peer still naming the old QP finds nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vrdma.device import abi, qp_states, rings
+from vrdma.device.cq import CompletionQueues
+from vrdma.device.gid import GidTable
+from vrdma.device.mr import ACCESS_ALL
+from vrdma.device.params import DeviceLimits
+from vrdma.device.pd import ProtectionDomains
+from vrdma.device.pool import Pool
+from vrdma.device.seat import EngineSeat, refused_as_status
+from vrdma.device.srq import SharedReceiveQueues
+from vrdma.device.status import CommandFailed, Status
+from vrdma.device.ucontext import UserContexts
+from vrdma.engine.api import NO_DEVICE, NO_SRQ
+
+log = logging.getLogger(__name__)
+
+QPT_RC = abi.const("VRDMA_QPT_RC")
+QPN_LIMIT = 1 << 24
+PSN_LIMIT = 1 << 24
+# Attributes MODIFY_QP stores, by the mask bit (VRDMA_QP_<bit>) that carries them.
+STORED: dict[str, tuple[str, ...]] = {
+    "ACCESS_FLAGS": ("qp_access_flags",), "PKEY_INDEX": ("pkey_index",), "PORT": ("port_num",),
+    "PATH_MTU": ("path_mtu",), "DEST_QPN": ("dest_qp_num",), "MIN_RNR_TIMER": ("min_rnr_timer",),
+    "TIMEOUT": ("timeout",), "RETRY_CNT": ("retry_cnt",), "RNR_RETRY": ("rnr_retry",),
+    "MAX_QP_RD_ATOMIC": ("max_rd_atomic",), "MAX_DEST_RD_ATOMIC": ("max_dest_rd_atomic",),
+    "RQ_PSN": ("rq_psn",), "SQ_PSN": ("sq_psn",), "EN_SQD_ASYNC_NOTIFY": ("en_sqd_async_notify",),
+    "AV": ("sgid_index", "hop_limit", "traffic_class", "flow_label"),
+}
+MASK_BIT = {name: abi.const(f"VRDMA_QP_{name}") for name in (*STORED, "STATE", "CUR_STATE")}
+
+
+@dataclass
+class Qp:
+    ucontext: int
+    pd: int
+    slot: int
+    qpn: int
+    send_cq: int
+    recv_cq: int
+    srq: int
+    caps: dict[str, int]
+    db_slots: list[int]
+    attr: dict[str, Any] = field(default_factory=dict)
+
+
+class QueuePairs:
+    def __init__(self, owner: str, seat: EngineSeat, limits: DeviceLimits, ucontexts: UserContexts,
+                 pds: ProtectionDomains, cqs: CompletionQueues, srqs: SharedReceiveQueues, gids: GidTable,
+                 route: Callable[[bytes], int]) -> None:
+        """``route(dgid)``: the engine index of the device holding that GID, or NO_DEVICE (the fabric's)."""
+        self.owner = owner
+        self.seat = seat
+        self.limits = limits
+        self.ucontexts = ucontexts
+        self.pds = pds
+        self.cqs = cqs
+        self.srqs = srqs
+        self.gids = gids
+        self.route = route
+        self.pool: Pool[Qp] = Pool("qp", limits.max_qp)
+        self.qpn_generation = 1
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def get(self, handle: int) -> Qp:
+        qp = self.pool.get(handle)
+        if qp is None:
+            raise CommandFailed(Status.INVALID, f"no QP {handle:#x}")
+        return qp
+
+    def create(self, req: Any) -> tuple[int, int, int, int]:
+        ctx = self.ucontexts.for_queue(int(req.ucontext), "a QP")
+        pd = self.pds.get(int(req.pd))
+        if req.reserved1 or any(req.reserved0):
+            raise CommandFailed(Status.INVALID, "reserved fields of CREATE_QP are not zero")
+        if int(req.qp_type) != QPT_RC:
+            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {int(req.qp_type)} (the device has RC QPs)")
+        cqs = [self.cqs.pool.get(int(req.send_cq)), self.cqs.pool.get(int(req.recv_cq))]
+        if None in cqs or any(cq.ucontext != int(req.ucontext) for cq in cqs if cq):
+            raise CommandFailed(Status.INVALID, "the QP's CQs do not exist in its context")
+        send_cq, recv_cq = cqs
+        assert send_cq is not None and recv_cq is not None
+        srq = self.srqs.get(int(req.srq)) if req.srq else None
+        limits = self.limits
+        sq_depth, rq_depth = int(req.sq_depth), int(req.rq_depth)
+        sq_stride, rq_stride = int(req.sq_stride), int(req.rq_stride)
+        send_sge, recv_sge, inline = int(req.max_send_sge), int(req.max_recv_sge), int(req.max_inline_data)
+        sq_offset, rq_offset = int(req.sq_offset), int(req.rq_offset)
+        if not rings.pow2(sq_depth) or sq_depth > limits.max_qp_wr or send_sge > limits.max_sge or \
+                inline > limits.max_inline_data or not rings.send_stride_ok(sq_stride, send_sge, inline):
+            raise CommandFailed(Status.INVALID, f"send queue: depth {sq_depth}, stride {sq_stride}, "
+                                                f"{send_sge} SGEs, {inline} inline bytes")
+        if srq is None and (not rings.pow2(rq_depth) or rq_depth > limits.max_qp_wr or recv_sge > limits.max_sge or
+                            not rings.recv_stride_ok(rq_stride, recv_sge)):
+            raise CommandFailed(Status.INVALID, f"receive queue: depth {rq_depth}, stride {rq_stride}, "
+                                                f"{recv_sge} SGEs")
+        if srq is not None and (rq_depth or rq_stride or recv_sge):
+            raise CommandFailed(Status.INVALID, "a QP with an SRQ has no receive queue of its own")
+        pages = rings.page_list(req.ring, rings.qp_ring_pages(sq_offset, sq_depth, sq_stride, rq_offset, rq_depth,
+                                                              rq_stride), "the QP rings")
+        if self.pool.full():
+            raise CommandFailed(Status.NO_RESOURCES, f"all {limits.max_qp} QPs in use")
+        db_slots: list[int] = []
+        try:
+            for _ in range(1 if srq else 2):  # a loop, not a comprehension: a slot taken is in db_slots at once
+                db_slots.append(ctx.take_slot())
+        except CommandFailed:
+            for db in db_slots:
+                ctx.slots.give(db)
+            raise
+        caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if srq is None else 0,
+                "max_send_sge": send_sge, "max_recv_sge": recv_sge, "max_inline_data": inline}
+        handle = self.pool.add(Qp(int(req.ucontext), int(req.pd), 0, 0, int(req.send_cq), int(req.recv_cq),
+                                  int(req.srq), caps, db_slots, {"qp_state": qp_states.RESET}))
+        qp = self.pool.objects[handle]
+        qp.slot = self.pool.slot(handle)
+        qp.qpn = self._qpn(qp.slot)
+        rq_db_slot = db_slots[1] if len(db_slots) > 1 else 0
+        try:
+            with refused_as_status():
+                self.seat.engine.create_qp(self.seat.index, qp.slot, {
+                    "handle": handle, "qpn": qp.qpn, "pd": int(req.pd), "sq_sig_all": int(req.sq_sig_all),
+                    "send_cq": send_cq.slot, "recv_cq": recv_cq.slot, "srq": srq.slot if srq else NO_SRQ,
+                    "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
+                    "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge,
+                    "max_recv_sge": recv_sge, "max_inline": inline, "db_page": ctx.doorbell_page,
+                    "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot, "ring": pages})
+        except CommandFailed:
+            self.pool.remove(handle)
+            for db in db_slots:
+                ctx.slots.give(db)
+            raise
+        pd.refs += 1
+        send_cq.refs += 1
+        recv_cq.refs += 1
+        if srq is not None:
+            srq.refs += 1
+        self.ucontexts.queue_created(ctx)
+        return handle, qp.qpn, db_slots[0], rq_db_slot
+
+    def _qpn(self, slot: int) -> int:
+        bits = self.pool.slot_bits
+        generations = QPN_LIMIT >> bits
+        qpn = (self.qpn_generation << bits) | slot
+        self.qpn_generation = self.qpn_generation + 1 if self.qpn_generation + 1 < generations else 1
+        return qpn
+
+    def state(self, qp: Qp) -> int:
+        return self.seat.engine.qp_state(self.seat.index, qp.slot)
+
+    def modify(self, req: Any) -> None:
+        qp = self.get(int(req.handle))
+        mask = int(req.attr_mask)
+        a = req.attr
+
+        def bit(name: str) -> bool:
+            return bool(mask & MASK_BIT[name])
+
+        try:
+            target = qp_states.check_transition(self.state(qp), mask, int(a.qp_state) if bit("STATE") else None,
+                                                int(a.cur_qp_state) if bit("CUR_STATE") else None)
+        except ValueError as err:
+            raise CommandFailed(Status.INVALID, f"modify QP {qp.qpn:#x}: {err}") from err
+        self._check_attributes(qp, bit, a)
+        stored = qp.attr
+        for names in STORED.values():
+            for name in names:
+                stored.setdefault(name, 0)
+        for bit_name, names in STORED.items():
+            if bit(bit_name):
+                for name in names:
+                    stored[name] = int(getattr(a, name))
+        if bit("AV"):
+            stored["dgid"] = bytes(a.dgid)
+        stored["qp_state"] = target
+        dest_dev = self.route(stored["dgid"]) if "dgid" in stored else NO_DEVICE
+        with refused_as_status():
+            self.seat.engine.modify_qp(self.seat.index, qp.slot, {
+                "state": target, "access_flags": stored["qp_access_flags"], "dest_dev": dest_dev,
+                "dest_qpn": stored["dest_qp_num"], "min_rnr_timer": stored["min_rnr_timer"],
+                "rnr_retry": stored["rnr_retry"], "retry_cnt": stored["retry_cnt"], "timeout": stored["timeout"]})
+        if target == qp_states.RTR:
+            log.info("%s: QP %#x -> QP %#x on %s", self.owner, qp.qpn, stored["dest_qp_num"],
+                     "an unknown GID" if dest_dev == NO_DEVICE else f"device {dest_dev}")
+
+    def _check_attributes(self, qp: Qp, bit: Callable[[str], bool], a: Any) -> None:
+        limits = self.limits
+        checks = [
+            (bit("ACCESS_FLAGS") and int(a.qp_access_flags) & ~ACCESS_ALL, "access flags"),
+            (bit("PKEY_INDEX") and int(a.pkey_index) != 0, "pkey index (the table has 1 entry)"),
+            (bit("PORT") and int(a.port_num) != 1, "port (the device has port 1)"),
+            (bit("PATH_MTU") and not 1 <= int(a.path_mtu) <= 5, "path MTU"),
+            (bit("DEST_QPN") and int(a.dest_qp_num) >= QPN_LIMIT, "destination QP number"),
+            (bit("MIN_RNR_TIMER") and int(a.min_rnr_timer) > 31, "min RNR timer"),
+            (bit("TIMEOUT") and int(a.timeout) > 31, "timeout"),
+            (bit("RETRY_CNT") and int(a.retry_cnt) > 7, "retry count"),
+            (bit("RNR_RETRY") and int(a.rnr_retry) > 7, "RNR retry"),
+            (bit("MAX_QP_RD_ATOMIC") and int(a.max_rd_atomic) > limits.max_qp_rd_atom, "max_rd_atomic"),
+            (bit("MAX_DEST_RD_ATOMIC") and int(a.max_dest_rd_atomic) > limits.max_qp_rd_atom, "max_dest_rd_atomic"),
+            (bit("AV") and int(a.sgid_index) not in self.gids, "source GID index"),
+            (bit("RQ_PSN") and int(a.rq_psn) >= PSN_LIMIT, "RQ PSN"),
+            (bit("SQ_PSN") and int(a.sq_psn) >= PSN_LIMIT, "SQ PSN"),
+        ]
+        for bad, what in checks:
+            if bad:
+                raise CommandFailed(Status.INVALID, f"modify QP {qp.qpn:#x}: bad {what}")
+
+    def query(self, handle: int, out: Any) -> None:
+        qp = self.get(handle)
+        state = self.state(qp)
+        for name, value in qp.attr.items():
+            if name == "dgid":
+                out.dgid = list(value)
+            elif name != "qp_state":
+                setattr(out, name, value)
+        out.qp_state = out.cur_qp_state = state
+        for name, value in qp.caps.items():
+            setattr(out, name, value)
+
+    def destroy(self, handle: int) -> None:
+        qp = self.get(handle)
+        self.pool.remove(handle)
+        self.seat.engine.destroy_qp(self.seat.index, qp.slot)
+        self.pds.release(qp.pd)
+        for cq_handle in (qp.send_cq, qp.recv_cq):
+            self.cqs.get(cq_handle).refs -= 1
+        if qp.srq:
+            self.srqs.get(qp.srq).refs -= 1
+        self.ucontexts.queue_destroyed(qp.ucontext, qp.db_slots)
+
+    def clear(self) -> None:
+        self.pool.clear()

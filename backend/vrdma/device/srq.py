@@ -1,0 +1,106 @@
+"""Shared receive queues: a ring of receive WQEs in the guest's memory that QPs of the same context draw from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vrdma.device import abi, rings
+from vrdma.device.pd import ProtectionDomains
+from vrdma.device.pool import Pool
+from vrdma.device.seat import EngineSeat, refused_as_status
+from vrdma.device.status import CommandFailed, Status
+from vrdma.device.ucontext import UserContexts
+
+SRQ_MAX_WR = abi.const("VRDMA_SRQ_MAX_WR")
+SRQ_LIMIT = abi.const("VRDMA_SRQ_LIMIT")
+
+
+@dataclass
+class Srq:
+    ucontext: int
+    pd: int
+    slot: int
+    depth: int
+    max_sge: int
+    db_slot: int
+    refs: int = 0
+
+
+class SharedReceiveQueues:
+    def __init__(self, seat: EngineSeat, limit: int, max_wr: int, max_sge: int, ucontexts: UserContexts,
+                 pds: ProtectionDomains) -> None:
+        self.seat = seat
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.ucontexts = ucontexts
+        self.pds = pds
+        self.pool: Pool[Srq] = Pool("srq", limit)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def get(self, handle: int) -> Srq:
+        srq = self.pool.get(handle)
+        if srq is None:
+            raise CommandFailed(Status.INVALID, f"no SRQ {handle:#x}")
+        return srq
+
+    def create(self, req: Any) -> tuple[int, int]:
+        ctx = self.ucontexts.for_queue(int(req.ucontext), "an SRQ")
+        pd = self.pds.get(int(req.pd))
+        depth, stride, max_sge, limit = int(req.depth), int(req.stride), int(req.max_sge), int(req.srq_limit)
+        if not rings.pow2(depth) or depth > self.max_wr:
+            raise CommandFailed(Status.INVALID, f"SRQ depth {depth}")
+        if not rings.recv_stride_ok(stride, max_sge) or max_sge > self.max_sge:
+            raise CommandFailed(Status.INVALID, f"SRQ stride {stride} for {max_sge} SGEs")
+        if limit >= depth:
+            raise CommandFailed(Status.INVALID, f"SRQ limit {limit} is not below its depth {depth}")
+        pages = rings.page_list(req.ring, rings.srq_ring_pages(depth, stride), "the SRQ ring")
+        if self.pool.full():
+            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} SRQs in use")
+        db_slot = ctx.take_slot()
+        handle = self.pool.add(Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, db_slot))
+        srq = self.pool.objects[handle]
+        srq.slot = self.pool.slot(handle)
+        try:
+            with refused_as_status():
+                self.seat.engine.create_srq(self.seat.index, srq.slot, {
+                    "handle": handle, "pd": int(req.pd), "depth": depth, "stride": stride, "max_sge": max_sge,
+                    "limit": limit, "db_page": ctx.doorbell_page, "db_slot": db_slot, "ring": pages})
+        except CommandFailed:
+            self.pool.remove(handle)
+            ctx.slots.give(db_slot)
+            raise
+        pd.refs += 1
+        self.ucontexts.queue_created(ctx)
+        return handle, db_slot
+
+    def modify(self, req: Any) -> None:
+        srq = self.get(int(req.handle))
+        mask = int(req.attr_mask)
+        if mask & SRQ_MAX_WR:
+            raise CommandFailed(Status.NOT_SUPPORTED, "resizing an SRQ is not supported")
+        if mask & ~SRQ_LIMIT:
+            raise CommandFailed(Status.INVALID, f"unknown SRQ attribute bits {mask:#x}")
+        if mask and int(req.srq_limit) >= srq.depth:
+            raise CommandFailed(Status.INVALID, f"SRQ limit {int(req.srq_limit)} is not below {srq.depth}")
+        if mask:
+            with refused_as_status():
+                self.seat.engine.set_srq_limit(self.seat.index, srq.slot, int(req.srq_limit))
+
+    def query(self, handle: int) -> tuple[int, int, int]:
+        srq = self.get(handle)
+        return srq.depth, srq.max_sge, self.seat.engine.srq_limit(self.seat.index, srq.slot)
+
+    def destroy(self, handle: int) -> None:
+        srq = self.get(handle)
+        if srq.refs:
+            raise CommandFailed(Status.BUSY, f"SRQ {handle:#x} is used by {srq.refs} QPs")
+        self.pool.remove(handle)
+        self.seat.engine.destroy_srq(self.seat.index, srq.slot)
+        self.pds.release(srq.pd)
+        self.ucontexts.queue_destroyed(srq.ucontext, [srq.db_slot])
+
+    def clear(self) -> None:
+        self.pool.clear()

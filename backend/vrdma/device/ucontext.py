@@ -1,0 +1,89 @@
+"""User contexts: one per process that opened the device, each with its own doorbell page.
+
+A context owns a page of the doorbell region (mapped into that process only) and hands the slots of that page to
+the queues it creates. It cannot go while it holds PDs or queues (BUSY).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vrdma.device import abi
+from vrdma.device.pool import FreeSlots, Pool
+from vrdma.device.status import CommandFailed, Status
+
+DB_SLOTS = abi.const("VRDMA_DB_SLOTS")
+DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
+
+
+@dataclass
+class UserContext:
+    doorbell_page: int
+    pds: set[int] = field(default_factory=set)
+    queues: int = 0
+    # Slot 0 (parked) and the last slot (alive) are the device's; the queues get the ones between.
+    slots: FreeSlots = field(default_factory=lambda: FreeSlots(DB_SLOT_ALIVE, first=1))
+
+    def take_slot(self) -> int:
+        slot = self.slots.take()
+        if slot is None:
+            raise CommandFailed(Status.NO_RESOURCES, f"all {DB_SLOTS - 1} doorbell slots of the context in use")
+        return slot
+
+
+class UserContexts:
+    def __init__(self, doorbell_pages: int, set_alive: Callable[[int, bool], None]) -> None:
+        """``set_alive(page, alive)`` marks a doorbell page as known to the device (the provider flushes on 0)."""
+        self.doorbell_pages = doorbell_pages
+        self.set_alive = set_alive
+        self.pool: Pool[UserContext] = Pool("ucontext", doorbell_pages - 1)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def get(self, handle: int) -> UserContext:
+        ctx = self.pool.get(handle)
+        if ctx is None:
+            raise CommandFailed(Status.INVALID, f"no user context {handle:#x}")
+        return ctx
+
+    def for_queue(self, handle: int, what: str) -> UserContext:
+        """The context a queue is created in (kernel consumers, context 0, have no queues yet)."""
+        if handle == 0:
+            raise CommandFailed(Status.NOT_SUPPORTED, f"{what} for kernel consumers is not supported")
+        return self.get(handle)
+
+    def alloc(self) -> tuple[int, int]:
+        used = {ctx.doorbell_page for ctx in self.pool.objects.values()}
+        free = next((page for page in range(1, self.doorbell_pages) if page not in used), None)
+        if free is None or self.pool.full():
+            raise CommandFailed(Status.NO_RESOURCES, f"all {self.doorbell_pages - 1} doorbell pages in use")
+        handle = self.pool.add(UserContext(free))
+        self.set_alive(free, True)
+        return handle, free
+
+    def dealloc(self, handle: int) -> None:
+        ctx = self.get(handle)
+        if ctx.pds or ctx.queues:
+            raise CommandFailed(Status.BUSY, f"user context {handle:#x} still has {len(ctx.pds)} PDs and "
+                                             f"{ctx.queues} queues")
+        self.pool.remove(handle)
+        self.set_alive(ctx.doorbell_page, False)
+
+    def queue_created(self, ctx: UserContext) -> None:
+        ctx.queues += 1
+
+    def queue_destroyed(self, handle: int, db_slots: list[int]) -> None:
+        """A queue of context ``handle`` went: its doorbell slots come back (the context may be gone already)."""
+        ctx = self.pool.get(handle)
+        if ctx is not None:
+            for slot in db_slots:
+                ctx.slots.give(slot)
+            ctx.queues -= 1
+
+    def doorbell_pages_held(self) -> list[int]:
+        return sorted(ctx.doorbell_page for ctx in self.pool.objects.values())
+
+    def clear(self) -> None:
+        self.pool.clear()

@@ -1,0 +1,165 @@
+"""The data engine's interface as the device model sees it: typed configurations and one Protocol.
+
+The device model is written against ``DataEngine``, not against cffi: ``vrdma.engine.Engine`` (engine.c) is the
+implementation the backend runs, ``vrdma.testing.fake_engine.FakeEngine`` the one unit tests run the model
+against in process. Every configuration is a TypedDict whose keys are the fields of the engine.h struct of the
+same name, so strict mypy checks each call the model makes (no engine call is named by a string).
+
+This module imports no C: importing it costs nothing and needs no build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
+
+from vrdma.errors import VrdmaError
+
+# engine.h's VRE_NO_DEVICE and VRE_NO_SRQ (held equal by vrdma.engine at import).
+NO_DEVICE = 0xFFFFFFFF
+NO_SRQ = -1
+# The engine's per-device counters (struct vre_counters), in order.
+COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
+            "qp_fatal", "events_dropped")
+
+
+class EngineLimits(TypedDict):
+    """struct vre_device_limits."""
+
+    max_qp: int
+    max_cq: int
+    max_mr: int
+    max_srq: int
+    max_sge: int
+    max_inline: int
+    max_qp_wr: int
+    max_cqe: int
+    max_srq_wr: int
+    max_mr_pages: int
+    doorbell_pages: int
+    max_pages_total: int
+    max_msg_size: int
+
+
+class PagesDesc(TypedDict):
+    """struct vre_pages_desc: a guest-physical page list as the driver described it."""
+
+    addr: int
+    npages: int
+    levels: int
+
+
+class MrConfig(TypedDict):
+    handle: int
+    pd: int
+    lkey: int
+    rkey: int
+    access: int
+    page_offset: int
+    iova: int
+    length: int
+    pages: PagesDesc
+
+
+class CqConfig(TypedDict):
+    handle: int
+    entries: int
+    db_page: int
+    db_slot: int
+    ring: PagesDesc
+
+
+class SrqConfig(TypedDict):
+    handle: int
+    pd: int
+    depth: int
+    stride: int
+    max_sge: int
+    limit: int
+    db_page: int
+    db_slot: int
+    ring: PagesDesc
+
+
+class QpConfig(TypedDict):
+    handle: int
+    qpn: int
+    pd: int
+    sq_sig_all: int
+    send_cq: int
+    recv_cq: int
+    srq: int
+    sq_depth: int
+    rq_depth: int
+    sq_stride: int
+    rq_stride: int
+    sq_offset: int
+    rq_offset: int
+    max_send_sge: int
+    max_recv_sge: int
+    max_inline: int
+    db_page: int
+    sq_db_slot: int
+    rq_db_slot: int
+    ring: PagesDesc
+
+
+class QpAttr(TypedDict):
+    """struct vre_qp_attr: what a modify_qp changes (the model has checked the transition and every value)."""
+
+    state: int
+    access_flags: int
+    dest_dev: int
+    dest_qpn: int
+    min_rnr_timer: int
+    rnr_retry: int
+    retry_cnt: int
+    timeout: int
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    device: int
+    type: int
+    handle: int
+    data: int
+
+
+class EngineError(VrdmaError):
+    """The engine refused a configuration (its message says why; ``errno`` is ENOMEM when a budget ran out)."""
+
+    def __init__(self, message: str, errno: int) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+class DataEngine(Protocol):
+    """What the device model and the fabric need of a data engine. Calls that configure raise EngineError when
+    the engine refuses."""
+
+    # devices
+    def open_device(self, dev: int, limits: EngineLimits, doorbell_base: int) -> None: ...
+    def close_device(self, dev: int) -> None: ...
+    def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None: ...
+    def counters(self, dev: int) -> dict[str, int]: ...
+    # objects
+    def create_mr(self, dev: int, slot: int, config: MrConfig) -> None: ...
+    def destroy_mr(self, dev: int, slot: int) -> None: ...
+    def create_cq(self, dev: int, slot: int, config: CqConfig) -> None: ...
+    def moderate_cq(self, dev: int, slot: int, count: int, period_us: int) -> None: ...
+    def destroy_cq(self, dev: int, slot: int) -> None: ...
+    def create_srq(self, dev: int, slot: int, config: SrqConfig) -> None: ...
+    def set_srq_limit(self, dev: int, slot: int, limit: int) -> None: ...
+    def srq_limit(self, dev: int, slot: int) -> int: ...
+    def destroy_srq(self, dev: int, slot: int) -> None: ...
+    def create_qp(self, dev: int, slot: int, config: QpConfig) -> None: ...
+    def modify_qp(self, dev: int, slot: int, attr: QpAttr) -> None: ...
+    def qp_state(self, dev: int, slot: int) -> int: ...
+    def destroy_qp(self, dev: int, slot: int) -> None: ...
+    # the loop
+    def poll(self, budget: int) -> int: ...
+    def spin(self, budget: int, spin_ns: int) -> int: ...
+    def take_events(self) -> list[EngineEvent]: ...
+    def next_deadline_ns(self) -> int | None: ...
+    def park(self) -> bool: ...
+    def unpark(self) -> None: ...

@@ -1,0 +1,140 @@
+"""The C data engine through cffi (engine.h): the device's hot loop, driven by the device model.
+
+See engine.h for what the engine owns and trusts, and vrdma.engine.api for the typed interface the model is
+written against. This wrapper turns the engine's return codes into EngineError with the engine's own message, and
+its structs into plain Python values.
+"""
+
+from __future__ import annotations
+
+from vrdma.engine.api import (
+    COUNTERS,
+    NO_DEVICE,
+    NO_SRQ,
+    CqConfig,
+    EngineError,
+    EngineEvent,
+    EngineLimits,
+    MrConfig,
+    QpAttr,
+    QpConfig,
+    SrqConfig,
+)
+
+try:
+    from vrdma.engine._engine import ffi, lib
+except ImportError as err:  # pragma: no cover - the message is the point
+    raise ImportError("the data engine is not built: run `make backend` "
+                      "(python backend/vrdma/engine/_build.py)") from err
+
+__all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi"]
+
+# The typed interface declares engine.h's sentinels without importing C: hold the two equal.
+assert NO_DEVICE == lib.VRE_NO_DEVICE and NO_SRQ == lib.VRE_NO_SRQ, "vrdma.engine.api disagrees with engine.h"
+EVENT_BATCH = 256
+
+
+class Engine:
+    """The C data engine (a vrdma.engine.api.DataEngine)."""
+
+    def __init__(self, max_devices: int) -> None:
+        raw = lib.vre_engine_new(max_devices)
+        if raw == ffi.NULL:
+            raise MemoryError("cannot allocate the data engine")
+        self._e = ffi.gc(raw, lib.vre_engine_free)
+        self._events = ffi.new("struct vre_event[]", EVENT_BATCH)
+
+    def _check(self, ret: int) -> int:
+        if ret < 0:
+            raise EngineError(ffi.string(lib.vre_error(self._e)).decode(errors="replace"), -ret)
+        return ret
+
+    # -- devices ------------------------------------------------------------------------------------------------
+
+    def open_device(self, dev: int, limits: EngineLimits, doorbell_base: int) -> None:
+        self._check(lib.vre_device_open(self._e, dev, ffi.new("struct vre_device_limits *", limits),
+                                        doorbell_base))
+
+    def close_device(self, dev: int) -> None:
+        lib.vre_device_close(self._e, dev)
+
+    def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
+        table = ffi.new("struct vre_region[]", [{"gpa": g, "size": s, "hva": h} for g, s, h in regions] or 1)
+        self._check(lib.vre_device_set_memory(self._e, dev, table, len(regions)))
+
+    def counters(self, dev: int) -> dict[str, int]:
+        out = ffi.new("struct vre_counters *")
+        lib.vre_device_counters(self._e, dev, out)
+        return {name: int(getattr(out, name)) for name in COUNTERS}
+
+    # -- objects ------------------------------------------------------------------------------------------------
+
+    def create_mr(self, dev: int, slot: int, config: MrConfig) -> None:
+        self._check(lib.vre_mr_create(self._e, dev, slot, ffi.new("struct vre_mr_config *", config)))
+
+    def destroy_mr(self, dev: int, slot: int) -> None:
+        lib.vre_mr_destroy(self._e, dev, slot)
+
+    def create_cq(self, dev: int, slot: int, config: CqConfig) -> None:
+        self._check(lib.vre_cq_create(self._e, dev, slot, ffi.new("struct vre_cq_config *", config)))
+
+    def moderate_cq(self, dev: int, slot: int, count: int, period_us: int) -> None:
+        self._check(lib.vre_cq_moderate(self._e, dev, slot, count, period_us))
+
+    def destroy_cq(self, dev: int, slot: int) -> None:
+        lib.vre_cq_destroy(self._e, dev, slot)
+
+    def create_srq(self, dev: int, slot: int, config: SrqConfig) -> None:
+        self._check(lib.vre_srq_create(self._e, dev, slot, ffi.new("struct vre_srq_config *", config)))
+
+    def set_srq_limit(self, dev: int, slot: int, limit: int) -> None:
+        self._check(lib.vre_srq_set_limit(self._e, dev, slot, limit))
+
+    def srq_limit(self, dev: int, slot: int) -> int:
+        return self._check(lib.vre_srq_limit(self._e, dev, slot))
+
+    def destroy_srq(self, dev: int, slot: int) -> None:
+        lib.vre_srq_destroy(self._e, dev, slot)
+
+    def create_qp(self, dev: int, slot: int, config: QpConfig) -> None:
+        self._check(lib.vre_qp_create(self._e, dev, slot, ffi.new("struct vre_qp_config *", config)))
+
+    def modify_qp(self, dev: int, slot: int, attr: QpAttr) -> None:
+        self._check(lib.vre_qp_modify(self._e, dev, slot, ffi.new("struct vre_qp_attr *", attr)))
+
+    def qp_state(self, dev: int, slot: int) -> int:
+        return self._check(lib.vre_qp_state(self._e, dev, slot))
+
+    def destroy_qp(self, dev: int, slot: int) -> None:
+        lib.vre_qp_destroy(self._e, dev, slot)
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+
+    def poll(self, budget: int) -> int:
+        """Run every send queue once (up to ``budget`` WQEs each); return the work done."""
+        return int(lib.vre_poll(self._e, budget))
+
+    def spin(self, budget: int, spin_ns: int) -> int:
+        """Poll repeatedly, in C, for ``spin_ns`` (less if events wait for delivery); return the work done."""
+        return int(lib.vre_spin(self._e, budget, spin_ns))
+
+    def take_events(self) -> list[EngineEvent]:
+        events: list[EngineEvent] = []
+        while True:
+            n = lib.vre_take_events(self._e, self._events, EVENT_BATCH)
+            events.extend(EngineEvent(int(ev.dev), int(ev.type), int(ev.handle), int(ev.data))
+                          for ev in (self._events[i] for i in range(n)))
+            if n < EVENT_BATCH:
+                return events
+
+    def next_deadline_ns(self) -> int | None:
+        """CLOCK_MONOTONIC time of the earliest RNR retry, if a QP waits for one."""
+        deadline = int(lib.vre_next_deadline(self._e))
+        return None if deadline < 0 else deadline
+
+    def park(self) -> bool:
+        """Ask posters to wake the device from now on; False if work appeared meanwhile (not parked)."""
+        return bool(lib.vre_park(self._e))
+
+    def unpark(self) -> None:
+        lib.vre_unpark(self._e)

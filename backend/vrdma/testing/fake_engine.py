@@ -1,0 +1,171 @@
+"""A data engine in Python for unit tests of the device model (a vrdma.engine.api.DataEngine).
+
+It keeps what the model configured, per device and kind, and the QP states the model set, and refuses what the C
+engine refuses of its caller's contract (a slot out of the device's table, a slot in use, an object that does not
+exist, a device not open). It moves no data. ``refuse_next(errno)`` makes the next configuring call fail, so a
+test reaches the model's rollback paths; ``calls`` records every call, in order.
+"""
+
+from __future__ import annotations
+
+import errno as errnos
+from dataclasses import dataclass, field
+from typing import Any
+
+from vrdma.engine.api import (
+    COUNTERS,
+    CqConfig,
+    EngineError,
+    EngineEvent,
+    EngineLimits,
+    MrConfig,
+    QpAttr,
+    QpConfig,
+    SrqConfig,
+)
+
+LIMIT_OF = {"mr": "max_mr", "cq": "max_cq", "srq": "max_srq", "qp": "max_qp"}
+
+
+@dataclass
+class FakeDevice:
+    limits: EngineLimits
+    doorbell_base: int
+    memory: list[tuple[int, int, int]] = field(default_factory=list)
+    objects: dict[str, dict[int, dict[str, Any]]] = field(
+        default_factory=lambda: {kind: {} for kind in LIMIT_OF})
+    qp_states: dict[int, int] = field(default_factory=dict)
+    srq_limits: dict[int, int] = field(default_factory=dict)
+
+
+class FakeEngine:
+    def __init__(self, max_devices: int = 1) -> None:
+        self.devices: list[FakeDevice | None] = [None] * max_devices
+        self.events: list[EngineEvent] = []
+        self.calls: list[tuple[str, int, int]] = []  # (call, device, slot or -1)
+        self._refuse: int | None = None
+
+    def refuse_next(self, errno: int = errnos.EINVAL) -> None:
+        self._refuse = errno
+
+    def _device(self, dev: int) -> FakeDevice:
+        device = self.devices[dev] if 0 <= dev < len(self.devices) else None
+        if device is None:
+            raise EngineError(f"device {dev} is not open", errnos.ENODEV)
+        return device
+
+    def _configure(self, call: str, dev: int, slot: int = -1) -> FakeDevice:
+        self.calls.append((call, dev, slot))
+        if self._refuse is not None:
+            err, self._refuse = self._refuse, None
+            raise EngineError(f"{call} refused (FakeEngine.refuse_next)", err)
+        return self._device(dev)
+
+    def _create(self, kind: str, dev: int, slot: int, config: Any) -> None:
+        device = self._configure(f"create_{kind}", dev, slot)
+        limit = device.limits[LIMIT_OF[kind]]  # type: ignore[literal-required]
+        if not 0 <= slot < limit:
+            raise EngineError(f"{kind} slot {slot} outside the table of {limit}", errnos.EINVAL)
+        if slot in device.objects[kind]:
+            raise EngineError(f"{kind} slot {slot} is in use", errnos.EBUSY)
+        device.objects[kind][slot] = dict(config)
+
+    def _destroy(self, kind: str, dev: int, slot: int) -> None:
+        self.calls.append((f"destroy_{kind}", dev, slot))
+        device = self._device(dev)
+        if device.objects[kind].pop(slot, None) is None:
+            raise AssertionError(f"the model destroyed {kind} slot {slot}, which the engine does not have")
+        device.qp_states.pop(slot, None)
+
+    def _existing(self, kind: str, dev: int, slot: int) -> FakeDevice:
+        device = self._device(dev)
+        if slot not in device.objects[kind]:
+            raise EngineError(f"no {kind} in slot {slot}", errnos.EINVAL)
+        return device
+
+    # -- devices ------------------------------------------------------------------------------------------------
+
+    def open_device(self, dev: int, limits: EngineLimits, doorbell_base: int) -> None:
+        self.calls.append(("open_device", dev, -1))
+        if self.devices[dev] is not None:
+            raise EngineError(f"device {dev} is open", errnos.EBUSY)
+        self.devices[dev] = FakeDevice(dict(limits), doorbell_base)  # type: ignore[arg-type]
+
+    def close_device(self, dev: int) -> None:
+        self.calls.append(("close_device", dev, -1))
+        self.devices[dev] = None
+
+    def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
+        self._configure("set_memory", dev).memory = list(regions)
+
+    def counters(self, dev: int) -> dict[str, int]:
+        return dict.fromkeys(COUNTERS, 0)
+
+    # -- objects ------------------------------------------------------------------------------------------------
+
+    def create_mr(self, dev: int, slot: int, config: MrConfig) -> None:
+        self._create("mr", dev, slot, config)
+
+    def destroy_mr(self, dev: int, slot: int) -> None:
+        self._destroy("mr", dev, slot)
+
+    def create_cq(self, dev: int, slot: int, config: CqConfig) -> None:
+        self._create("cq", dev, slot, config)
+
+    def moderate_cq(self, dev: int, slot: int, count: int, period_us: int) -> None:
+        self._configure("moderate_cq", dev, slot)
+        self._existing("cq", dev, slot).objects["cq"][slot].update(count=count, period_us=period_us)
+
+    def destroy_cq(self, dev: int, slot: int) -> None:
+        self._destroy("cq", dev, slot)
+
+    def create_srq(self, dev: int, slot: int, config: SrqConfig) -> None:
+        self._create("srq", dev, slot, config)
+        self._device(dev).srq_limits[slot] = config["limit"]
+
+    def set_srq_limit(self, dev: int, slot: int, limit: int) -> None:
+        self._configure("set_srq_limit", dev, slot)
+        self._existing("srq", dev, slot).srq_limits[slot] = limit
+
+    def srq_limit(self, dev: int, slot: int) -> int:
+        return self._existing("srq", dev, slot).srq_limits[slot]
+
+    def destroy_srq(self, dev: int, slot: int) -> None:
+        self._destroy("srq", dev, slot)
+
+    def create_qp(self, dev: int, slot: int, config: QpConfig) -> None:
+        self._create("qp", dev, slot, config)
+        self._device(dev).qp_states[slot] = 0  # RESET
+
+    def modify_qp(self, dev: int, slot: int, attr: QpAttr) -> None:
+        self._configure("modify_qp", dev, slot)
+        device = self._existing("qp", dev, slot)
+        device.objects["qp"][slot]["attr"] = dict(attr)
+        device.qp_states[slot] = attr["state"]
+
+    def qp_state(self, dev: int, slot: int) -> int:
+        return self._existing("qp", dev, slot).qp_states[slot]
+
+    def destroy_qp(self, dev: int, slot: int) -> None:
+        self._destroy("qp", dev, slot)
+
+    # -- the loop: nothing runs -----------------------------------------------------------------------------------
+
+    def poll(self, budget: int) -> int:
+        return 0
+
+    def spin(self, budget: int, spin_ns: int) -> int:
+        return 0
+
+    def take_events(self) -> list[EngineEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def next_deadline_ns(self) -> int | None:
+        return None
+
+    def park(self) -> bool:
+        return True
+
+    def unpark(self) -> None:
+        pass
