@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -132,26 +133,23 @@ class BackendProcess:
         """The VM's connection counters (accepted, closed, protocol_errors, memory_faults, ...)."""
         return self.counters(vm)["connection"]  # type: ignore[no-any-return]
 
-    def wait_for_closed(self, vm: str, count: int, timeout: float = 10.0) -> dict[str, Any]:
-        """Wait until the backend has closed ``count`` of the VM's connections in all; return the counters."""
+    def wait_for_counters(self, vm: str, holds: Callable[[dict[str, Any]], bool], what: str,
+                          timeout: float = 10.0) -> dict[str, Any]:
+        """Wait until the VM's counters satisfy ``holds`` (the backend acts on a message after the frontend sent
+        it); return them. A deadline, not a sleep: the counters are read again every 10 ms until it passes."""
         deadline = time.monotonic() + timeout
         while True:
-            connection = self.connection(vm)
-            if connection["closed"] >= count:
-                return connection
+            counters = self.counters(vm)
+            if holds(counters):
+                return counters
             assert self.proc.poll() is None, f"the backend died:\n{self.log_text()}"
-            assert time.monotonic() < deadline, f"{vm}: {connection['closed']} connections closed, not {count}"
+            assert time.monotonic() < deadline, f"{vm}: {what} did not happen within {timeout} s: {counters}"
             time.sleep(0.01)
 
-    def wait_for_log(self, text: str, timeout: float = 10.0) -> None:
-        self.wait_for_log_count(text, 1, timeout)
-
-    def wait_for_log_count(self, text: str, count: int, timeout: float = 10.0) -> None:
-        """The backend logs to a file as it goes: poll it until ``text`` appears ``count`` times."""
-        deadline = time.monotonic() + timeout
-        while self.log_text().count(text) < count:
-            assert time.monotonic() < deadline, f"{text!r} not logged {count} times:\n{self.log_text()}"
-            time.sleep(0.01)
+    def wait_for_closed(self, vm: str, count: int, timeout: float = 10.0) -> dict[str, Any]:
+        """Wait until the backend has closed ``count`` of the VM's connections in all; return the counters."""
+        return self.wait_for_counters(vm, lambda c: c["connection"]["closed"] >= count,  # type: ignore[no-any-return]
+                                      f"{count} closed connections", timeout)["connection"]
 
 
 def expect_closed(fe: Frontend, timeout: float = 10.0, replies_first: bool = False) -> None:

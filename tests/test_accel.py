@@ -26,11 +26,31 @@ def test_explicit_choice_is_honoured(products: Products, caplog: pytest.LogCaptu
 def test_auto_picks_one_and_says_why_in_one_line(products: Products, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="vrdma.harness.accel"):
         chosen = _choose("auto", products)
-    assert chosen in ("kvm", "tcg")
+    import json
+
+    from vrdma import paths
+
+    verdict = json.loads((paths.cache_dir() / "accel-probe.json").read_text())  # what the probe found
+    assert chosen == ("kvm" if verdict["usable"] else "tcg")
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1
-    expected = "accelerator: KVM (" if chosen == "kvm" else "accelerator: TCG, because KVM cannot boot a guest"
-    assert lines[0].startswith(expected), lines
+    assert len(lines) == 1 and verdict["reason"] in lines[0], lines
+
+
+@pytest.mark.parametrize(("usable", "chosen"), [(True, "kvm"), (False, "tcg")])
+def test_auto_follows_the_probe_and_probes_once_per_boot(monkeypatch: pytest.MonkeyPatch, tmp_path: object,
+                                                         usable: bool, chosen: str) -> None:
+    probes: list[str] = []
+
+    def probe(qemu: str, firmware: list[str], kernel: str) -> tuple[bool, str]:
+        probes.append(qemu)
+        return usable, f"probe said {usable}"
+
+    monkeypatch.setenv("VRDMA_CACHE", str(tmp_path))
+    monkeypatch.setattr(accel, "probe_kvm", probe)
+    assert accel.choose("auto", "qemu", [], "vmlinuz") == chosen
+    assert accel.choose("auto", "qemu", [], "vmlinuz") == chosen  # from the cache: no second probe
+    assert probes == ["qemu"]
+    assert accel.choose("auto", "other-qemu", [], "vmlinuz") == chosen and len(probes) == 2  # new key: probed
 
 
 def test_probe_without_kvm_device_answers_at_once(monkeypatch: pytest.MonkeyPatch, products: Products,

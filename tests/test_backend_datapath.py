@@ -232,12 +232,22 @@ def test_garbage_producer_index_fails_only_that_qp(backend: BackendProcess, pair
     while backend.counters("vm1")["engine"]["qp_fatal"] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.001)
-    # The other direction still works.
-    b.verbs.post_recv(b.qp, [(b.mr.addr, 16, b.mr.lkey)], wr_id=3)
+    # Only that QP failed: a new pair of QPs between the same two VMs carries a WRITE, byte for byte (the target
+    # holds a sentinel first, so bytes that were never written cannot pass).
+    b.verbs.memory.write(b.mr.addr, b"\xa5" * 8)
+    a.verbs.memory.write(a.mr.addr, b"fresh qp")
+    b_qp = b.verbs.create_qp(b.pd, b.cq, b.cq)
     qp2 = a.verbs.create_qp(a.pd, a.cq, a.cq)
-    a.verbs.connect(qp2, b.qp.qpn, GID["vm1"])
+    a.verbs.connect(qp2, b_qp.qpn, GID["vm1"])
+    b.verbs.connect(b_qp, qp2.qpn, GID["vm0"])
     a.verbs.post_send(qp2, WR["RDMA_WRITE"], [(a.mr.addr, 8, a.mr.lkey)], remote_addr=b.mr.addr, rkey=b.mr.rkey)
-    assert wait_cqes(a, 1)[0].status in (WC["SUCCESS"], WC["RETRY_EXC_ERR"])  # b's QP is in error: no peer
+    assert wait_cqes(a, 1)[0].status == WC["SUCCESS"]
+    assert b.verbs.memory.read(b.mr.addr, 8) == b"fresh qp"
+    # A QP that still names the failed one is answered by nobody: its retries run out.
+    qp3 = a.verbs.create_qp(a.pd, a.cq, a.cq)
+    a.verbs.connect(qp3, b.qp.qpn, GID["vm1"])
+    a.verbs.post_send(qp3, WR["RDMA_WRITE"], [(a.mr.addr, 8, a.mr.lkey)], remote_addr=b.mr.addr, rkey=b.mr.rkey)
+    assert wait_cqes(a, 1)[0].status == WC["RETRY_EXC_ERR"]
     assert query_device(b.verbs.fe).hdr.status == 0
 
 

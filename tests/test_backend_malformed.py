@@ -172,7 +172,7 @@ RING_ATTACKS = {
 
 @pytest.mark.parametrize("attack", [*MESSAGE_ATTACKS, *RING_ATTACKS])
 def test_malformed_input_harms_only_its_sender(backend: BackendProcess, attack: str) -> None:
-    closes_before = backend.log_text().count("vm0: closing the device")
+    closes_before = backend.connection("vm0")["closed"]
     with backend.frontend("vm1") as bystander:
         bystander.start()
         with backend.frontend("vm0") as attacker:
@@ -181,7 +181,7 @@ def test_malformed_input_harms_only_its_sender(backend: BackendProcess, attack: 
         response = query_device(bystander)
         assert response.hdr.status == OK and response.max_qp > 0
     # Once the backend has let go of the attacker's connection, vm0 is served again from a clean state.
-    backend.wait_for_log_count("vm0: closing the device", closes_before + 1)
+    backend.wait_for_closed("vm0", closes_before + 1)
     with backend.frontend("vm0") as again:
         again.start()
         assert query_device(again).hdr.status == OK

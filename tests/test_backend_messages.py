@@ -11,7 +11,9 @@ import pytest
 from backend_process import BackendProcess, query_device
 
 from vrdma.device import abi
+from vrdma.device.objects import OBJECT_KINDS
 from vrdma.testing.frontend import VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_VERSION_1, Frontend, GuestMemory
+from vrdma.testing.verbs import SimVerbs
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import ProtocolFeature, Request
 
@@ -29,7 +31,7 @@ def test_get_and_set_features(fe: Frontend, backend: BackendProcess) -> None:
     assert features & VIRTIO_F_VERSION_1 and features & VHOST_USER_F_PROTOCOL_FEATURES
     fe.send_raw(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1))
     assert fe.get_u64(Request.GET_QUEUE_NUM) == abi.const("VRDMA_NUM_QUEUES")  # still connected, answering
-    backend.wait_for_log("vm0: negotiated features 0x100000000")
+    assert backend.connection("vm0")["features"] == VIRTIO_F_VERSION_1
 
 
 def test_protocol_features_are_exactly_what_the_backend_implements(fe: Frontend, backend: BackendProcess) -> None:
@@ -37,7 +39,8 @@ def test_protocol_features_are_exactly_what_the_backend_implements(fe: Frontend,
     assert offered == ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG \
         | ProtocolFeature.CONFIGURE_MEM_SLOTS
     fe.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(offered))
-    backend.wait_for_log(f"vm0: negotiated protocol features {offered:#x}")
+    backend.wait_for_counters("vm0", lambda c: c["connection"]["protocol_features"] == offered,
+                              f"protocol features {offered:#x} negotiated")
 
 
 def test_owner_queue_num_and_memory_slots(fe: Frontend) -> None:
@@ -143,11 +146,19 @@ def test_backend_flags_and_paths_fail_in_one_line(tmp_path: Path) -> None:
 
 def test_stopping_every_queue_resets_the_device(fe: Frontend, backend: BackendProcess) -> None:
     fe.start()
+    epoch = abi.from_bytes("vrdma_config", fe.get_config(abi.sizeof("vrdma_config"))).device_epoch
+    verbs = SimVerbs(fe, backend.directory / "vm0.doorbell")
+    verbs.alloc_pd()
+    before = backend.counters("vm0")
+    assert before["objects"]["ucontext"] == 1 and before["objects"]["pd"] == 1
+    assert before["connection"]["queues_started"] == ["control", "event", "wake"]
     for index in range(abi.const("VRDMA_NUM_QUEUES")):  # what QEMU does on a device reset: fetch each ring base
         fe.send_raw(Request.GET_VRING_BASE, protocol.VRING_STATE.pack(index, 0))
         fe.reply(Request.GET_VRING_BASE)
-    backend.wait_for_log("vm0: event queue stopped")
-    backend.wait_for_log("vm0: device reset")
+    after = backend.wait_for_counters("vm0", lambda c: c["connection"]["device_resets"] == 1, "a device reset")
+    assert after["connection"]["queues_started"] == [] and after["connection"]["state"] == "connected"
+    assert after["objects"] == dict.fromkeys(OBJECT_KINDS, 0) and after["doorbell_pages"] == []
+    assert abi.from_bytes("vrdma_config", fe.get_config(abi.sizeof("vrdma_config"))).device_epoch != epoch
 
 
 def test_event_buffer_too_small_is_returned_empty_and_the_event_kept(fe: Frontend) -> None:

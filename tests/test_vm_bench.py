@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +22,14 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     assert {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct", "memcpy_1mib_gbps",
             "backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us", "backend_write_rate_8b_mops",
             "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms"} <= set(results)
-    for result in results.values():
-        assert result["command"].startswith("vrdma bench") and result["value"] >= 0
+    for name, result in results.items():
+        assert result["command"].startswith("vrdma bench"), name
+        value = result["value"]
+        assert isinstance(value, (int, float)) and math.isfinite(value), (name, value)
+        # A share of CPU may be 0 (an idle backend), and at most every core; every other figure is a rate, a time
+        # or a ratio.
+        cores = os.cpu_count() or 1
+        assert 0 <= value <= 100 * cores if result["unit"].startswith("%") else value > 0, (name, value)
     for pair in (("backend_control_rtt_p50_us", "backend_control_rtt_p99_us"),
                  ("backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us")):
         assert 0 < results[pair[0]]["value"] <= results[pair[1]]["value"]

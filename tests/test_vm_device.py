@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vrdma.device import abi
+from vrdma.harness.backend import vm_counters
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Products
 
@@ -71,16 +73,19 @@ def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield cluster
 
 
-def backend_log(cluster: Cluster) -> str:
+def connection(cluster: Cluster) -> dict[str, Any]:
+    """vm0's connection counters in the running backend (docs/backend.md)."""
     assert cluster.backend is not None
-    return cluster.backend.log_file.read_text()
+    return vm_counters(cluster.backend, "vm0")["connection"]  # type: ignore[no-any-return]
 
 
-def wait_for_log_count(cluster: Cluster, text: str, count: int, timeout: float = 60.0) -> None:
+def wait_for_connection(cluster: Cluster, holds: Callable[[dict[str, Any]], bool], what: str,
+                        timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
-    while backend_log(cluster).count(text) < count:
-        assert time.monotonic() < deadline, f"{text!r} not logged {count} times:\n{backend_log(cluster)}"
+    while not holds(counters := connection(cluster)):
+        assert time.monotonic() < deadline, f"vm0: {what} did not happen within {timeout} s: {counters}"
         time.sleep(0.05)
+    return counters
 
 
 def read_config(cluster: Cluster) -> object:
@@ -97,7 +102,7 @@ def test_guest_driver_binds_pairs_and_queries_the_device(guest: Cluster) -> None
         in dmesg, dmesg
     bound = guest[0].run(["ls", "/sys/bus/virtio/drivers/vrdma/"]).check("vrdma driver in sysfs").stdout.split()
     assert any(name.startswith("virtio") for name in bound), bound
-    assert "vm0: control queue started" in backend_log(guest)
+    assert "control" in connection(guest)["queues_started"]
 
 
 def test_guest_sees_the_device_and_its_doorbell_region(guest: Cluster) -> None:
@@ -105,7 +110,7 @@ def test_guest_sees_the_device_and_its_doorbell_region(guest: Cluster) -> None:
     assert "1af4:106a" in lspci and "1af4:1110" in lspci, lspci
     ids = guest[0].sh("cat /sys/bus/virtio/devices/*/device").check("virtio device ids").stdout.split()
     assert "0x002a" in ids
-    assert "vm0: negotiated protocol features" in backend_log(guest)
+    assert connection(guest)["protocol_features"]
     # The patched PCI proxy gives one MSI-X vector per queue plus one for config changes (stock: 1).
     verbose = guest[0].run(["lspci", "-vv", "-d", "1af4:106a"]).check("lspci -vv").stdout
     assert "MSI-X: Enable" in verbose and f"Count={abi.const('VRDMA_NUM_QUEUES') + 1}" in verbose, verbose
@@ -115,7 +120,7 @@ def test_guest_reads_the_config_space(guest: Cluster) -> None:
     config = read_config(guest)
     assert config.abi_version == abi.const("VRDMA_ABI_VERSION")  # type: ignore[attr-defined]
     assert bytes(config.mac) == bytes.fromhex(guest[0].identity.mac.replace(":", ""))  # type: ignore[attr-defined]
-    assert "vm0: the driver reads config space" in backend_log(guest)
+    assert connection(guest)["config_reads"] >= 1
     doorbell = Path(guest.directory / "backend" / "vm0.doorbell").read_bytes()
     header = abi.from_bytes("vrdma_doorbell_header", doorbell[:abi.sizeof("vrdma_doorbell_header")])
     assert header.pairing_id == config.pairing_id  # type: ignore[attr-defined]
@@ -124,20 +129,18 @@ def test_guest_reads_the_config_space(guest: Cluster) -> None:
 def test_guest_negotiates_features(guest: Cluster) -> None:
     result = guest[0].run(["python3", "-c", GUEST_DRIVER, "negotiate", "0"]).check("feature negotiation")
     assert result.stdout.strip() == "status 0xf"
-    wait_for_log_count(guest, "vm0: negotiated features ", 1)
-    line = next(x for x in backend_log(guest).splitlines() if "vm0: negotiated features " in x)
-    features = int(line.rsplit(" ", 1)[1], 16)
+    features = wait_for_connection(guest, lambda c: c["features"] is not None, "feature negotiation")["features"]
     assert features & (1 << 32)  # VIRTIO_F_VERSION_1, as the guest wrote it (QEMU adds PROTOCOL_FEATURES)
 
 
 def test_backend_killed_and_restarted_serves_the_guest_again(guest: Cluster) -> None:
     assert guest.backend is not None
-    connected = backend_log(guest).count("vm0: frontend connected")
     before = read_config(guest)
     guest.backend.kill()
     assert guest[0].run(["true"]).exit_status == 0  # the guest keeps running without its backend
     guest.backend.start()
-    wait_for_log_count(guest, "vm0: frontend connected", connected + 1)  # QEMU reconnected by itself
+    # QEMU reconnects by itself: the new backend's first connection of vm0.
+    wait_for_connection(guest, lambda c: c["accepted"] == 1 and c["state"] == "connected", "QEMU's reconnection")
     after = read_config(guest)
     assert after.pairing_id == before.pairing_id  # type: ignore[attr-defined]
     assert guest[0].run(["cat", "/proc/uptime"]).exit_status == 0

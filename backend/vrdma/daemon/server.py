@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vrdma.daemon.admin import AdminCommand, AdminSocket
 from vrdma.daemon.doorbell import DoorbellRegion
-from vrdma.daemon.transport import VirtioRdmaTransport
+from vrdma.daemon.transport import QUEUE_NAMES, VirtioRdmaTransport
 from vrdma.device import abi
 from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
@@ -149,11 +149,19 @@ class VmEndpoint:
 
     def counters_snapshot(self) -> dict[str, object]:
         c = self.counters
-        connected = self.connection is not None and self.connection.state is State.CONNECTED
+        conn = self.connection
+        connected = conn is not None and conn.state is State.CONNECTED
         return {**self.rdma.counters_snapshot(),
+                "doorbell_region": {"path": str(self.doorbell.path), "reused": self.doorbell.reused},
                 "connection": {"state": "connected" if connected else "waiting", "accepted": c.accepted,
                                "refused": c.refused, "closed": c.closed, "protocol_errors": c.protocol_errors,
-                               "memory_faults": c.memory_faults, "last_close_reason": c.last_close_reason}}
+                               "memory_faults": c.memory_faults, "last_close_reason": c.last_close_reason,
+                               # What the current (or last) connection negotiated and did.
+                               "features": conn.negotiated_features if conn is not None else None,
+                               "protocol_features": conn.negotiated_protocol_features if conn is not None else None,
+                               "config_reads": conn.config_reads if conn is not None else 0,
+                               "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
+                               "device_resets": self.transport.device_resets}}
 
     def close(self) -> None:
         if self.connection is not None:

@@ -60,6 +60,7 @@ class VirtioRdmaTransport:
         self.rdma = rdma
         self.device: VhostUserDevice | None = None
         self.started: set[int] = set()
+        self.device_resets = 0  # every queue stopped while connected: the driver reset the device
         rdma.on_event = self.deliver_events  # events of the data engine arrive between kicks
 
     def device_features(self) -> int:
@@ -88,6 +89,7 @@ class VirtioRdmaTransport:
             # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes, but
             # not the guest's memory table, which belongs to the connection.
             self.rdma.reset(keep_memory=True)
+            self.device_resets += 1
 
     def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
         self.device = device

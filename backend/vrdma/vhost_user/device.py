@@ -111,6 +111,8 @@ class VhostUserDevice:
         self.state = State.CONNECTED
         self.broken_reason = ""
         self.config_reads = 0
+        self.negotiated_features: int | None = None           # what SET_FEATURES negotiated (None: not yet)
+        self.negotiated_protocol_features: int | None = None  # what SET_PROTOCOL_FEATURES negotiated
         self.sock.setblocking(False)
         self.reader = protocol.MessageReader(sock)
         self._handle = ffi.new_handle(self)
@@ -360,6 +362,7 @@ def _get_features_cb(device: VhostUserDevice) -> int:
 @_guarded(None)
 def _set_features_cb(device: VhostUserDevice, features: int) -> None:
     log.info("%s: negotiated features %#x", device.name, features)
+    device.negotiated_features = int(features)
     device.model.features_negotiated(features)
 
 
@@ -371,6 +374,7 @@ def _get_protocol_features_cb(device: VhostUserDevice) -> int:
 @_guarded(None)
 def _set_protocol_features_cb(device: VhostUserDevice, features: int) -> None:
     log.info("%s: negotiated protocol features %#x", device.name, features)
+    device.negotiated_protocol_features = int(features)
 
 
 @_guarded(None)
