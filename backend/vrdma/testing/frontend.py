@@ -71,6 +71,9 @@ class GuestMemory:
         os.close(self.fd)
 
 
+SENTINEL = b"\xa5"
+
+
 @dataclass
 class Virtqueue:
     """A split virtqueue laid out in guest memory, with its kick and call eventfds."""
@@ -107,7 +110,9 @@ class Virtqueue:
             raise FrontendError(f"cannot post a chain of {count} descriptors ({len(self.free)} free)")
         ids = [self.free.pop(0) for _ in range(count)]
         in_gpas = []
-        buffers = [(data, 0) for data in out] + [(bytes(size), VRING_DESC_F_WRITE) for size in in_sizes]
+        # Device-writable buffers start as a sentinel, not zeros: a byte the device never wrote reads as 0xA5, so
+        # a zeroed response cannot pass for a written one.
+        buffers = [(data, 0) for data in out] + [(SENTINEL * size, VRING_DESC_F_WRITE) for size in in_sizes]
         for position, (desc_id, (data, flags)) in enumerate(zip(ids, buffers, strict=True)):
             gpa = self.memory.alloc(max(len(data), 1), 8)
             self.memory.write(gpa, data)

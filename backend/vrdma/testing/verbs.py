@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vrdma.device import abi
-from vrdma.testing.frontend import Frontend, FrontendError
+from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError
 
 PAGE = abi.const("VRDMA_PAGE_SIZE")
 PBL = abi.const("VRDMA_PBL_ENTRIES")
@@ -130,6 +130,9 @@ class SimVerbs:
         hdr = abi.from_bytes("vrdma_resp_hdr", raw[:abi.sizeof("vrdma_resp_hdr")])
         if hdr.status != 0:
             raise CommandError(opcode, int(hdr.status))
+        if len(raw) != abi.sizeof(response):  # the device says how much it wrote: all of a good response
+            raise FrontendError(f"{opcode}: the device wrote {len(raw)} bytes of a {abi.sizeof(response)}-byte "
+                                "response")
         return abi.from_bytes(response, raw) if response != "vrdma_resp_hdr" else hdr
 
     def alloc(self, size: int) -> Buffer:
@@ -179,6 +182,9 @@ class SimVerbs:
 
     def create_cq(self, entries: int = 64) -> SimCq:
         buf = self.alloc(PAGE + entries * CQE_SIZE)
+        # CQE slots start as a sentinel (the index page stays zero): a CQE the device never wrote cannot read as
+        # a successful completion (status 0).
+        self.memory.write(buf.gpa + PAGE, SENTINEL * (entries * CQE_SIZE))
         resp = self.call("VRDMA_CMD_CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
                          ucontext=self.ucontext, entries=entries, ring=self.page_list(buf))
         return SimCq(int(resp.handle), entries, int(resp.db_slot), buf)
