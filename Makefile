@@ -93,7 +93,7 @@ demo: image qemu backend
 fuzz: image qemu backend
 	@$(call timed,fuzz) $(VENV)/bin/python -m fuzz.run $(FUZZ_ARGS)
 	@$(call timed,reload-cycles) env VRDMA_RELOAD_CYCLES=$(RELOAD_CYCLES) $(VENV)/bin/python -m pytest -p no:cacheprovider \
-		-q --log-cli-level=INFO tests/test_vm_driver.py::test_driver_reload_cycles_with_objects_open_leak_nothing
+		-q --log-cli-level=INFO tests/vm/test_vm_driver.py::test_driver_reload_cycles_with_objects_open_leak_nothing
 
 test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """Run inside a guest: talk to vrdma.ko's verbs device through the raw uverbs write() ABI.
 
-This checks the kernel's side on its own, below libibverbs and libvrdma (tests/test_vm_provider.py goes through
+This checks the kernel's side on its own, below libibverbs and libvrdma (tests/vm/test_vm_provider.py goes through
 them): it speaks to /dev/infiniband/uverbsN directly, sending what a provider's ibv_cmd_* calls send, and can
 try what no provider would, such as mapping another context's offset. Modes:
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CRASHES = ROOT / "fuzz" / "crashes"
 FUZZERS = {"engine": None, "vhost_user": "fuzz.vhost_user_fuzz", "commands": "fuzz.commands_fuzz"}
 

@@ -101,7 +101,7 @@ def test_backend_counters_follow_the_driver(guest: Cluster) -> None:
     assert after["by_opcode"]["QUERY_PORT"] == before["by_opcode"]["QUERY_PORT"] + 1
 
 
-UVERBS = (Path(__file__).parent / "guest" / "uverbs.py").read_text()
+UVERBS = (Path(__file__).parents[1] / "guest" / "uverbs.py").read_text()
 
 
 def test_each_process_maps_only_its_own_doorbell_page(guest: Cluster) -> None:
@@ -127,7 +127,7 @@ def test_thousand_pds_from_user_space_leave_nothing_behind(guest: Cluster) -> No
     assert after["by_opcode"]["ALLOC_PD"] >= 1000 and after["by_opcode"]["DEALLOC_PD"] >= 1000
 
 
-RELOAD = (Path(__file__).parent / "guest" / "reload.py").read_text()
+RELOAD = (Path(__file__).parents[1] / "guest" / "reload.py").read_text()
 # make test runs a few; `make fuzz` runs the 1,000 (fuzz/run.py sets VRDMA_RELOAD_CYCLES).
 RELOAD_CYCLES = int(os.environ.get("VRDMA_RELOAD_CYCLES", "100"))
 RELOAD_WARMUP = 5

@@ -1,4 +1,4 @@
-"""The sanitizer tier: the backend-process tests (tests/test_backend_*.py) against a `vrdma backend` whose C (data
+"""The sanitizer tier: the backend-process tests (tests/backend/test_backend_*.py) against a `vrdma backend` whose C (data
 engine, libvhost-user and its glue, fault guard) is built with AddressSanitizer and UndefinedBehaviorSanitizer.
 
 fuzz/sanitize.py builds and launches it; tests/backend_process.py starts the backend that way when
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fuzz import sanitize  # noqa: E402
@@ -54,7 +54,7 @@ def test_the_sanitizer_build_catches_an_overflow_in_the_engine() -> None:
 @pytest.mark.skipif(os.environ.get("VRDMA_SANITIZE") == "1", reason="already inside the sanitizer tier")
 def test_backend_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
     sanitize.build()
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_backend_*.py"))
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "backend").glob("test_backend_*.py"))
     env = dict(os.environ, VRDMA_SANITIZE="1")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"),
                *tests, *(arg for test in NOT_UNDER_ASAN for arg in ("--deselect", test))]

@@ -1,7 +1,7 @@
 """What the fuzzers found in the data engine (fuzz/crashes/engine/), replayed against the real `vrdma backend`.
 
 Each test plays an attacker VM (vm0) beside a victim (vm1): afterwards the process must be alive and the victim
-must still complete a command. The same findings are replayed in process by tests/test_fuzz_regressions.py.
+must still complete a command. The same findings are replayed in process by tests/backend/test_fuzz_regressions.py.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_perftest(guests: Cluster, gid: int, tool: str, mode: str) -> None:
     log.info("%s %s: %d result rows, sizes %d..%d", tool, mode, len(rows), sizes[0], sizes[-1])
 
 
-ISOLATION = (Path(__file__).parent / "guest" / "isolation.py").read_text()
+ISOLATION = (Path(__file__).parents[1] / "guest" / "isolation.py").read_text()
 REM_ACCESS_ERR = 10  # IBV_WC_REM_ACCESS_ERR
 
 

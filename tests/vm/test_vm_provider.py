@@ -18,7 +18,7 @@ from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm
 
-PYVERBS = (Path(__file__).parent / "guest" / "pyverbs_check.py").read_text()
+PYVERBS = (Path(__file__).parents[1] / "guest" / "pyverbs_check.py").read_text()
 IPV4_GID = "::ffff:169.254.100.1"  # vm0's address, as ibv_devinfo prints an IPv4-mapped GID
 
 
