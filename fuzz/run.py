@@ -13,8 +13,8 @@ execution holds a sequence of them), one message, command or work request for th
 a few seconds instead (about a minute in all). Each fuzzer's libFuzzer log is in build/fuzz/<interface>.log; new
 corpus entries go to build/fuzz/corpus/<interface>/ (the repository's fuzz/corpus/ seeds them; --merge adds what
 is new to it); crashes, hangs and leaks are saved under fuzz/crashes/<interface>/ and replayed by
-tests/backend/test_fuzz_regressions.py. The table is also written to build/fuzz/results.json (build/fuzz/smoke-results.json
-for --smoke). Exit status 1 if any interface found anything.
+tests/backend/test_fuzz_regressions.py. The table is also written to build/fuzz/results.json
+(build/fuzz/smoke-results.json for --smoke). Exit status 1 if any interface found anything.
 """
 
 from __future__ import annotations

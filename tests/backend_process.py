@@ -7,8 +7,6 @@ libvhost-user and its glue, the fault guard), and a test whose backend wrote a s
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 import weakref
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vrdma.device import abi
+from vrdma.harness.daemon import DaemonProcess, DaemonStartError, DaemonStopError, Served
 from vrdma.testing.frontend import Frontend
 from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
 
@@ -45,23 +44,9 @@ def sanitizer_report(text: str) -> bool:
     return sanitize.report_in(text)
 
 
-def _describe_fds(pid: int) -> str:
-    """Every open fd of a process, and for an epoll fd the fds it watches (to see what a stuck loop waits on)."""
-    lines = []
-    base = Path(f"/proc/{pid}/fd")
-    for fd in sorted(base.iterdir(), key=lambda p: int(p.name)):
-        try:
-            target = os.readlink(fd)
-            info = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text()
-        except OSError:
-            continue
-        watched = [line.split()[1] for line in info.splitlines() if line.startswith("tfd:")]
-        lines.append(f"{fd.name} -> {target}" + (f" watching {' '.join(watched)}" if watched else ""))
-    return "\n".join(lines)
-
-
 class BackendProcess:
-    """`vrdma backend` serving vm0 and vm1, started and stopped by a test."""
+    """`vrdma backend` serving vm0 and vm1, started and stopped by a test (through the harness's one launcher,
+    vrdma.harness.daemon)."""
 
     # Every backend a test session started (the sanitizer tier reads their logs after each test).
     started: ClassVar[weakref.WeakSet[BackendProcess]] = weakref.WeakSet()
@@ -71,20 +56,18 @@ class BackendProcess:
         self.sockets = {name: directory / f"{name}.sock" for name in names}
         self.log = directory / "backend.log"
         self.admin = directory / "admin.sock"
-        read_end, write_end = os.pipe()
-        args = [a for name, path in self.sockets.items() for a in ("--socket-path", f"{name}={path}")]
-        args += ["--admin-socket", str(self.admin), *(["--test-hooks"] if test_hooks else [])]
-        command, env = _sanitized_launch() if SANITIZE else ([sys.executable, "-m", "vrdma.cli"], None)
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*command, "-v", "backend", *args, "--mac", "vm0=52:54:00:76:72:00",
-                 "--ready-fd", str(write_end)], pass_fds=[write_end], stdout=log, stderr=subprocess.STDOUT, env=env)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as ready:
-            line = ready.read()  # EOF without READY: the backend failed to start
-        if line != b"READY\n":
-            self.proc.kill()
-            raise AssertionError(f"backend did not start:\n{self.log.read_text()}")
+        launcher, env = _sanitized_launch() if SANITIZE else (None, None)
+        vms = [Served(name, path, "52:54:00:76:72:00" if name == "vm0" else None)
+               for name, path in self.sockets.items()]
+        self.daemon = DaemonProcess(vms, log_file=self.log, admin_socket=self.admin, test_hooks=test_hooks,
+                                    verbose=True, launcher=launcher, env=env)
+        self.log.unlink(missing_ok=True)  # a backend restarted in the same directory writes a log of its own
+        try:
+            self.daemon.start()
+        except DaemonStartError as err:
+            raise AssertionError(f"backend did not start: {err}") from None
+        assert self.daemon.popen is not None
+        self.proc = self.daemon.popen
         if SANITIZE:
             # The launcher says which modules it loaded: the tier must not quietly run the normal build.
             assert self.log_text().count("sanitizer build: loaded") == 3, self.log_text()
@@ -94,23 +77,14 @@ class BackendProcess:
         return Frontend(str(self.sockets[name]))
 
     def stop(self) -> int:
-        self.proc.terminate()
         try:
-            status = self.proc.wait(30 if SANITIZE else 10)
-        except subprocess.TimeoutExpired:
-            # A backend stuck in C never runs its SIGTERM handler: kill it rather than leave it spinning after the
-            # tests (a test that hung it fails here instead), after SIGUSR1 wrote its stacks to the log.
-            self.proc.send_signal(signal.SIGUSR1)
-            deadline = time.monotonic() + 5
-            while "most recent call first" not in self.log_text() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            fds = _describe_fds(self.proc.pid)
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"the backend did not stop on SIGTERM:\n{self.log_text()[-5000:]}\n"
-                                 f"its fds (and what each epoll watches):\n{fds}") from None
+            status = self.daemon.terminate(30 if SANITIZE else 10)
+        except DaemonStopError as err:
+            # A backend stuck in C never runs its SIGTERM handler: it was killed rather than left spinning after
+            # the tests (a test that hung it fails here instead), with its stacks and fds in the message.
+            raise AssertionError(str(err)) from None
         self.check_sanitizer()
-        return status
+        return status if status is not None else self.proc.returncode
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -27,7 +27,8 @@ from typing import Any
 
 from vrdma import paths
 from vrdma.device import abi
-from vrdma.harness.backend import BackendService, socket_path
+from vrdma.harness import daemon as daemon_launcher
+from vrdma.harness.daemon import socket_path
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.testing.frontend import Frontend
 
@@ -40,8 +41,8 @@ def control_round_trip(iterations: int) -> list[dict[str, Any]]:
     request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE")}))
     response_size = abi.sizeof("vrdma_resp_query_device")
     guest = GuestIdentity(0)
-    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, BackendService(Path(tmp), [guest]) as backend, \
-            Frontend(str(socket_path(backend.directory, guest))) as fe:
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, daemon_launcher.for_guests(Path(tmp), [guest]), \
+            Frontend(str(socket_path(Path(tmp), guest))) as fe:
         fe.start()
         samples = []
         for i in range(WARMUP + iterations):
@@ -75,15 +76,16 @@ def native_backend() -> list[dict[str, Any]]:
 
     guests = [GuestIdentity(0), GuestIdentity(1)]
     command = "vrdma bench (simulated frontend, native driver)"
-    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, BackendService(Path(tmp), guests) as backend, \
-            Frontend(str(socket_path(backend.directory, guests[0])), memory_size=GIB + 256 * MIB) as fa, \
-            Frontend(str(socket_path(backend.directory, guests[1])), memory_size=256 * MIB) as fb:
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
+            daemon_launcher.for_guests(Path(tmp), guests) as backend, \
+            Frontend(str(socket_path(Path(tmp), guests[0])), memory_size=GIB + 256 * MIB) as fa, \
+            Frontend(str(socket_path(Path(tmp), guests[1])), memory_size=256 * MIB) as fb:
         assert backend.process is not None
         gids = [ident.name.encode().ljust(16, b"\0") for ident in guests]
         sides = []
         for fe, ident, gid in zip((fa, fb), guests, gids, strict=True):
             fe.start()
-            verbs = SimVerbs(fe, backend.directory / "backend" / f"{ident.name}.doorbell")
+            verbs = SimVerbs(fe, Path(tmp) / "backend" / f"{ident.name}.doorbell")
             verbs.add_gid(0, gid)
             pd = verbs.alloc_pd()
             cq = verbs.create_cq(4096)
@@ -309,8 +311,8 @@ IDLE_SCRIPT = Path(__file__).parent / "harness" / "guest" / "idle_qps.py"
 def idle_cpu(qps: int = IDLE_QPS, seconds: float = IDLE_SECONDS) -> list[dict[str, Any]]:
     """The backend's CPU use with two guests connected and ``qps`` idle QPs, measured with psutil."""
     from vrdma.harness import verbs
-    from vrdma.harness.backend import vm_counters
     from vrdma.harness.cluster import Cluster
+    from vrdma.harness.daemon import vm_counters
 
     script = IDLE_SCRIPT.read_text()
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, Cluster(2, Path(tmp)) as cluster:

@@ -5,11 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ from typing import Any
 from fuzz import sanitize
 from fuzz.campaign.common import COMMAND_SLOTS, REQUEST_ROOM, RESPONSE_ROOM, CampaignFailure
 from vrdma.device import abi
+from vrdma.harness.daemon import DaemonProcess, DaemonStartError, DaemonStopError, Served
 from vrdma.testing.frontend import VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, Frontend, FrontendError
 
 # -- the backend process --------------------------------------------------------------------------------------------
@@ -31,21 +29,17 @@ class Backend:
         self.admin = directory / "admin.sock"
         self.log = directory / "backend.log"
         self.sanitized = sanitized
-        args = [a for name, path in self.sockets.items() for a in ("--socket-path", f"{name}={path}")]
-        launcher = sanitize.backend_command() if sanitized else [sys.executable, "-m", "vrdma.cli"]
-        command = [*launcher, "backend", *args, "--admin-socket", str(self.admin)]
-        env = sanitize.environment() if sanitized else None
-        read_end, write_end = os.pipe()
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([*command, "--ready-fd", str(write_end)], pass_fds=[write_end], stdout=log,
-                                         stderr=subprocess.STDOUT, env=env)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as ready:
-            line = ready.read()  # EOF without READY: it did not start
-        if line != b"READY\n":
-            self.proc.kill()
-            self.proc.wait()
-            raise CampaignFailure("crash", f"the backend did not start:\n{self.log_text()}")
+        self.daemon = DaemonProcess([Served(name, path) for name, path in self.sockets.items()], log_file=self.log,
+                                    admin_socket=self.admin,
+                                    launcher=sanitize.backend_command() if sanitized else None,
+                                    env=sanitize.environment() if sanitized else None)
+        self.log.unlink(missing_ok=True)
+        try:
+            self.daemon.start()
+        except DaemonStartError as err:
+            raise CampaignFailure("crash", f"the backend did not start: {err}") from None
+        assert self.daemon.popen is not None
+        self.proc = self.daemon.popen
 
     @property
     def pid(self) -> int:
@@ -70,12 +64,15 @@ class Backend:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     def stop(self) -> int:
+        """SIGTERM; a backend that does not stop within 30 s is killed (the campaign's hang check reports it)."""
         if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
             try:
-                return self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+                status = self.daemon.terminate(30)
+            except DaemonStopError:
+                pass
+            else:
+                if status is not None:
+                    return status
         return self.proc.wait()
 
 

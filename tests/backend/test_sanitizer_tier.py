@@ -1,5 +1,5 @@
-"""The sanitizer tier: the backend-process tests (tests/backend/test_backend_*.py) against a `vrdma backend` whose C (data
-engine, libvhost-user and its glue, fault guard) is built with AddressSanitizer and UndefinedBehaviorSanitizer.
+"""The sanitizer tier: the backend-process tests (tests/backend/test_backend_*.py) against a `vrdma backend` whose C
+(data engine, libvhost-user and its glue, fault guard) is built with AddressSanitizer and UndefinedBehaviorSanitizer.
 
 fuzz/sanitize.py builds and launches it; tests/backend_process.py starts the backend that way when
 VRDMA_SANITIZE=1 (ASan with no quarantine of freed memory there: several tests bound the backend's RSS growth)

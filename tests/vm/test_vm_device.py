@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from vrdma.device import abi
-from vrdma.harness.backend import vm_counters
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import vm_counters
 from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm

@@ -14,8 +14,8 @@ import pytest
 
 from vrdma.device.objects import OBJECT_KINDS
 from vrdma.harness import verbs
-from vrdma.harness.backend import admin, vm_counters
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import admin, vm_counters
 from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm

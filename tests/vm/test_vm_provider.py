@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from vrdma.harness import verbs
-from vrdma.harness.backend import admin, vm_counters
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import admin, vm_counters
 from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from vrdma.harness import verbs
-from vrdma.harness.backend import vm_counters
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import vm_counters
 from vrdma.harness.vm import Products, Vm
 
 pytestmark = pytest.mark.vm

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 from vrdma.harness import accel as accel_probe
-from vrdma.harness import linkhub
-from vrdma.harness.backend import BackendService
+from vrdma.harness import daemon, linkhub
+from vrdma.harness.daemon import DaemonProcess
 from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.vm import Products, Vm
@@ -39,7 +39,7 @@ class Cluster(Managed):
         self.test_hooks = test_hooks
         self.vms: list[Vm] = []
         self.hub: subprocess.Popen[bytes] | None = None
-        self.backend: BackendService | None = None
+        self.backend: DaemonProcess | None = None
         self.accel = ""
 
     def __getitem__(self, key: int | str) -> Vm:
@@ -67,8 +67,8 @@ class Cluster(Managed):
         identities = [GuestIdentity(i) for i in range(self.count)]
         if self.with_device:
             # One backend for all guests, listening before any QEMU starts.
-            self.backend = BackendService(self.directory, identities, detach=self.detach,
-                                          test_hooks=self.test_hooks)
+            self.backend = daemon.for_guests(self.directory, identities, detach=self.detach,
+                                             test_hooks=self.test_hooks)
             self.backend.start()
         if self.count > 2:
             guests = [self.directory / ident.name / "link.sock" for ident in identities]
