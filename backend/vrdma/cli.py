@@ -104,7 +104,11 @@ def _cmd_admin(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from vrdma import bench
 
-    return bench.run(iterations=args.iterations, output=Path(args.output) if args.output else None)
+    report = bench.run(iterations=args.iterations, output=Path(args.output) if args.output else None)
+    print(f"plot: {report.plot_file}")
+    print(report.table())
+    print(f"written to {report.results_file}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,67 @@
+"""`make bench` / `vrdma bench`: every benchmark, as Metrics written to build/bench/results.json with a plot
+(the command line prints the table).
+
+- host memcpy bandwidth (C memcpy, with a 4 KiB..4 MiB sweep, and Python's memoryview copy): the reference;
+- the control-command round trip (QUERY_DEVICE) through the simulated frontend against a real
+  `vrdma backend` process, i.e. the backend at native speed without a guest;
+- the data path at native speed: the simulated frontend plays two VMs set up by vrdma.testing.verbs, and a C
+  driver (vrdma.testing.native) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE
+  latency (8 B), 8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration;
+- the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
+  with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test.
+
+Each result is a Metric (name, value, unit and the command that measures it), so runs can be compared. The
+measurements live in native.py (no guest) and guests.py (two booted guests).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from vrdma import paths
+from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
+from vrdma.bench.metric import Metric, Report, write
+from vrdma.bench.native import MIB, control_round_trip, memcpy_bandwidth, native_backend
+
+log = logging.getLogger(__name__)
+
+
+def ratios(results: list[Metric]) -> list[Metric]:
+    """The comparisons the targets are stated in (docs/performance.md), from figures of this same run."""
+    value = {r.name: r.value for r in results}
+    command = "vrdma bench (ratio of figures measured in this run)"
+    out = []
+
+    def ratio(name: str, num: str, den: str) -> None:
+        if value.get(num) is not None and value.get(den):
+            out.append(Metric(name, round(value[num] / value[den], 3), "x", command))
+
+    ratio("vrdma_write_bw_1mib_vs_memcpy", "vrdma_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    ratio("vrdma_write_bw_1mib_vs_rxe", "vrdma_write_bw_1mib_gbps", "rxe_write_bw_1mib_gbps")
+    ratio("vrdma_write_lat_vs_rxe", "vrdma_write_lat_small_us", "rxe_write_lat_small_us")
+    ratio("vrdma_send_lat_vs_rxe", "vrdma_send_lat_small_us", "rxe_send_lat_small_us")
+    ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    return out
+
+
+def run(iterations: int = 5000, output: Path | None = None) -> Report:
+    """Every benchmark, one after the other; the results are written to ``output`` (JSON) with a plot beside it."""
+    log.info("control-command round trip: %d QUERY_DEVICE through the simulated frontend", iterations)
+    results = control_round_trip(iterations)
+    log.info("host memcpy bandwidth (C and Python)")
+    results += memcpy_bandwidth()
+    log.info("backend at native speed: the simulated frontend as two VMs, a C driver posting RDMA WRITEs")
+    results += native_backend()
+    log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
+    results += idle_cpu()
+    log.info("vrdma and rxe side by side in two guests (%s)", ", ".join(BW_TOOLS + LAT_TOOLS + ["ibv_reg_mr"]))
+    guest_results, sweeps = guests_vs_rxe()
+    results += guest_results
+    results += ratios(results)
+    out = output or paths.build_dir() / "bench" / "results.json"
+    write(results, out)
+    memcpy_sweep = next(r.sweep for r in results if r.name == "memcpy_1mib_gbps") or {}
+    png = out.with_suffix(".png")
+    plot(sweeps, {int(k): v for k, v in memcpy_sweep.items() if int(k) <= MIB}, png)
+    return Report(results, out, png)

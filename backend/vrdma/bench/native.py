@@ -1,0 +1,172 @@
+"""The backend at native speed, and the physical reference: no guest boots here.
+
+- host memcpy bandwidth (C memcpy, with a 4 KiB..4 MiB sweep, and Python's memoryview copy);
+- the control-command round trip (QUERY_DEVICE) through the simulated frontend against a real `vrdma backend`;
+- the data path: the simulated frontend plays two VMs set up by vrdma.testing.verbs, and a C driver
+  (vrdma.testing.native) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE latency (8 B),
+  8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from vrdma.bench.metric import Metric
+from vrdma.device import abi
+from vrdma.harness import daemon as daemon_launcher
+from vrdma.harness.daemon import socket_path
+from vrdma.harness.qemu_cmdline import GuestIdentity
+from vrdma.testing.frontend import Frontend
+
+log = logging.getLogger(__name__)
+
+GIB, MIB = 1 << 30, 1 << 20
+
+WARMUP = 200
+
+
+def control_round_trip(iterations: int) -> list[Metric]:
+    request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE")}))
+    response_size = abi.sizeof("vrdma_resp_query_device")
+    guest = GuestIdentity(0)
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, daemon_launcher.for_guests(Path(tmp), [guest]), \
+            Frontend(str(socket_path(Path(tmp), guest))) as fe:
+        fe.start()
+        samples = []
+        for i in range(WARMUP + iterations):
+            start = time.perf_counter_ns()
+            fe.command(request, response_size)
+            if i >= WARMUP:
+                samples.append((time.perf_counter_ns() - start) / 1000)
+    quantiles = statistics.quantiles(samples, n=100)
+    command = f"vrdma bench --iterations {iterations}"
+    return [
+        Metric("backend_control_rtt_p50_us", round(statistics.median(samples), 1), "us", command),
+        Metric("backend_control_rtt_p99_us", round(quantiles[98], 1), "us", command),
+    ]
+
+
+STREAM_TIMEOUT_NS = 60 * 10**9
+
+
+def _pct(samples: list[float], q: int) -> float:
+    return statistics.quantiles(samples, n=100)[q - 1]
+
+
+def native_backend() -> list[Metric]:
+    """The backend at native speed: the simulated frontend plays two VMs, and a C driver (vrdma.testing.native)
+    posts RDMA WRITEs and polls completions the way libvrdma does, so the figures are the backend's."""
+    from vrdma.testing._native import ffi as nffi  # built by `make backend`
+    from vrdma.testing._native import lib as nlib
+    from vrdma.testing.verbs import SimVerbs
+
+    guests = [GuestIdentity(0), GuestIdentity(1)]
+    command = "vrdma bench (simulated frontend, native driver)"
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
+            daemon_launcher.for_guests(Path(tmp), guests) as backend, \
+            Frontend(str(socket_path(Path(tmp), guests[0])), memory_size=GIB + 256 * MIB) as fa, \
+            Frontend(str(socket_path(Path(tmp), guests[1])), memory_size=256 * MIB) as fb:
+        assert backend.process is not None
+        gids = [ident.name.encode().ljust(16, b"\0") for ident in guests]
+        sides = []
+        for fe, ident, gid in zip((fa, fb), guests, gids, strict=True):
+            fe.start()
+            verbs = SimVerbs(fe, Path(tmp) / "backend" / f"{ident.name}.doorbell")
+            verbs.add_gid(0, gid)
+            pd = verbs.alloc_pd()
+            cq = verbs.create_cq(4096)
+            sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=1024, max_sge=1, max_inline=0),
+                          verbs.reg_mr(pd, 4 * MIB)))
+        (va, pda, _, qpa, mra), (vb, _, cqb, qpb, mrb) = sides
+        va.connect(qpa, qpb.qpn, gids[1])
+        vb.connect(qpb, qpa.qpn, gids[0])
+
+        # The requester is vb (vm1): its rings, doorbell page and memory as the C driver sees them.
+        mem_b = int(nffi.cast("uintptr_t", nffi.from_buffer(fb.memory.map)))
+        db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))
+        queue = nffi.new("struct nat_queue *", {
+            "base": mem_b + qpb.buf.gpa + qpb.sq_offset, "ring_hdr": mem_b + qpb.buf.gpa,
+            "doorbell_page": db_b + vb.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE"),
+            "depth": qpb.sq_depth, "stride": qpb.sq_stride, "prod": qpb.sq_prod, "db_slot": qpb.sq_db_slot,
+            "wake_fd": fb.queues[abi.const("VRDMA_QUEUE_WAKE")].kick})
+        cq = nffi.new("struct nat_cq *", {"hdr": mem_b + cqb.buf.gpa, "cqes": mem_b + cqb.buf.gpa + 4096,
+                                          "entries": cqb.entries, "cons": cqb.cons})
+
+        def write(length: int) -> Any:
+            return nffi.new("struct nat_write *", {"laddr": mrb.addr, "raddr": mra.addr, "lkey": mrb.lkey,
+                                                   "rkey": mra.rkey, "len": length})
+
+        results: list[Metric] = []
+        iters = 20000
+        samples = nffi.new("int64_t[]", iters)
+        if nlib.nat_write_latency(queue, cq, write(8), iters, samples, STREAM_TIMEOUT_NS) != 0:
+            raise RuntimeError("8-byte WRITE latency run failed")
+        lat = [samples[i] / 1000 for i in range(1000, iters)]  # the first thousand warm up
+        results += [
+            Metric("backend_db_to_cqe_p50_us", round(statistics.median(lat), 2), "us", command),
+            Metric("backend_db_to_cqe_p99_us", round(_pct(lat, 99), 2), "us", command),
+        ]
+        count = 2_000_000
+        elapsed = nlib.nat_write_stream(queue, cq, write(8), count, 64, STREAM_TIMEOUT_NS)
+        if elapsed < 0:
+            raise RuntimeError("8-byte WRITE stream failed")
+        results.append(Metric("backend_write_rate_8b_mops", round(count / elapsed * 1000, 3), "Mops/s", command))
+        count = 4000
+        cpu_before = backend.process.cpu_times()
+        elapsed = nlib.nat_write_stream(queue, cq, write(MIB), count, 16, STREAM_TIMEOUT_NS)
+        cpu_after = backend.process.cpu_times()
+        if elapsed < 0:
+            raise RuntimeError("1 MiB WRITE stream failed")
+        gigabytes = count * MIB / 1e9
+        cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+        results += [
+            Metric("backend_write_bw_1mib_gbps", round(gigabytes / (elapsed / 1e9), 2), "GB/s", command),
+            Metric("backend_cpu_s_per_gb", round(cpu / gigabytes, 3), "CPU s/GB", command),
+        ]
+        # Registering 1 GiB (262,144 pages): the REG_MR round trip, page lists prepared beforehand.
+        big = va.alloc(GIB)
+        pages = va.page_list(big)
+        start = time.perf_counter()
+        va.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", pd=pda, access=0xF, iova=big.gpa,
+                length=GIB, page_offset=0, pages=pages)
+        results.append(Metric("backend_reg_mr_1gib_ms", round((time.perf_counter() - start) * 1000, 1), "ms",
+                              command))
+    return results
+
+
+def memcpy_bandwidth() -> list[Metric]:
+    """The physical reference: copying buffers in this process, in C (memcpy) and in Python (memoryview)."""
+    from vrdma.testing._native import ffi as nffi
+    from vrdma.testing._native import lib as nlib
+
+    results: list[Metric] = []
+    src, dst = bytearray(os.urandom(4 * MIB)), bytearray(4 * MIB)
+    psrc, pdst = (int(nffi.cast("uintptr_t", nffi.from_buffer(b))) for b in (src, dst))
+    sweep = {}
+    for size in (4096, 16384, 65536, 262144, MIB, 4 * MIB):
+        iters = max(16, (512 * MIB) // size)
+        sweep[size] = size * iters / (nlib.nat_memcpy(pdst, psrc, size, iters) / 1e9) / 1e9
+    # The headline reference is the median of five measurements, like the figures it is compared with.
+    sweep[MIB] = statistics.median(MIB * 512 / (nlib.nat_memcpy(pdst, psrc, MIB, 512) / 1e9) / 1e9
+                                   for _ in range(5))
+    results.append(Metric("memcpy_1mib_gbps", round(sweep[MIB], 2), "GB/s", "vrdma bench (C memcpy, 1 MiB)",
+                          sweep={str(k): round(v, 2) for k, v in sweep.items()}))
+    view_src, view_dst = memoryview(src)[:MIB], memoryview(dst)[:MIB]
+    iters = 512
+    start = time.perf_counter()
+    for _ in range(iters):
+        view_dst[:] = view_src
+    python_gbps = MIB * iters / (time.perf_counter() - start) / 1e9
+    results.append(Metric("memcpy_1mib_python_gbps", round(python_gbps, 2), "GB/s",
+                          "vrdma bench (Python memoryview copy, 1 MiB)"))
+    return results
+
+
+# Guest side: message sizes for the bandwidth sweeps, and how many messages per size for each device (rxe under
+# TCG moves a few MB/s: it gets fewer messages, the figure is the rate either way).
