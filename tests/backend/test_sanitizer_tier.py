@@ -54,7 +54,9 @@ def test_the_sanitizer_build_catches_an_overflow_in_the_engine() -> None:
 @pytest.mark.skipif(os.environ.get("VRDMA_SANITIZE") == "1", reason="already inside the sanitizer tier")
 def test_backend_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
     sanitize.build()
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "backend").glob("test_backend_*.py"))
+    backend_tests = ROOT / "tests" / "backend"
+    tests = sorted(str(p.relative_to(ROOT)) for p in [*backend_tests.glob("test_backend_*.py"),
+                                                       *backend_tests.glob("pvrdma/test_*.py")])
     env = dict(os.environ, VRDMA_SANITIZE="1")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"),
                *tests, *(arg for test in NOT_UNDER_ASAN for arg in ("--deselect", test))]
