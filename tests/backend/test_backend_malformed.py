@@ -12,16 +12,14 @@ import pytest
 from backend_process import BackendProcess, query_device
 
 from vrdma.device import abi
+from vrdma.device.status import Status
 from vrdma.testing.frontend import USER_BASE, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, Frontend
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 
 pytestmark = pytest.mark.backend
 
-OK = abi.const("VRDMA_STATUS_OK")
-NOT_SUPPORTED = abi.const("VRDMA_STATUS_NOT_SUPPORTED")
-INVALID = abi.const("VRDMA_STATUS_INVALID")
-BAD_LENGTH = abi.const("VRDMA_STATUS_BAD_LENGTH")
+OK, NOT_SUPPORTED, INVALID, BAD_LENGTH = Status.OK, Status.NOT_SUPPORTED, Status.INVALID, Status.BAD_LENGTH
 QUERY_DEVICE = abi.const("VRDMA_CMD_QUERY_DEVICE")
 QUERY_PORT = abi.const("VRDMA_CMD_QUERY_PORT")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from vrdma.device.gid import GidTable
 from vrdma.device.pd import ProtectionDomains
-from vrdma.device.pool import Pool
 from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
 
 
 @dataclass
@@ -18,14 +18,11 @@ class Ah:
     dgid: bytes
 
 
-class AddressHandles:
+class AddressHandles(ObjectTable[Ah]):
     def __init__(self, limit: int, pds: ProtectionDomains, gids: GidTable) -> None:
+        super().__init__("ah", "AH", limit)
         self.pds = pds
         self.gids = gids
-        self.pool: Pool[Ah] = Pool("ah", limit)
-
-    def __len__(self) -> int:
-        return len(self.pool)
 
     def create(self, req: Any) -> int:
         pd = self.pds.get(int(req.pd))
@@ -33,16 +30,11 @@ class AddressHandles:
             raise CommandFailed(Status.INVALID, "reserved bytes of CREATE_AH are not zero")
         if int(req.sgid_index) not in self.gids:
             raise CommandFailed(Status.INVALID, f"source GID index {int(req.sgid_index)} is not set")
-        if self.pool.full():
-            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} AHs in use")
+        self.check_room()
         pd.refs += 1
-        return self.pool.add(Ah(int(req.pd), int(req.sgid_index), bytes(req.dgid)))
+        return self.add(Ah(int(req.pd), int(req.sgid_index), bytes(req.dgid)))
 
     def destroy(self, handle: int) -> None:
-        ah = self.pool.remove(handle)
-        if ah is None:
-            raise CommandFailed(Status.INVALID, f"no AH {handle:#x}")
+        ah = self.get(handle)
+        self.pool.remove(handle)
         self.pds.release(ah.pd)
-
-    def clear(self) -> None:
-        self.pool.clear()

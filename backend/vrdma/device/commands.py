@@ -47,6 +47,16 @@ def _reserved_zero(request: Any, name: str) -> None:
         raise CommandFailed(Status.INVALID, f"reserved field of {name} is {request.reserved}")
 
 
+def _by_handle(pick: Callable[[DeviceObjects], Callable[[int], None]]) -> Handler:
+    """The handler of a command that names one object by handle (struct vrdma_cmd_destroy) and answers with a
+    header (dealloc, dereg and destroy of every kind): ``pick`` chooses the table's method that acts."""
+    def handler(objs: DeviceObjects, request: Any, response: Any) -> None:
+        if request.reserved:
+            raise CommandFailed(Status.INVALID, f"reserved field is {request.reserved}")
+        pick(objs)(int(request.handle))
+    return handler
+
+
 def _query_device(objs: DeviceObjects, request: Any, response: Any) -> None:
     for name, value in query_fields(objs.limits).items():
         setattr(response, name, value)
@@ -88,28 +98,16 @@ def _alloc_ucontext(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.doorbell_page = objs.ucontexts.alloc()
 
 
-def _dealloc_ucontext(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DEALLOC_UCONTEXT")
-    objs.ucontexts.dealloc(int(request.handle))
-
 
 def _alloc_pd(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "ALLOC_PD")
     response.handle = objs.pds.alloc(int(request.ucontext))
 
 
-def _dealloc_pd(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DEALLOC_PD")
-    objs.pds.dealloc(int(request.handle))
-
 
 def _reg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.lkey, response.rkey = objs.mrs.register(request)
 
-
-def _dereg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DEREG_MR")
-    objs.mrs.deregister(int(request.handle))
 
 
 def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -119,10 +117,6 @@ def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
 def _modify_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
     objs.cqs.moderate(int(request.handle), int(request.cq_count), int(request.cq_period))
 
-
-def _destroy_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DESTROY_CQ")
-    objs.cqs.destroy(int(request.handle))
 
 
 def _create_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -138,10 +132,6 @@ def _query_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
     objs.qps.query(int(request.handle), response.attr)
 
 
-def _destroy_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DESTROY_QP")
-    objs.qps.destroy(int(request.handle))
-
 
 def _create_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.db_slot = objs.srqs.create(request)
@@ -156,18 +146,10 @@ def _query_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.max_wr, response.max_sge, response.srq_limit = objs.srqs.query(int(request.handle))
 
 
-def _destroy_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DESTROY_SRQ")
-    objs.srqs.destroy(int(request.handle))
-
 
 def _create_ah(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle = objs.ahs.create(request)
 
-
-def _destroy_ah(objs: DeviceObjects, request: Any, response: Any) -> None:
-    _reserved_zero(request, "DESTROY_AH")
-    objs.ahs.destroy(int(request.handle))
 
 
 def _command(name: str, request: str, response: str, handler: Handler) -> tuple[int, Command]:
@@ -182,24 +164,24 @@ COMMANDS: dict[int, Command] = dict([
     _command("ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", _add_gid),
     _command("DEL_GID", "vrdma_cmd_del_gid", "vrdma_resp_hdr", _del_gid),
     _command("ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext", _alloc_ucontext),
-    _command("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_ucontext),
+    _command("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.ucontexts.dealloc)),
     _command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
-    _command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dealloc_pd),
+    _command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.pds.dealloc)),
     _command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
-    _command("DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", _dereg_mr),
+    _command("DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.mrs.deregister)),
     _command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", _create_cq),
-    _command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_cq),
+    _command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.cqs.destroy)),
     _command("MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", _modify_cq),
     _command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", _create_qp),
     _command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),
     _command("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", _query_qp),
-    _command("DESTROY_QP", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_qp),
+    _command("DESTROY_QP", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.qps.destroy)),
     _command("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq", _create_srq),
     _command("MODIFY_SRQ", "vrdma_cmd_modify_srq", "vrdma_resp_hdr", _modify_srq),
     _command("QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq", _query_srq),
-    _command("DESTROY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_srq),
+    _command("DESTROY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.srqs.destroy)),
     _command("CREATE_AH", "vrdma_cmd_create_ah", "vrdma_resp_create_ah", _create_ah),
-    _command("DESTROY_AH", "vrdma_cmd_destroy", "vrdma_resp_hdr", _destroy_ah),
+    _command("DESTROY_AH", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.ahs.destroy)),
 ])
 
 

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vrdma.device import rings
-from vrdma.device.pool import Pool
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
 from vrdma.device.ucontext import UserContexts
+from vrdma.engine.api import CqConfig
 
 
 @dataclass
@@ -21,21 +22,12 @@ class Cq:
     refs: int = 0
 
 
-class CompletionQueues:
+class CompletionQueues(ObjectTable[Cq]):
     def __init__(self, seat: EngineSeat, limit: int, max_cqe: int, ucontexts: UserContexts) -> None:
+        super().__init__("cq", "CQ", limit)
         self.seat = seat
         self.max_cqe = max_cqe
         self.ucontexts = ucontexts
-        self.pool: Pool[Cq] = Pool("cq", limit)
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def get(self, handle: int) -> Cq:
-        cq = self.pool.get(handle)
-        if cq is None:
-            raise CommandFailed(Status.INVALID, f"no CQ {handle:#x}")
-        return cq
 
     def create(self, req: Any) -> tuple[int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "a CQ")
@@ -43,21 +35,14 @@ class CompletionQueues:
         if not rings.pow2(entries) or entries > self.max_cqe:
             raise CommandFailed(Status.INVALID, f"CQ of {entries} entries (a power of two up to {self.max_cqe})")
         pages = rings.page_list(req.ring, rings.cq_ring_pages(entries), "the CQ ring")
-        if self.pool.full():
-            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} CQs in use")
+        self.check_room()
         db_slot = ctx.take_slot()
-        handle = self.pool.add(Cq(int(req.ucontext), 0, entries, db_slot))
-        cq = self.pool.objects[handle]
-        cq.slot = self.pool.slot(handle)
-        try:
-            with refused_as_status():
-                self.seat.engine.create_cq(self.seat.index, cq.slot, {
-                    "handle": handle, "entries": entries, "db_page": ctx.doorbell_page, "db_slot": db_slot,
-                    "ring": pages})
-        except CommandFailed:
-            self.pool.remove(handle)
-            ctx.slots.give(db_slot)
-            raise
+        cq = Cq(int(req.ucontext), 0, entries, db_slot)
+        handle = self.add(cq)
+        config: CqConfig = {"handle": handle, "entries": entries, "db_page": ctx.doorbell_page, "db_slot": db_slot,
+                             "ring": pages}
+        self.create_in_engine(handle, self.seat.engine.create_cq, self.seat, cq.slot, config,
+                              undo=lambda: ctx.slots.give(db_slot))
         self.ucontexts.queue_created(ctx)
         return handle, db_slot
 
@@ -68,12 +53,6 @@ class CompletionQueues:
             self.seat.engine.moderate_cq(self.seat.index, cq.slot, count, period_us)
 
     def destroy(self, handle: int) -> None:
-        cq = self.get(handle)
-        if cq.refs:
-            raise CommandFailed(Status.BUSY, f"CQ {handle:#x} is used by {cq.refs} QPs")
-        self.pool.remove(handle)
+        cq = self.remove_unused(handle, "QPs")
         self.seat.engine.destroy_cq(self.seat.index, cq.slot)
         self.ucontexts.queue_destroyed(cq.ucontext, [cq.db_slot])
-
-    def clear(self) -> None:
-        self.pool.clear()

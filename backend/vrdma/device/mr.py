@@ -11,9 +11,10 @@ from typing import Any
 
 from vrdma.device import abi, rings
 from vrdma.device.pd import ProtectionDomains
-from vrdma.device.pool import Pool
-from vrdma.device.seat import EngineSeat, refused_as_status
+from vrdma.device.seat import EngineSeat
 from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
+from vrdma.engine.api import MrConfig
 
 ACCESS_ALL = 0xF
 LOCAL_WRITE = abi.const("VRDMA_ACCESS_LOCAL_WRITE")
@@ -32,15 +33,12 @@ class Mr:
     length: int
 
 
-class MemoryRegions:
+class MemoryRegions(ObjectTable[Mr]):
     def __init__(self, seat: EngineSeat, limit: int, max_mr_size: int, pds: ProtectionDomains) -> None:
+        super().__init__("mr", "MR", limit)
         self.seat = seat
         self.max_mr_size = max_mr_size
         self.pds = pds
-        self.pool: Pool[Mr] = Pool("mr", limit)
-
-    def __len__(self) -> int:
-        return len(self.pool)
 
     def register(self, req: Any) -> tuple[int, int, int]:
         pd = self.pds.get(int(req.pd))
@@ -56,21 +54,14 @@ class MemoryRegions:
         if offset >= rings.PAGE or iova + length > 2**64:
             raise CommandFailed(Status.INVALID, f"MR at {iova:#x} (page offset {offset}) of {length} bytes")
         pages = rings.page_list(req.pages, rings.pages_for(offset + length), "the MR")
-        if self.pool.full():
-            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} MRs in use")
-        handle = self.pool.add(Mr(int(req.pd), 0, 0, 0, access, iova, length))
-        mr = self.pool.objects[handle]
-        mr.slot = self.pool.slot(handle)
+        self.check_room()
+        mr = Mr(int(req.pd), 0, 0, 0, access, iova, length)
+        handle = self.add(mr)
         mr.lkey = self.pool.key(mr.slot)
         mr.rkey = self.pool.key(mr.slot, avoid=mr.lkey)
-        try:
-            with refused_as_status():
-                self.seat.engine.create_mr(self.seat.index, mr.slot, {
-                    "handle": handle, "pd": int(req.pd), "lkey": mr.lkey, "rkey": mr.rkey, "access": access,
-                    "page_offset": offset, "iova": iova, "length": length, "pages": pages})
-        except CommandFailed:
-            self.pool.remove(handle)
-            raise
+        config: MrConfig = {"handle": handle, "pd": int(req.pd), "lkey": mr.lkey, "rkey": mr.rkey, "access": access,
+                            "page_offset": offset, "iova": iova, "length": length, "pages": pages}
+        self.create_in_engine(handle, self.seat.engine.create_mr, self.seat, mr.slot, config)
         pd.refs += 1
         return handle, mr.lkey, mr.rkey
 
@@ -80,6 +71,3 @@ class MemoryRegions:
             raise CommandFailed(Status.INVALID, f"no MR {handle:#x}")
         self.seat.engine.destroy_mr(self.seat.index, mr.slot)
         self.pds.release(mr.pd)
-
-    def clear(self) -> None:
-        self.pool.clear()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vrdma.device.pool import Pool
-from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
 from vrdma.device.ucontext import UserContexts
 
 
@@ -15,34 +14,21 @@ class Pd:
     refs: int = 0
 
 
-class ProtectionDomains:
+class ProtectionDomains(ObjectTable[Pd]):
     def __init__(self, limit: int, ucontexts: UserContexts) -> None:
+        super().__init__("pd", "PD", limit)
         self.ucontexts = ucontexts
-        self.pool: Pool[Pd] = Pool("pd", limit)
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def get(self, handle: int) -> Pd:
-        pd = self.pool.get(handle)
-        if pd is None:
-            raise CommandFailed(Status.INVALID, f"no PD {handle:#x}")
-        return pd
 
     def alloc(self, ucontext: int) -> int:
         ctx = self.ucontexts.get(ucontext) if ucontext else None
-        if self.pool.full():
-            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} PDs in use")
-        handle = self.pool.add(Pd(ucontext))
+        self.check_room()
+        handle = self.add(Pd(ucontext))
         if ctx is not None:
             ctx.pds.add(handle)
         return handle
 
     def dealloc(self, handle: int) -> None:
-        pd = self.get(handle)
-        if pd.refs:
-            raise CommandFailed(Status.BUSY, f"PD {handle:#x} still has {pd.refs} objects")
-        self.pool.remove(handle)
+        pd = self.remove_unused(handle, "objects (MRs, QPs, SRQs, AHs)")
         ctx = self.ucontexts.pool.get(pd.ucontext)
         if ctx is not None:
             ctx.pds.discard(handle)
@@ -50,6 +36,3 @@ class ProtectionDomains:
     def release(self, handle: int) -> None:
         """An object of PD ``handle`` went."""
         self.get(handle).refs -= 1
-
-    def clear(self) -> None:
-        self.pool.clear()

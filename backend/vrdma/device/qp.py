@@ -18,12 +18,12 @@ from vrdma.device.gid import GidTable
 from vrdma.device.mr import ACCESS_ALL
 from vrdma.device.params import DeviceLimits
 from vrdma.device.pd import ProtectionDomains
-from vrdma.device.pool import Pool
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
 from vrdma.device.ucontext import UserContexts
-from vrdma.engine.api import NO_DEVICE, NO_SRQ
+from vrdma.engine.api import NO_DEVICE, NO_SRQ, QpConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,12 @@ class Qp:
     attr: dict[str, Any] = field(default_factory=dict)
 
 
-class QueuePairs:
+class QueuePairs(ObjectTable[Qp]):
     def __init__(self, owner: str, seat: EngineSeat, limits: DeviceLimits, ucontexts: UserContexts,
                  pds: ProtectionDomains, cqs: CompletionQueues, srqs: SharedReceiveQueues, gids: GidTable,
                  route: Callable[[bytes], int]) -> None:
         """``route(dgid)``: the engine index of the device holding that GID, or NO_DEVICE (the fabric's)."""
+        super().__init__("qp", "QP", limits.max_qp)
         self.owner = owner
         self.seat = seat
         self.limits = limits
@@ -70,17 +71,7 @@ class QueuePairs:
         self.srqs = srqs
         self.gids = gids
         self.route = route
-        self.pool: Pool[Qp] = Pool("qp", limits.max_qp)
         self.qpn_generation = 1
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def get(self, handle: int) -> Qp:
-        qp = self.pool.get(handle)
-        if qp is None:
-            raise CommandFailed(Status.INVALID, f"no QP {handle:#x}")
-        return qp
 
     def create(self, req: Any) -> tuple[int, int, int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "a QP")
@@ -112,38 +103,30 @@ class QueuePairs:
             raise CommandFailed(Status.INVALID, "a QP with an SRQ has no receive queue of its own")
         pages = rings.page_list(req.ring, rings.qp_ring_pages(sq_offset, sq_depth, sq_stride, rq_offset, rq_depth,
                                                               rq_stride), "the QP rings")
-        if self.pool.full():
-            raise CommandFailed(Status.NO_RESOURCES, f"all {limits.max_qp} QPs in use")
+        self.check_room()
         db_slots: list[int] = []
         try:
             for _ in range(1 if srq else 2):  # a loop, not a comprehension: a slot taken is in db_slots at once
                 db_slots.append(ctx.take_slot())
         except CommandFailed:
-            for db in db_slots:
-                ctx.slots.give(db)
+            ctx.give_slots(db_slots)
             raise
         caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if srq is None else 0,
                 "max_send_sge": send_sge, "max_recv_sge": recv_sge, "max_inline_data": inline}
-        handle = self.pool.add(Qp(int(req.ucontext), int(req.pd), 0, 0, int(req.send_cq), int(req.recv_cq),
-                                  int(req.srq), caps, db_slots, {"qp_state": qp_states.RESET}))
-        qp = self.pool.objects[handle]
-        qp.slot = self.pool.slot(handle)
+        qp = Qp(int(req.ucontext), int(req.pd), 0, 0, int(req.send_cq), int(req.recv_cq), int(req.srq), caps,
+                db_slots, {"qp_state": qp_states.RESET})
+        handle = self.add(qp)
         qp.qpn = self._qpn(qp.slot)
         rq_db_slot = db_slots[1] if len(db_slots) > 1 else 0
-        try:
-            with refused_as_status():
-                self.seat.engine.create_qp(self.seat.index, qp.slot, {
-                    "handle": handle, "qpn": qp.qpn, "pd": int(req.pd), "sq_sig_all": int(req.sq_sig_all),
-                    "send_cq": send_cq.slot, "recv_cq": recv_cq.slot, "srq": srq.slot if srq else NO_SRQ,
-                    "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
-                    "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge,
-                    "max_recv_sge": recv_sge, "max_inline": inline, "db_page": ctx.doorbell_page,
-                    "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot, "ring": pages})
-        except CommandFailed:
-            self.pool.remove(handle)
-            for db in db_slots:
-                ctx.slots.give(db)
-            raise
+        config: QpConfig = {
+            "handle": handle, "qpn": qp.qpn, "pd": int(req.pd), "sq_sig_all": int(req.sq_sig_all),
+            "send_cq": send_cq.slot, "recv_cq": recv_cq.slot, "srq": srq.slot if srq else NO_SRQ,
+            "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
+            "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge, "max_recv_sge": recv_sge,
+            "max_inline": inline, "db_page": ctx.doorbell_page, "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot,
+            "ring": pages}
+        self.create_in_engine(handle, self.seat.engine.create_qp, self.seat, qp.slot, config,
+                              undo=lambda: ctx.give_slots(db_slots))
         pd.refs += 1
         send_cq.refs += 1
         recv_cq.refs += 1
@@ -241,6 +224,3 @@ class QueuePairs:
         if qp.srq:
             self.srqs.get(qp.srq).refs -= 1
         self.ucontexts.queue_destroyed(qp.ucontext, qp.db_slots)
-
-    def clear(self) -> None:
-        self.pool.clear()

@@ -7,10 +7,11 @@ from typing import Any
 
 from vrdma.device import abi, rings
 from vrdma.device.pd import ProtectionDomains
-from vrdma.device.pool import Pool
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
 from vrdma.device.ucontext import UserContexts
+from vrdma.engine.api import SrqConfig
 
 SRQ_MAX_WR = abi.const("VRDMA_SRQ_MAX_WR")
 SRQ_LIMIT = abi.const("VRDMA_SRQ_LIMIT")
@@ -27,24 +28,15 @@ class Srq:
     refs: int = 0
 
 
-class SharedReceiveQueues:
+class SharedReceiveQueues(ObjectTable[Srq]):
     def __init__(self, seat: EngineSeat, limit: int, max_wr: int, max_sge: int, ucontexts: UserContexts,
                  pds: ProtectionDomains) -> None:
+        super().__init__("srq", "SRQ", limit)
         self.seat = seat
         self.max_wr = max_wr
         self.max_sge = max_sge
         self.ucontexts = ucontexts
         self.pds = pds
-        self.pool: Pool[Srq] = Pool("srq", limit)
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def get(self, handle: int) -> Srq:
-        srq = self.pool.get(handle)
-        if srq is None:
-            raise CommandFailed(Status.INVALID, f"no SRQ {handle:#x}")
-        return srq
 
     def create(self, req: Any) -> tuple[int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "an SRQ")
@@ -57,21 +49,15 @@ class SharedReceiveQueues:
         if limit >= depth:
             raise CommandFailed(Status.INVALID, f"SRQ limit {limit} is not below its depth {depth}")
         pages = rings.page_list(req.ring, rings.srq_ring_pages(depth, stride), "the SRQ ring")
-        if self.pool.full():
-            raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} SRQs in use")
+        self.check_room()
         db_slot = ctx.take_slot()
-        handle = self.pool.add(Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, db_slot))
-        srq = self.pool.objects[handle]
-        srq.slot = self.pool.slot(handle)
-        try:
-            with refused_as_status():
-                self.seat.engine.create_srq(self.seat.index, srq.slot, {
-                    "handle": handle, "pd": int(req.pd), "depth": depth, "stride": stride, "max_sge": max_sge,
-                    "limit": limit, "db_page": ctx.doorbell_page, "db_slot": db_slot, "ring": pages})
-        except CommandFailed:
-            self.pool.remove(handle)
-            ctx.slots.give(db_slot)
-            raise
+        srq = Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, db_slot)
+        handle = self.add(srq)
+        config: SrqConfig = {"handle": handle, "pd": int(req.pd), "depth": depth, "stride": stride,
+                              "max_sge": max_sge, "limit": limit, "db_page": ctx.doorbell_page, "db_slot": db_slot,
+                              "ring": pages}
+        self.create_in_engine(handle, self.seat.engine.create_srq, self.seat, srq.slot, config,
+                              undo=lambda: ctx.slots.give(db_slot))
         pd.refs += 1
         self.ucontexts.queue_created(ctx)
         return handle, db_slot
@@ -94,13 +80,7 @@ class SharedReceiveQueues:
         return srq.depth, srq.max_sge, self.seat.engine.srq_limit(self.seat.index, srq.slot)
 
     def destroy(self, handle: int) -> None:
-        srq = self.get(handle)
-        if srq.refs:
-            raise CommandFailed(Status.BUSY, f"SRQ {handle:#x} is used by {srq.refs} QPs")
-        self.pool.remove(handle)
+        srq = self.remove_unused(handle, "QPs")
         self.seat.engine.destroy_srq(self.seat.index, srq.slot)
         self.pds.release(srq.pd)
         self.ucontexts.queue_destroyed(srq.ucontext, [srq.db_slot])
-
-    def clear(self) -> None:
-        self.pool.clear()

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vrdma.device import abi
-from vrdma.device.pool import FreeSlots, Pool
+from vrdma.device.pool import FreeSlots
 from vrdma.device.status import CommandFailed, Status
+from vrdma.device.table import ObjectTable
 
 DB_SLOTS = abi.const("VRDMA_DB_SLOTS")
 DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
@@ -31,22 +32,17 @@ class UserContext:
             raise CommandFailed(Status.NO_RESOURCES, f"all {DB_SLOTS - 1} doorbell slots of the context in use")
         return slot
 
+    def give_slots(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.slots.give(slot)
 
-class UserContexts:
+
+class UserContexts(ObjectTable[UserContext]):
     def __init__(self, doorbell_pages: int, set_alive: Callable[[int, bool], None]) -> None:
         """``set_alive(page, alive)`` marks a doorbell page as known to the device (the provider flushes on 0)."""
+        super().__init__("ucontext", "user context", doorbell_pages - 1)
         self.doorbell_pages = doorbell_pages
         self.set_alive = set_alive
-        self.pool: Pool[UserContext] = Pool("ucontext", doorbell_pages - 1)
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def get(self, handle: int) -> UserContext:
-        ctx = self.pool.get(handle)
-        if ctx is None:
-            raise CommandFailed(Status.INVALID, f"no user context {handle:#x}")
-        return ctx
 
     def for_queue(self, handle: int, what: str) -> UserContext:
         """The context a queue is created in (kernel consumers, context 0, have no queues yet)."""
@@ -59,7 +55,7 @@ class UserContexts:
         free = next((page for page in range(1, self.doorbell_pages) if page not in used), None)
         if free is None or self.pool.full():
             raise CommandFailed(Status.NO_RESOURCES, f"all {self.doorbell_pages - 1} doorbell pages in use")
-        handle = self.pool.add(UserContext(free))
+        handle = self.add(UserContext(free))
         self.set_alive(free, True)
         return handle, free
 
@@ -78,12 +74,8 @@ class UserContexts:
         """A queue of context ``handle`` went: its doorbell slots come back (the context may be gone already)."""
         ctx = self.pool.get(handle)
         if ctx is not None:
-            for slot in db_slots:
-                ctx.slots.give(slot)
+            ctx.give_slots(db_slots)
             ctx.queues -= 1
 
     def doorbell_pages_held(self) -> list[int]:
         return sorted(ctx.doorbell_page for ctx in self.pool.objects.values())
-
-    def clear(self) -> None:
-        self.pool.clear()

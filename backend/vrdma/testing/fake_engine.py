@@ -12,24 +12,15 @@ import errno as errnos
 from dataclasses import dataclass, field
 from typing import Any
 
-from vrdma.engine.api import (
-    COUNTERS,
-    CqConfig,
-    EngineError,
-    EngineEvent,
-    EngineLimits,
-    MrConfig,
-    QpAttr,
-    QpConfig,
-    SrqConfig,
-)
+from vrdma.engine import api
+from vrdma.engine.api import EngineError
 
 LIMIT_OF = {"mr": "max_mr", "cq": "max_cq", "srq": "max_srq", "qp": "max_qp"}
 
 
 @dataclass
 class FakeDevice:
-    limits: EngineLimits
+    limits: api.EngineLimits
     doorbell_base: int
     memory: list[tuple[int, int, int]] = field(default_factory=list)
     objects: dict[str, dict[int, dict[str, Any]]] = field(
@@ -41,7 +32,7 @@ class FakeDevice:
 class FakeEngine:
     def __init__(self, max_devices: int = 1) -> None:
         self.devices: list[FakeDevice | None] = [None] * max_devices
-        self.events: list[EngineEvent] = []
+        self.events: list[api.EngineEvent] = []
         self.calls: list[tuple[str, int, int]] = []  # (call, device, slot or -1)
         self._refuse: int | None = None
 
@@ -85,7 +76,7 @@ class FakeEngine:
 
     # -- devices ------------------------------------------------------------------------------------------------
 
-    def open_device(self, dev: int, limits: EngineLimits, doorbell_base: int) -> None:
+    def open_device(self, dev: int, limits: api.EngineLimits, doorbell_base: int) -> None:
         self.calls.append(("open_device", dev, -1))
         if self.devices[dev] is not None:
             raise EngineError(f"device {dev} is open", errnos.EBUSY)
@@ -99,17 +90,17 @@ class FakeEngine:
         self._configure("set_memory", dev).memory = list(regions)
 
     def counters(self, dev: int) -> dict[str, int]:
-        return dict.fromkeys(COUNTERS, 0)
+        return dict.fromkeys(api.COUNTERS, 0)
 
     # -- objects ------------------------------------------------------------------------------------------------
 
-    def create_mr(self, dev: int, slot: int, config: MrConfig) -> None:
+    def create_mr(self, dev: int, slot: int, config: api.MrConfig) -> None:
         self._create("mr", dev, slot, config)
 
     def destroy_mr(self, dev: int, slot: int) -> None:
         self._destroy("mr", dev, slot)
 
-    def create_cq(self, dev: int, slot: int, config: CqConfig) -> None:
+    def create_cq(self, dev: int, slot: int, config: api.CqConfig) -> None:
         self._create("cq", dev, slot, config)
 
     def moderate_cq(self, dev: int, slot: int, count: int, period_us: int) -> None:
@@ -119,7 +110,7 @@ class FakeEngine:
     def destroy_cq(self, dev: int, slot: int) -> None:
         self._destroy("cq", dev, slot)
 
-    def create_srq(self, dev: int, slot: int, config: SrqConfig) -> None:
+    def create_srq(self, dev: int, slot: int, config: api.SrqConfig) -> None:
         self._create("srq", dev, slot, config)
         self._device(dev).srq_limits[slot] = config["limit"]
 
@@ -133,11 +124,11 @@ class FakeEngine:
     def destroy_srq(self, dev: int, slot: int) -> None:
         self._destroy("srq", dev, slot)
 
-    def create_qp(self, dev: int, slot: int, config: QpConfig) -> None:
+    def create_qp(self, dev: int, slot: int, config: api.QpConfig) -> None:
         self._create("qp", dev, slot, config)
         self._device(dev).qp_states[slot] = 0  # RESET
 
-    def modify_qp(self, dev: int, slot: int, attr: QpAttr) -> None:
+    def modify_qp(self, dev: int, slot: int, attr: api.QpAttr) -> None:
         self._configure("modify_qp", dev, slot)
         device = self._existing("qp", dev, slot)
         device.objects["qp"][slot]["attr"] = dict(attr)
@@ -157,7 +148,7 @@ class FakeEngine:
     def spin(self, budget: int, spin_ns: int) -> int:
         return 0
 
-    def take_events(self) -> list[EngineEvent]:
+    def take_events(self) -> list[api.EngineEvent]:
         events, self.events = self.events, []
         return events
 

@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from vrdma.device import abi
+from vrdma.device.rings import CQE, PAGE, PBL_ENTRIES, RECV_WQE, SEND_WQE, SGE
 from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError
 
-PAGE = abi.const("VRDMA_PAGE_SIZE")
-PBL = abi.const("VRDMA_PBL_ENTRIES")
-CQE_SIZE = abi.sizeof("vrdma_cqe")
-SEND_WQE = abi.sizeof("vrdma_send_wqe")
-RECV_WQE = abi.sizeof("vrdma_recv_wqe")
-SGE = abi.sizeof("vrdma_sge")
+# The ring layouts are the device's (vrdma.device.rings): this driver lays rings out as the device reads them.
+PBL = PBL_ENTRIES
+CQE_SIZE = CQE
 U32 = struct.Struct("<I")
 ALL_ACCESS = 0xF
 

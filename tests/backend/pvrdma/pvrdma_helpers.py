@@ -15,8 +15,55 @@ import psutil
 from backend_process import BackendProcess, SimSide, query_device, start_side
 
 from vrdma.device import abi
+from vrdma.device.rings import CQE, RECV_WQE, SEND_WQE
 from vrdma.testing.frontend import Frontend
 from vrdma.testing.verbs import PAGE, PBL, SGE, CommandError, SimCq, SimQp, SimVerbs
+
+__all__ = [  # what the lesson files take with `from pvrdma_helpers import *`
+    "CQE", "RECV_WQE", "SEND_WQE",
+    "CQ",
+    "EVENT",
+    "GID",
+    "LIMITS",
+    "MR",
+    "MR_SIZE",
+    "OUTSIDE",
+    "QP",
+    "QPS_ERR",
+    "RESP_HDR",
+    "SENTINEL",
+    "SIGNALED",
+    "SRQ",
+    "STATUS",
+    "WC",
+    "WR",
+    "Side",
+    "Vm",
+    "aliased_pages",
+    "connected_qp",
+    "create_cq_fields",
+    "create_qp",
+    "create_qp_fields",
+    "create_srq_fields",
+    "device_answers",
+    "engine",
+    "events_ready",
+    "make_side",
+    "objects",
+    "page_list",
+    "pattern",
+    "put_recv_wqe",
+    "put_send_wqe",
+    "qp_state",
+    "recv_wqe",
+    "round_trip",
+    "rss",
+    "settled_fds",
+    "sges",
+    "status_of",
+    "wait_cqes",
+    "wait_for",
+]
 
 GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
 STATUS = {name: abi.const(f"VRDMA_STATUS_{name}") for name in ("OK", "NOT_SUPPORTED", "INVALID", "NO_RESOURCES")}
@@ -26,9 +73,6 @@ WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_LEN_ERR",
 EVENT = {name: abi.const(f"VRDMA_EVENT_{name}") for name in ("PORT_ACTIVE", "QP_FATAL", "CQ_ERR")}
 QPS_ERR = abi.const("VRDMA_QPS_ERR")
 SIGNALED = abi.const("VRDMA_SEND_SIGNALED")
-SEND_WQE = abi.sizeof("vrdma_send_wqe")
-RECV_WQE = abi.sizeof("vrdma_recv_wqe")
-CQE = abi.sizeof("vrdma_cqe")
 RESP_HDR = abi.sizeof("vrdma_resp_hdr")
 LIMITS = {"max_sge": 16, "max_cqe": 65536, "max_qp_wr": 4096, "max_mr_size": 1 << 30, "max_msg_size": 1 << 31,
           "max_translated_pages": 1 << 22}

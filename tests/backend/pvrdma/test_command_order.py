@@ -1,8 +1,5 @@
-"""pvrdma lesson: commands before their buffers exist (CVE-2022-1050, CVE-2018-20191).
-
-One class of the CVEs of QEMU's removed pvrdma device (ARCHITECTURE.md §5; conftest.py has the table of every
-class), attacked through the simulated frontend and driver against the real backend. Every buffer the device could
-write holds a sentinel first."""
+"""pvrdma lesson 5, commands before their buffers exist (CVE-2022-1050, CVE-2018-20191): commands and kicks that
+arrive before the rings, memory or objects they name, or after they went."""
 
 from __future__ import annotations
 
@@ -14,25 +11,7 @@ from typing import Any
 
 import pytest
 from backend_process import BackendProcess
-from pvrdma_helpers import (
-    EVENT,
-    GID,
-    RESP_HDR,
-    SENTINEL,
-    STATUS,
-    WC,
-    WR,
-    Side,
-    Vm,
-    create_cq_fields,
-    create_qp_fields,
-    create_srq_fields,
-    device_answers,
-    engine,
-    objects,
-    wait_cqes,
-    wait_for,
-)
+from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.device import abi
 from vrdma.testing.frontend import VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_VERSION_1, Frontend, Virtqueue

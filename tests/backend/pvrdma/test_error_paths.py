@@ -1,8 +1,5 @@
-"""pvrdma lesson: leaks and half-made objects on error paths (CVE-2018-20123, CVE-2018-20126, CVE-2021-3608).
-
-One class of the CVEs of QEMU's removed pvrdma device (ARCHITECTURE.md §5; conftest.py has the table of every
-class), attacked through the simulated frontend and driver against the real backend. Every buffer the device could
-write holds a sentinel first."""
+"""pvrdma lesson 6, leaks and half-made objects on error paths (CVE-2018-20123, CVE-2018-20126, CVE-2021-3608):
+every failed create gives back what it took, and nothing grows."""
 
 from __future__ import annotations
 
@@ -13,24 +10,7 @@ from typing import Any
 
 import pytest
 from backend_process import BackendProcess
-from pvrdma_helpers import (
-    CQ,
-    LIMITS,
-    MR,
-    OUTSIDE,
-    QP,
-    SRQ,
-    STATUS,
-    create_cq_fields,
-    create_qp,
-    create_qp_fields,
-    create_srq_fields,
-    objects,
-    page_list,
-    rss,
-    settled_fds,
-    status_of,
-)
+from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.device import abi
 from vrdma.testing.verbs import PAGE, PBL, SimVerbs

@@ -1,30 +1,11 @@
-"""pvrdma lesson: integer overflow in address/length arithmetic (CVE-2021-3582).
-
-One class of the CVEs of QEMU's removed pvrdma device (ARCHITECTURE.md §5; conftest.py has the table of every
-class), attacked through the simulated frontend and driver against the real backend. Every buffer the device could
-write holds a sentinel first."""
+"""pvrdma lesson 3, integer overflow in address and length arithmetic (CVE-2021-3582): MRs and work requests whose
+ranges wrap around 2^64 or disagree with their pages."""
 
 from __future__ import annotations
 
 import pytest
 from backend_process import BackendProcess
-from pvrdma_helpers import (
-    LIMITS,
-    MR_SIZE,
-    QPS_ERR,
-    STATUS,
-    WC,
-    WR,
-    Side,
-    Vm,
-    aliased_pages,
-    engine,
-    objects,
-    pattern,
-    qp_state,
-    status_of,
-    wait_cqes,
-)
+from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.testing.verbs import PAGE
 

@@ -1,8 +1,5 @@
-"""pvrdma lesson: ring page counts and sizes (CVE-2018-20125, CVE-2021-3607, CVE-2023-1544).
-
-One class of the CVEs of QEMU's removed pvrdma device (ARCHITECTURE.md §5; conftest.py has the table of every
-class), attacked through the simulated frontend and driver against the real backend. Every buffer the device could
-write holds a sentinel first."""
+"""pvrdma lesson 2, ring page counts and sizes (CVE-2018-20125, CVE-2021-3607, CVE-2023-1544): page lists that do
+not describe the ring they claim, impossible ring sizes, and the per-VM bound on translated pages."""
 
 from __future__ import annotations
 
@@ -10,24 +7,7 @@ from typing import Any
 
 import pytest
 from backend_process import BackendProcess
-from pvrdma_helpers import (
-    CQ,
-    CQE,
-    LIMITS,
-    MR,
-    QP,
-    SRQ,
-    STATUS,
-    Vm,
-    aliased_pages,
-    create_cq_fields,
-    create_qp,
-    create_qp_fields,
-    create_srq_fields,
-    objects,
-    rss,
-    status_of,
-)
+from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.testing.verbs import PAGE, PBL, SimVerbs
 

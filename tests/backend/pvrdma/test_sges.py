@@ -1,39 +1,11 @@
-"""pvrdma lesson: unchecked SGE counts (CVE-2018-20124).
-
-One class of the CVEs of QEMU's removed pvrdma device (ARCHITECTURE.md §5; conftest.py has the table of every
-class), attacked through the simulated frontend and driver against the real backend. Every buffer the device could
-write holds a sentinel first."""
+"""pvrdma lesson 1, unchecked SGE counts (CVE-2018-20124): WQEs and queues with more scatter/gather entries than
+allowed, against the real backend through the simulated frontend."""
 
 from __future__ import annotations
 
 import pytest
 from backend_process import BackendProcess
-from pvrdma_helpers import (
-    GID,
-    LIMITS,
-    QPS_ERR,
-    RECV_WQE,
-    SEND_WQE,
-    SIGNALED,
-    STATUS,
-    WC,
-    WR,
-    Side,
-    Vm,
-    connected_qp,
-    create_qp,
-    create_qp_fields,
-    create_srq_fields,
-    engine,
-    objects,
-    put_recv_wqe,
-    put_send_wqe,
-    qp_state,
-    recv_wqe,
-    sges,
-    status_of,
-    wait_cqes,
-)
+from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.testing.verbs import SGE
 
