@@ -56,6 +56,7 @@ def test_backend_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
     sanitize.build()
     backend_tests = ROOT / "tests" / "backend"
     tests = sorted(str(p.relative_to(ROOT)) for p in [*backend_tests.glob("test_backend_*.py"),
+                                                       *backend_tests.glob("commands/test_*.py"),
                                                        *backend_tests.glob("pvrdma/test_*.py")])
     env = dict(os.environ, VRDMA_SANITIZE="1")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"),

@@ -20,8 +20,8 @@ from vrdma.testing.frontend import Frontend
 from vrdma.testing.verbs import PAGE, PBL, SGE, CommandError, SimCq, SimQp, SimVerbs
 
 __all__ = [  # what the lesson files take with `from pvrdma_helpers import *`
-    "CQE", "RECV_WQE", "SEND_WQE",
     "CQ",
+    "CQE",
     "EVENT",
     "GID",
     "LIMITS",
@@ -30,7 +30,9 @@ __all__ = [  # what the lesson files take with `from pvrdma_helpers import *`
     "OUTSIDE",
     "QP",
     "QPS_ERR",
+    "RECV_WQE",
     "RESP_HDR",
+    "SEND_WQE",
     "SENTINEL",
     "SIGNALED",
     "SRQ",

@@ -1,0 +1,66 @@
+"""REG_MR and DEREG_MR: page lists inside guest RAM, access rights, lengths, keys."""
+
+from __future__ import annotations
+
+import pytest
+from backend_process import BackendProcess
+from command_helpers import Bystander, Vm, refused
+
+from vrdma.device import abi
+from vrdma.device.params import DEFAULT_LIMITS
+from vrdma.device.status import Status
+from vrdma.testing.verbs import PAGE
+
+pytestmark = pytest.mark.backend
+LOCAL_WRITE, REMOTE_WRITE = abi.const("VRDMA_ACCESS_LOCAL_WRITE"), abi.const("VRDMA_ACCESS_REMOTE_WRITE")
+
+
+def reg(vm: Vm, pd: int, length: int, overrides: dict[str, object] | None = None) -> object:
+    buf = vm.verbs.alloc(max(length, PAGE))
+    fields: dict[str, object] = {"pd": pd, "access": 0xF, "iova": buf.gpa, "length": length, "page_offset": 0,
+                                 "pages": vm.verbs.page_list(buf)}
+    fields.update(overrides or {})
+    return vm.call("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", **fields)
+
+
+def test_keys_name_their_slot_and_are_not_guessable_from_each_other(vm0: Vm, bystander: Bystander,
+                                                                     backend: BackendProcess) -> None:
+    pd = vm0.verbs.alloc_pd()
+    mrs = [vm0.verbs.reg_mr(pd, 3 * PAGE) for _ in range(4)]
+    slot = DEFAULT_LIMITS.max_mr - 1
+    for mr in mrs:
+        assert mr.lkey != mr.rkey and mr.lkey & slot == mr.rkey & slot == mr.handle & slot
+    assert len({mr.lkey >> 12 for mr in mrs}) == 4
+    assert backend.counters("vm0")["objects"]["mr"] == 4
+    for mr in mrs:
+        vm0.call("DEREG_MR", "vrdma_cmd_destroy", handle=mr.handle)
+    assert refused(lambda: vm0.call("DEREG_MR", "vrdma_cmd_destroy", handle=mrs[0].handle)) == Status.INVALID
+
+
+@pytest.mark.parametrize("case", ["remote write without local write", "unknown access bit", "length 0",
+                                  "length past max_mr_size", "page offset of a page", "iova + length wraps",
+                                  "page list one page short", "page list of three levels", "page list unaligned",
+                                  "reserved field", "PD never issued"])
+def test_bad_registration_is_refused(vm0: Vm, bystander: Bystander, case: str) -> None:
+    pd = vm0.verbs.alloc_pd()
+    overrides: dict[str, object] = {
+        "remote write without local write": {"access": REMOTE_WRITE},
+        "unknown access bit": {"access": 0x10 | LOCAL_WRITE},
+        "length 0": {"length": 0},
+        "length past max_mr_size": {"length": DEFAULT_LIMITS.max_mr_size + 1},
+        "page offset of a page": {"page_offset": PAGE},
+        "iova + length wraps": {"iova": 2**64 - 8},
+        "page list one page short": {"length": 2 * PAGE},
+        "page list of three levels": {"pages": {"addr": 0, "npages": 1, "levels": 3}},
+        "page list unaligned": {"pages": {"addr": 8, "npages": 1, "levels": 1}},
+        "reserved field": {"reserved": 1},
+        "PD never issued": {"pd": 0x7777},
+    }[case]
+    assert refused(lambda: reg(vm0, pd, PAGE, overrides)) == Status.INVALID
+
+
+def test_a_page_list_naming_memory_outside_the_guest_is_refused(vm0: Vm, bystander: Bystander) -> None:
+    pd = vm0.verbs.alloc_pd()
+    outside = vm0.verbs.memory.size + 0x100000
+    pages = vm0.verbs.page_list(vm0.verbs.alloc(PAGE), first_page=outside, npages=1)
+    assert refused(lambda: reg(vm0, pd, PAGE, {"pages": pages})) == Status.INVALID

@@ -1,0 +1,53 @@
+"""QUERY_DEVICE and QUERY_PORT, and what the dispatcher refuses before any handler runs."""
+
+from __future__ import annotations
+
+import pytest
+from backend_process import BackendProcess
+from command_helpers import Bystander, Vm, refused
+
+from vrdma.device import abi
+from vrdma.device.params import DEFAULT_LIMITS, query_fields
+from vrdma.device.status import Status
+
+pytestmark = pytest.mark.backend
+
+
+def test_query_device_reports_every_limit(vm0: Vm, bystander: Bystander) -> None:
+    answer = vm0.call("QUERY_DEVICE", "vrdma_cmd_query_device", "vrdma_resp_query_device")
+    for name, value in query_fields(DEFAULT_LIMITS).items():
+        assert getattr(answer, name) == value, name
+    assert answer.vendor_id == 0x1AF4 and answer.vendor_part_id == abi.const("VRDMA_VIRTIO_ID")
+    assert answer.node_guid & 0xFF == 0x02 and answer.sys_image_guid == answer.node_guid
+
+
+def test_query_port_reports_an_active_roce_port(vm0: Vm, bystander: Bystander) -> None:
+    port = vm0.call("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port", port=1)
+    assert port.state == abi.const("VRDMA_PORT_STATE_ACTIVE")
+    assert port.link_layer == abi.const("VRDMA_LINK_LAYER_ETHERNET")
+    assert port.gid_tbl_len == DEFAULT_LIMITS.gid_table_len and port.pkey_tbl_len == 1
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"port": 0}, Status.INVALID),
+    ({"port": 2}, Status.INVALID),
+    ({"port": 1, "reserved": [0, 0, 0, 0, 0, 0, 1]}, Status.INVALID),
+])
+def test_query_port_of_no_port_is_refused(vm0: Vm, bystander: Bystander, fields: dict[str, object],
+                                          expected: Status) -> None:
+    assert refused(lambda: vm0.call("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port",
+                                    **fields)) == expected
+
+
+def test_dispatcher_refusals_are_counted_and_answer_with_the_request_header(vm0: Vm, bystander: Bystander,
+                                                                             backend: BackendProcess) -> None:
+    before = backend.counters("vm0")["command_errors"]
+    raw = abi.to_bytes(abi.new("vrdma_cmd_hdr", opcode=0x7777, seq=9))
+    unknown = abi.from_bytes("vrdma_resp_hdr", vm0.fe.command(raw, 64)[:8])
+    assert (unknown.opcode, unknown.seq, unknown.status) == (0x7777, 9, Status.NOT_SUPPORTED)
+    reserved = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE"),
+                                                                   "reserved": 1, "seq": 10}))
+    assert abi.from_bytes("vrdma_resp_hdr", vm0.fe.command(reserved, 512)[:8]).status == Status.INVALID
+    short = abi.to_bytes(abi.new("vrdma_cmd_hdr", opcode=abi.const("VRDMA_CMD_QUERY_PORT"), seq=11))
+    assert abi.from_bytes("vrdma_resp_hdr", vm0.fe.command(short, 64)[:8]).status == Status.BAD_LENGTH
+    assert backend.counters("vm0")["command_errors"] == before + 3
