@@ -1,6 +1,6 @@
 """Build hook for the compiled parts of the package: the data engine and the binding to QEMU's libvhost-user.
 
-Metadata lives in pyproject.toml. The data engine (vrdma/engine/engine.c) needs nothing but a C compiler. The
+Metadata lives in pyproject.toml. The data engine (vrdma/engine/*.c) needs nothing but a C compiler. The
 binding compiles from the QEMU source tree that `make qemu` keeps (or VRDMA_LIBVHOST_USER_DIR): with it,
 `pip install .` builds the extension into the package; without it (a first `make deps`, before QEMU exists) the
 package installs without the extension and `make backend` builds it later. An editable install builds neither:

@@ -1,8 +1,9 @@
 """Build the data engine's libFuzzer harness: build/fuzz/engine_fuzz, from fuzz/engine/engine_fuzz.c and the
-engine's own engine.c, with Debian's clang, libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer.
+engine's own C files (backend/vrdma/engine/*.c), with Debian's clang, libFuzzer, AddressSanitizer and
+UndefinedBehaviorSanitizer.
 
-Rebuilt only when an input (the sources, the ABI header, the flags) changed. ``python -m fuzz.build``;
-``python -m fuzz.build --coverage`` reports the line and branch coverage of engine.c by the corpus.
+Rebuilt only when an input (the sources, the headers, the flags) changed. ``python -m fuzz.build``;
+``python -m fuzz.build --coverage`` reports the line and branch coverage of the engine's files by the corpus.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def compiler() -> str:
     raise BuildError("clang is not installed: `make deps` installs clang-14 and libclang-rt-14-dev")
 
 
+def engine_sources() -> list[Path]:
+    return sorted(ENGINE.glob("*.c"))
+
+
 def engine_fuzzer() -> Path:
     cc = compiler()
-    sources = [HARNESS, ENGINE / "engine.c"]
+    sources = [HARNESS, *engine_sources()]
     digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
-    for path in [*sources, ENGINE / "engine.h", ABI / "vrdma-abi.h"]:
+    for path in [*sources, *sorted(ENGINE.glob("*.h")), ABI / "vrdma-abi.h"]:
         digest.update(path.read_bytes())
     key = digest.hexdigest()[:16]
     stamp = OUT.with_suffix(".stamp")
@@ -58,7 +63,7 @@ def engine_fuzzer() -> Path:
 
 
 def engine_coverage(corpora: list[Path]) -> str:
-    """Line and branch coverage of engine.c by the inputs in ``corpora`` (llvm-cov's report): the harness built
+    """Line and branch coverage of the engine by the inputs in ``corpora`` (llvm-cov's report): the harness built
     again with clang's source-based coverage, without sanitizers, run once over every input."""
     cc = compiler()
     tools = {name: shutil.which(f"{name}-14") or shutil.which(name) for name in ("llvm-profdata", "llvm-cov")}
@@ -69,12 +74,12 @@ def engine_coverage(corpora: list[Path]) -> str:
     merged = OUT.with_name("engine_cov.profdata")
     flags = ["-g", "-O0", "-fsanitize=fuzzer", "-fprofile-instr-generate", "-fcoverage-mapping", f"-I{ENGINE}",
              f"-I{ABI}"]
-    subprocess.run([cc, *flags, str(HARNESS), str(ENGINE / "engine.c"), "-o", str(binary)], check=True)
+    subprocess.run([cc, *flags, str(HARNESS), *map(str, engine_sources()), "-o", str(binary)], check=True)
     subprocess.run([str(binary), "-runs=0", *map(str, corpora)], env={"LLVM_PROFILE_FILE": str(profile)},
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.run([str(tools["llvm-profdata"]), "merge", "-sparse", str(profile), "-o", str(merged)], check=True)
     return subprocess.run([str(tools["llvm-cov"]), "report", str(binary), f"-instr-profile={merged}",
-                           str(ENGINE / "engine.c")], check=True, capture_output=True, text=True).stdout
+                           *map(str, engine_sources())], check=True, capture_output=True, text=True).stdout
 
 
 if __name__ == "__main__":

@@ -25,18 +25,22 @@ def abi_include_dir(package_dir: Path) -> Path:
     return package_dir.parents[2] / "guest-driver" / "include" / "uapi" / "rdma"
 
 
-def api_ffi(module: str, header: Path, marker: str, source: Path, include_dirs: list[Path]) -> cffi.FFI:
-    """An API-mode FFI for one C file whose header declares its API between /* <marker>-BEGIN */ and -END:
-    that text is the cffi declaration, so the API is declared once. The C file is compiled as one translation
-    unit with the project's warning flags."""
+def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path]) -> cffi.FFI:
+    """An API-mode FFI for C whose header declares its API between /* <marker>-BEGIN */ and -END: that text is
+    the cffi declaration, so the API is declared once. ``source``: one C file compiled as the module's translation
+    unit, or a list of C files compiled beside a unit that includes only the header. Warnings are errors."""
     text = header.read_text()
     match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
     if match is None:
         raise SystemExit(f"{header} has no {marker}-BEGIN/END section")
     ffi = cffi.FFI()
     ffi.cdef(re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S))
-    ffi.set_source(module, source.read_text(), include_dirs=[str(d) for d in include_dirs],
-                   extra_compile_args=CFLAGS)
+    if isinstance(source, Path):
+        ffi.set_source(module, source.read_text(), include_dirs=[str(d) for d in include_dirs],
+                       extra_compile_args=CFLAGS)
+    else:
+        ffi.set_source(module, f'#include "{header.name}"\n', sources=[str(s) for s in source],
+                       include_dirs=[str(d) for d in include_dirs], extra_compile_args=CFLAGS)
     return ffi
 
 

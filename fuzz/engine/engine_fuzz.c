@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * libFuzzer harness for the data engine (backend/vrdma/engine/engine.c, linked in as it is, built with
+ * libFuzzer harness for the data engine (the .c files of backend/vrdma/engine, linked in as they are, built with
  * AddressSanitizer and UndefinedBehaviorSanitizer by fuzz/build.py).
  *
  * Each input builds two fake VMs and plays their model and their guests at once:

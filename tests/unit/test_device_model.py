@@ -1,6 +1,6 @@
 """The device model in process, against a fake data engine: commands, object rules, rollback, limits, faults.
 
-No backend process, no C: vrdma.testing.fake_engine.FakeEngine stands where engine.c stands, so every rule the
+No backend process, no C: vrdma.testing.fake_engine.FakeEngine stands where the C engine stands, so every rule the
 model enforces (and every call it makes to the engine) is checked here in milliseconds. Responses are pre-filled
 with a sentinel by the device's own code path (the response struct is built zeroed), so each test reads back what
 the device wrote and checks the status first: a zeroed response is not success.

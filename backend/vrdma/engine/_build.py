@@ -1,9 +1,9 @@
 """cffi (API mode) build of the data engine: `python backend/vrdma/engine/_build.py` (run by `make backend`).
 
 Run as a script, not as `-m vrdma.engine._build`: importing the package would import the module being built.
-The cffi declarations are the text of engine.h between ENGINE-API-BEGIN and ENGINE-API-END; engine.c includes the
-device ABI header (guest-driver/include/uapi/rdma/vrdma-abi.h, or the copy an installed package carries) for the
-ring, WQE and CQE layouts. Warnings are errors.
+The cffi declarations are the text of engine.h between ENGINE-API-BEGIN and ENGINE-API-END; the engine is every
+.c file here (one job each, see vre.h), which include the device ABI header (guest-driver/include/uapi/rdma/
+vrdma-abi.h, or the copy an installed package carries) for the ring, WQE and CQE layouts. Warnings are errors.
 """
 
 from __future__ import annotations
@@ -19,13 +19,17 @@ sys.path.insert(0, str(HERE.parents[1]))
 from vrdma._cffi_inplace import abi_include_dir, api_ffi, compile_in_place, inputs_key  # noqa: E402
 
 
+def sources() -> list[Path]:
+    """The engine's C files (every one in this folder)."""
+    return sorted(HERE.glob("*.c"))
+
+
 def make_ffi() -> cffi.FFI:
-    return api_ffi("vrdma.engine._engine", HERE / "engine.h", "ENGINE-API", HERE / "engine.c",
-                   [HERE, abi_include_dir(HERE)])
+    return api_ffi("vrdma.engine._engine", HERE / "engine.h", "ENGINE-API", sources(), [HERE, abi_include_dir(HERE)])
 
 
 def main() -> None:
-    key = inputs_key([HERE / "engine.c", HERE / "engine.h", Path(__file__), abi_include_dir(HERE) / "vrdma-abi.h",
+    key = inputs_key([*sources(), *sorted(HERE.glob("*.h")), Path(__file__), abi_include_dir(HERE) / "vrdma-abi.h",
                       HERE.parent / "_cffi_inplace.py"])
     compile_in_place(make_ffi(), HERE, "_engine", key, "data engine")
 

@@ -1,8 +1,8 @@
 """The data engine's interface as the device model sees it: typed configurations and one Protocol.
 
-The device model is written against ``DataEngine``, not against cffi: ``vrdma.engine.Engine`` (engine.c) is the
-implementation the backend runs, ``vrdma.testing.fake_engine.FakeEngine`` the one unit tests run the model
-against in process. Every configuration is a TypedDict whose keys are the fields of the engine.h struct of the
+The device model is written against ``DataEngine``, not against cffi: ``vrdma.engine.native.Engine`` (the C
+engine) is the implementation the backend runs, ``vrdma.testing.fake_engine.FakeEngine`` the one unit tests run
+the model against in process. Every configuration is a TypedDict whose keys are the fields of the engine.h struct of the
 same name, so strict mypy checks each call the model makes (no engine call is named by a string).
 
 This module imports no C: importing it costs nothing and needs no build.

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Completion queues: CQEs written into the guest's ring (never over one the consumer has not read), events for an
+ * armed CQ, and moderation (an event per so many completions, or so long after the first).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "vre.h"
+
+void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm)
+{
+	cq->arm_done = arm;
+	cq->mod_pending = 0;
+	cq->mod_deadline = 0;
+	vre_post_event(e, dev_index(e, d), VRDMA_EVENT_CQ_COMP, cq->cfg.handle, 0);
+}
+
+void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
+	     bool solicited)
+{
+	struct vrdma_cq_ring_hdr *hdr;
+	uint32_t cons, arm;
+
+	if (cq->error || !cq->ring.valid)
+		return;
+	hdr = (struct vrdma_cq_ring_hdr *)mem_at(&cq->ring, 0);
+	cons = load_acquire(&hdr->cons);
+	if (cq->prod - cons >= cq->cfg.entries) {
+		/* Full: never overwrite a completion the consumer has not read. The CQ is in error from now on. */
+		cq->error = true;
+		store_release(&hdr->overflow, 1);
+		d->counters.cq_overflows++;
+		vre_post_event(e, dev_index(e, d), VRDMA_EVENT_CQ_ERR, cq->cfg.handle, 0);
+		return;
+	}
+	memcpy(mem_at(&cq->ring, PAGE_SIZE + (uint64_t)(cq->prod & (cq->cfg.entries - 1)) * sizeof(*cqe)), cqe,
+	       sizeof(*cqe));
+	cq->prod++;
+	store_release(&hdr->prod, cq->prod);
+	d->counters.cqes++;
+	if (cqe->status != VRDMA_WC_SUCCESS)
+		d->counters.error_cqes++;
+	arm = load_acquire(cq->arm);
+	if (arm == cq->arm_done || !((arm & VRDMA_CQ_ARM_NEXT) ||
+				     ((arm & VRDMA_CQ_ARM_SOLICITED) && (solicited || cqe->status != VRDMA_WC_SUCCESS))))
+		return;
+	if (cq->mod_count <= 1 && !cq->mod_period_us) {
+		cq_announce(e, d, cq, arm);
+		return;
+	}
+	/* Moderated: announce after mod_count completions, or mod_period_us after the first (vre_poll's timer). */
+	if (++cq->mod_pending == 1 && cq->mod_period_us) {
+		cq->mod_deadline = e->now + (int64_t)cq->mod_period_us * 1000;
+		if (!d->mod_next || cq->mod_deadline < d->mod_next)
+			d->mod_next = cq->mod_deadline;
+	}
+	if (cq->mod_count > 1 && cq->mod_pending >= cq->mod_count)
+		cq_announce(e, d, cq, arm);
+}
+
+/*
+ * Once the device's earliest moderation deadline has passed: the CQs whose period ran out announce what they hold,
+ * and the earliest deadline still pending becomes the next one. (A deadline that went away early, because its CQ
+ * reached its count, only makes this run once for nothing.)
+ */
+void cq_timers(struct vre_engine *e, struct vre_device *d)
+{
+	int64_t next = 0;
+
+	if (!d->mod_next || e->now < d->mod_next)
+		return;
+	for (uint32_t i = 0; i < d->lim.max_cq; i++) {
+		struct vre_cq *cq = d->cqs[i];
+
+		if (!cq || !cq->mod_deadline)
+			continue;
+		if (e->now >= cq->mod_deadline)
+			cq_announce(e, d, cq, load_acquire(cq->arm));
+		else if (!next || cq->mod_deadline < next)
+			next = cq->mod_deadline;
+	}
+	d->mod_next = next;
+}
+
+int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_cq_config *c)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_cq *cq;
+	int err;
+
+	if (!cq_slot_free(d, slot))
+		return vre_fail(e, EINVAL, "CQ slot %u unusable", slot);
+	if (!cq_ring_fits(c->entries, d->lim.max_cqe, c->ring.npages))
+		return vre_fail(e, EINVAL, "CQ of %u entries does not fit %u pages", c->entries, c->ring.npages);
+	if (!vre_db_slot(d, c->db_page, c->db_slot))
+		return vre_fail(e, EINVAL, "CQ doorbell slot %u:%u unusable", c->db_page, c->db_slot);
+	cq = obj_new(e, d, sizeof(*cq), offsetof(struct vre_cq, ring), &c->ring, "a CQ", &err);
+	if (!cq)
+		return err;
+	cq->cfg = *c;
+	cq->arm = vre_db_slot(d, c->db_page, c->db_slot);
+	store_release(cq->arm, 0);
+	memset(mem_at(&cq->ring, 0), 0, sizeof(struct vrdma_cq_ring_hdr));
+	d->cqs[slot] = cq;
+	return 0;
+}
+
+int vre_cq_moderate(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t count, uint32_t period_us)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_cq *cq = cq_at(d, slot);
+
+	if (!cq)
+		return vre_fail(e, EINVAL, "no CQ in slot %u", slot);
+	cq->mod_count = count;
+	cq->mod_period_us = period_us;
+	if (count <= 1 && !period_us && cq->mod_pending)
+		cq_announce(e, d, cq, load_acquire(cq->arm));  /* nothing held back any longer */
+	return 0;
+}
+
+void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_cq *cq = cq_take(d, slot);
+
+	if (cq)
+		obj_free(d, cq, offsetof(struct vre_cq, ring));
+}

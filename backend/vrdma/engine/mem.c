@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Guest memory: page lists read out of guest RAM and translated once, through the VM's memory table, into host
+ * addresses; translation again when the table changes; and the copies between registered memory, which never
+ * cross a page of either side (pages that are adjacent to the guest need not be adjacent here).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vre.h"
+
+/* Host address of one whole guest page, or NULL when the page is not entirely inside one RAM region. */
+static uint8_t *gpa_page(struct vre_device *d, uint64_t gpa)
+{
+	if (gpa & (PAGE_SIZE - 1))
+		return NULL;
+	for (uint32_t i = 0; i < d->nregions; i++) {
+		const struct vre_region *r = &d->regions[i];
+
+		if (gpa >= r->gpa && r->size >= PAGE_SIZE && gpa - r->gpa <= r->size - PAGE_SIZE)
+			return (uint8_t *)(uintptr_t)(r->hva + (gpa - r->gpa));
+	}
+	return NULL;
+}
+
+static void mem_free(struct vre_mem *m)
+{
+	free(m->gpa);
+	free(m->hva);
+	memset(m, 0, sizeof(*m));
+}
+
+/* An object's pages leave the device's translation budget (mem_load charged them). */
+void mem_put(struct vre_device *d, struct vre_mem *m)
+{
+	d->pages_in_use -= m->npages;
+	mem_free(m);
+}
+
+/* Read a page list (levels 1 or 2) out of guest memory and translate every page once. Each translated page costs
+ * the backend 16 bytes whatever guest page it names (a list may name one page 262,144 times), so the device's pages
+ * together are bounded, as an HCA's translation table is: past the budget a registration fails with ENOMEM. */
+int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
+	     struct vre_mem *m)
+{
+	uint32_t n = desc->npages;
+	const uint64_t *list = NULL;
+
+	memset(m, 0, sizeof(*m));
+	if (n == 0 || n > max_pages)
+		return vre_fail(e, EINVAL, "page list of %u pages (1..%u allowed)", n, max_pages);
+	if (n > d->lim.max_pages_total - d->pages_in_use)
+		return vre_fail(e, ENOMEM, "page list of %u pages: the device has %llu of %u pages translated", n,
+				(unsigned long long)d->pages_in_use, d->lim.max_pages_total);
+	if (desc->levels == 1 ? n > VRDMA_PBL_ENTRIES :
+	    desc->levels == 2 ? n > VRDMA_PBL_ENTRIES * VRDMA_PBL_ENTRIES : true)
+		return vre_fail(e, EINVAL, "page list of %u pages cannot have %u levels", n, desc->levels);
+	const uint64_t *dir = (const uint64_t *)gpa_page(d, desc->addr);
+	if (!dir)
+		return vre_fail(e, EFAULT, "page list at %#llx is not in guest RAM", (unsigned long long)desc->addr);
+	m->gpa = calloc(n, sizeof(*m->gpa));
+	m->hva = calloc(n, sizeof(*m->hva));
+	if (!m->gpa || !m->hva) {
+		mem_free(m);
+		return vre_fail(e, ENOMEM, "no memory for a %u-page list", n);
+	}
+	m->npages = n;
+	for (uint32_t i = 0; i < n; i++) {
+		if (i % VRDMA_PBL_ENTRIES == 0) {
+			if (desc->levels == 1) {
+				list = dir;
+			} else {
+				uint64_t list_gpa = __atomic_load_n(&dir[i / VRDMA_PBL_ENTRIES], __ATOMIC_RELAXED);
+
+				list = (const uint64_t *)gpa_page(d, list_gpa);
+				if (!list) {
+					mem_free(m);
+					return vre_fail(e, EFAULT, "page-list page %u at %#llx is not in guest RAM",
+							i / VRDMA_PBL_ENTRIES, (unsigned long long)list_gpa);
+				}
+			}
+		}
+		uint64_t gpa = __atomic_load_n(&list[i % VRDMA_PBL_ENTRIES], __ATOMIC_RELAXED);
+
+		m->gpa[i] = gpa;
+		m->hva[i] = gpa_page(d, gpa);
+		if (!m->hva[i]) {
+			mem_free(m);
+			return vre_fail(e, EFAULT, "page %u at %#llx is not a page of guest RAM", i,
+					(unsigned long long)gpa);
+		}
+	}
+	m->valid = true;
+	d->pages_in_use += n;
+	return 0;
+}
+
+/*
+ * A new object (an MR, CQ, SRQ or QP) of `size` bytes whose struct vre_mem at `mem_offset` holds `pages`, loaded and
+ * translated; NULL with *err set (and the engine's message) when memory or the translation budget runs out or a page
+ * is not guest RAM. obj_free gives both back.
+ */
+void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
+	      const struct vre_pages_desc *pages, const char *what, int *err)
+{
+	uint8_t *obj = calloc(1, size);
+
+	if (!obj) {
+		*err = vre_fail(e, ENOMEM, "no memory for %s", what);
+		return NULL;
+	}
+	*err = mem_load(e, d, pages, d->lim.max_mr_pages, (struct vre_mem *)(obj + mem_offset));
+	if (*err) {
+		free(obj);
+		return NULL;
+	}
+	return obj;
+}
+
+void obj_free(struct vre_device *d, void *obj, size_t mem_offset)
+{
+	mem_put(d, (struct vre_mem *)((uint8_t *)obj + mem_offset));
+	free(obj);
+}
+
+bool mem_retranslate(struct vre_device *d, struct vre_mem *m)
+{
+	for (uint32_t i = 0; i < m->npages; i++) {
+		m->hva[i] = gpa_page(d, m->gpa[i]);
+		if (!m->hva[i])
+			m->valid = false;
+	}
+	return m->valid;
+}
+
+/* Where the next chunk of one side of a copy is, and how much of it stays inside one page of an MR. */
+static uint8_t *seg_at(const struct seg *s, uint64_t done, uint64_t *chunk)
+{
+	if (!s->mem)
+		return (uint8_t *)s->buf + done;
+	uint64_t at = s->off + done, room = PAGE_SIZE - (at & (PAGE_SIZE - 1));
+
+	*chunk = *chunk < room ? *chunk : room;
+	return mem_at(s->mem, at);
+}
+
+/* Copy min(total of dst, total of src) bytes, chunk by chunk, never crossing a page of either side. */
+uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc)
+{
+	uint32_t di = 0, si = 0;
+	uint64_t doff = 0, soff = 0, moved = 0;
+
+	while (di < ndst && si < nsrc) {
+		uint64_t dleft = dst[di].len - doff, sleft = src[si].len - soff;
+		uint64_t chunk = dleft < sleft ? dleft : sleft;
+		uint8_t *to = seg_at(&dst[di], doff, &chunk);
+		const uint8_t *from = seg_at(&src[si], soff, &chunk);
+
+		memmove(to, from, chunk);  /* memmove: both sides may be the same guest page */
+		moved += chunk;
+		doff += chunk;
+		soff += chunk;
+		if (doff == dst[di].len) {
+			di++;
+			doff = 0;
+		}
+		if (soff == src[si].len) {
+			si++;
+			soff = 0;
+		}
+	}
+	return moved;
+}

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Queue pairs: creation with their rings and doorbell slots, the state the model sets (it checked the transition),
+ * the error state and its events, lookups by QP number, destruction. req.c runs their send queues.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "vre.h"
+
+struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_qp *qp = d ? qp_at(d, qpn & (d->lim.max_qp - 1)) : NULL;
+
+	return qp && qp->cfg.qpn == qpn ? qp : NULL;
+}
+
+void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event)
+{
+	if (qp->attr.state == VRDMA_QPS_ERR)
+		return;
+	qp->attr.state = VRDMA_QPS_ERR;
+	qp->rnr_until = 0;
+	if (event) {
+		vre_post_event(e, dev_index(e, d), event, qp->cfg.handle, 0);
+		if (event == VRDMA_EVENT_QP_FATAL)
+			d->counters.qp_fatal++;
+	}
+	if (qp->cfg.srq != VRE_NO_SRQ)
+		vre_post_event(e, dev_index(e, d), VRDMA_EVENT_QP_LAST_WQE, qp->cfg.handle, 0);
+}
+
+int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *c)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	uint64_t size = (uint64_t)c->ring.npages * PAGE_SIZE;
+	bool own_rq = c->srq == VRE_NO_SRQ;
+	struct vre_qp *qp;
+	int err;
+
+	if (!qp_slot_free(d, slot) || (c->qpn & (d->lim.max_qp - 1)) != slot)
+		return vre_fail(e, EINVAL, "QP slot %u unusable", slot);
+	if (!cq_at(d, c->send_cq) || !cq_at(d, c->recv_cq) || (!own_rq && (c->srq < 0 || !srq_at(d, (uint32_t)c->srq))))
+		return vre_fail(e, EINVAL, "QP names a CQ or SRQ that does not exist");
+	if (!send_queue_fits(c->sq_depth, d->lim.max_qp_wr, c->sq_stride, c->max_send_sge, d->lim.max_sge,
+			     c->max_inline, d->lim.max_inline) ||
+	    !ring_fits(c->sq_depth, c->sq_stride, c->sq_offset, own_rq ? c->rq_offset : size))
+		return vre_fail(e, EINVAL, "send queue layout (depth %u, stride %u, offset %u, %u SGEs, %u inline) is "
+				"not usable", c->sq_depth, c->sq_stride, c->sq_offset, c->max_send_sge, c->max_inline);
+	if (own_rq && (!recv_queue_fits(c->rq_depth, d->lim.max_qp_wr, c->rq_stride, c->max_recv_sge, d->lim.max_sge) ||
+		       !ring_fits(c->rq_depth, c->rq_stride, c->rq_offset, size)))
+		return vre_fail(e, EINVAL, "receive queue layout (depth %u, stride %u, offset %u, %u SGEs) is not "
+				"usable", c->rq_depth, c->rq_stride, c->rq_offset, c->max_recv_sge);
+	uint64_t max_pages = qp_ring_pages(c->sq_depth, c->sq_stride, own_rq ? c->rq_depth : 0, c->rq_stride);
+
+	if (c->ring.npages > max_pages)
+		return vre_fail(e, EINVAL, "QP ring of %u pages: its header and queues need %llu", c->ring.npages,
+				(unsigned long long)max_pages);
+	if (!vre_db_slot(d, c->db_page, c->sq_db_slot) || (own_rq && !vre_db_slot(d, c->db_page, c->rq_db_slot)))
+		return vre_fail(e, EINVAL, "QP doorbell slots unusable");
+	qp = obj_new(e, d, sizeof(*qp), offsetof(struct vre_qp, ring), &c->ring, "a QP", &err);
+	if (!qp)
+		return err;
+	qp->cfg = *c;
+	qp->sq_db = vre_db_slot(d, c->db_page, c->sq_db_slot);
+	qp->rq_db = own_rq ? vre_db_slot(d, c->db_page, c->rq_db_slot) : NULL;
+	store_release(qp->sq_db, 0);
+	if (qp->rq_db)
+		store_release(qp->rq_db, 0);
+	memset(mem_at(&qp->ring, 0), 0, sizeof(struct vrdma_qp_ring_hdr));
+	qp->attr.state = VRDMA_QPS_RESET;
+	qp->attr.dest_dev = VRE_NO_DEVICE;
+	qp->index = d->nactive;
+	d->active[d->nactive++] = qp;
+	d->qps[slot] = qp;
+	return 0;
+}
+
+int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_attr *attr)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_qp *qp = qp_at(d, slot);
+
+	if (!qp)
+		return vre_fail(e, EINVAL, "no QP in slot %u", slot);
+	if (attr->state == VRDMA_QPS_ERR) {
+		uint32_t old = qp->attr.state;
+
+		qp->attr = *attr;
+		qp->attr.state = old;
+		qp_to_error(e, d, qp, 0);  /* no-op when already in error */
+		return 0;
+	}
+	qp->attr = *attr;
+	qp->rnr_left = attr->rnr_retry;
+	qp->retry_left = attr->retry_cnt;
+	if (attr->state == VRDMA_QPS_RESET) {
+		/* Empty queues: both sides start counting from zero again. */
+		qp->sq_head = qp->rq_cons = 0;
+		qp->rnr_until = 0;
+		/* The ring may be gone from the memory table (its pages no longer translate): nothing to tell. */
+		if (qp->ring.valid) {
+			struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
+
+			store_release(&hdr->sq_cons, 0);
+			store_release(&hdr->rq_cons, 0);
+		}
+	}
+	return 0;
+}
+
+int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot)
+{
+	struct vre_qp *qp = qp_at(vre_dev(e, dev), slot);
+
+	if (!qp)
+		return vre_fail(e, EINVAL, "no QP in slot %u", slot);
+	return (int)qp->attr.state;
+}
+
+void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_qp *qp = qp_take(d, slot);
+
+	if (!qp)
+		return;
+	d->active[qp->index] = d->active[--d->nactive];  /* the last active QP takes its place */
+	d->active[qp->index]->index = qp->index;
+	obj_free(d, qp, offsetof(struct vre_qp, ring));
+}

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Receive queues: taking the next receive WQE of a QP (its own queue or its SRQ, with the SRQ's limit event), and
+ * flushing a QP's own queue once it is in error. A producer index that claims more WQEs than the ring holds is
+ * garbage and names nothing.
+ */
+#include <string.h>
+
+#include "vre.h"
+
+/* Take the next receive WQE of `qp` (its RQ or its SRQ), copied out of guest memory. */
+enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
+		    uint32_t *max_sge)
+{
+	if (qp->cfg.srq != VRE_NO_SRQ) {
+		struct vre_srq *srq = d->srqs[qp->cfg.srq];
+		struct vrdma_srq_ring_hdr *hdr;
+		uint32_t prod, avail;
+
+		if (srq->error || !srq->ring.valid)
+			return TAKE_BROKEN;
+		prod = load_acquire(srq->db);
+		avail = prod - srq->cons;
+		if (avail > srq->cfg.depth) {
+			srq->error = true;  /* the producer overran the ring */
+			return TAKE_BROKEN;
+		}
+		if (!avail)
+			return TAKE_EMPTY;
+		memcpy(out, mem_at(&srq->ring, PAGE_SIZE + (uint64_t)(srq->cons & (srq->cfg.depth - 1)) *
+				   srq->cfg.stride), srq->cfg.stride);
+		srq->cons++;
+		hdr = (struct vrdma_srq_ring_hdr *)mem_at(&srq->ring, 0);
+		store_release(&hdr->cons, srq->cons);
+		*max_sge = srq->cfg.max_sge;
+		if (srq->limit && avail - 1 < srq->limit) {
+			srq->limit = 0;  /* one event per arming (IB: the limit disarms itself) */
+			vre_post_event(e, dev_index(e, d), VRDMA_EVENT_SRQ_LIMIT, srq->cfg.handle, 0);
+		}
+	} else {
+		struct vrdma_qp_ring_hdr *hdr;
+		uint32_t prod, avail;
+
+		prod = load_acquire(qp->rq_db);
+		avail = prod - qp->rq_cons;
+		if (avail > qp->cfg.rq_depth)
+			return TAKE_BROKEN;
+		if (!avail)
+			return TAKE_EMPTY;
+		memcpy(out, mem_at(&qp->ring, qp->cfg.rq_offset + (uint64_t)(qp->rq_cons & (qp->cfg.rq_depth - 1)) *
+				   qp->cfg.rq_stride), qp->cfg.rq_stride);
+		qp->rq_cons++;
+		hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
+		store_release(&hdr->rq_cons, qp->rq_cons);
+		*max_sge = qp->cfg.max_recv_sge;
+	}
+	d->counters.recv_wqes++;
+	return TAKE_OK;
+}
+
+/* Flush the receive queue of a QP in error: every posted receive completes with WR_FLUSH_ERR. */
+uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
+{
+	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
+	uint32_t prod, n = 0;
+
+	if (qp->cfg.srq != VRE_NO_SRQ)
+		return 0;  /* an SRQ's receives belong to the other QPs sharing it */
+	prod = load_acquire(qp->rq_db);
+	if (prod - qp->rq_cons > qp->cfg.rq_depth)
+		return 0;  /* more receives than the ring holds: the index is garbage and names nothing posted (clamping
+			    * it to one ring's worth flushed another ring's worth on every pass, without end) */
+	while (qp->rq_cons != prod && n < budget) {
+		struct vrdma_recv_wqe w;
+		struct vrdma_cqe cqe = { .status = VRDMA_WC_WR_FLUSH_ERR, .opcode = VRDMA_WC_OP_RECV,
+					 .qp_num = qp->cfg.qpn };
+
+		memcpy(&w, mem_at(&qp->ring, qp->cfg.rq_offset + (uint64_t)(qp->rq_cons & (qp->cfg.rq_depth - 1)) *
+				  qp->cfg.rq_stride), sizeof(w));
+		cqe.wr_id = w.wr_id;
+		cq_push(e, d, d->cqs[qp->cfg.recv_cq], &cqe, false);
+		qp->rq_cons++;
+		d->counters.flushed++;
+		n++;
+	}
+	store_release(&hdr->rq_cons, qp->rq_cons);
+	return n;
+}

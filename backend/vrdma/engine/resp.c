@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The responder: what a request does at its destination QP, once the requester has checked its own side. Remote
+ * memory is checked here (rkey, PD, bounds, the MR's and the QP's access rights) before a byte moves; a SEND or a
+ * WRITE with immediate consumes a receive WQE whose SGEs are checked like the requester's; atomics act on 8 aligned
+ * bytes. A failure completes the request with the status a real responder's NAK would give, and moves the QPs the
+ * InfiniBand specification moves to the error state.
+ */
+#include "vre.h"
+
+/* The responder's checks of a remote access: rkey, PD, bounds, MR and QP access rights. */
+static struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t rkey, uint64_t addr,
+				uint64_t len, uint32_t access, uint64_t *off)
+{
+	struct vre_mr *mr = mr_by_key(dd, rkey, true);
+
+	if (!mr || mr->cfg.pd != dqp->cfg.pd || !(mr->cfg.access & access) || !(dqp->attr.access_flags & access) ||
+	    !mr_range(mr, addr, len, off))
+		return NULL;
+	return mr;
+}
+
+static void count_bytes(const struct vre_request *r, struct vre_device *dd)
+{
+	r->d->counters.bytes += r->len;
+	dd->counters.bytes += r->len;
+}
+
+/* A SEND, SEND with immediate or WRITE with immediate: a receive WQE of the destination takes it. */
+static enum resp deliver(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp,
+			 struct vre_mr *rmr, uint64_t roff)
+{
+	struct vre_engine *e = r->e;
+	struct vre_scratch *s = &e->scratch;
+	const struct vrdma_send_wqe *h = &r->w->hdr;
+	uint32_t rmax_sge = 0, nremote = 0;
+	enum take taken = take_recv(e, dd, dqp, &s->rwqe, &rmax_sge);
+
+	if (taken == TAKE_EMPTY)
+		return RESP_RNR;
+	if (taken == TAKE_BROKEN) {
+		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_FATAL);
+		complete_send(e, r->d, r->qp, h, VRDMA_WC_REM_OP_ERR, 0);
+		qp_to_error(e, r->d, r->qp, 0);
+		return RESP_FAILED;
+	}
+	struct vrdma_cqe rcqe = { .wr_id = s->rwqe.hdr.wr_id, .opcode = VRDMA_WC_OP_RECV,
+				  .byte_len = (uint32_t)r->len, .qp_num = dqp->cfg.qpn, .src_qp = r->qp->cfg.qpn };
+	uint8_t rstatus = VRDMA_WC_SUCCESS;
+	uint64_t room = 0;
+
+	if (r->op->flags & OP_REMOTE) {
+		rcqe.opcode = VRDMA_WC_OP_RECV_RDMA_WITH_IMM;  /* the data went to the rkey's memory, not the WQE's */
+	} else if (s->rwqe.hdr.num_sge > rmax_sge) {
+		rstatus = VRDMA_WC_LOC_QP_OP_ERR;
+	} else {
+		rstatus = sges_to_segs(dd, dqp->cfg.pd, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX, s->remote,
+				       &nremote, &room);
+		if (rstatus == VRDMA_WC_SUCCESS && room < r->len)
+			rstatus = VRDMA_WC_LOC_LEN_ERR;
+	}
+	if (rstatus != VRDMA_WC_SUCCESS) {
+		rcqe.status = rstatus;
+		rcqe.byte_len = 0;
+		cq_push(e, dd, dd->cqs[dqp->cfg.recv_cq], &rcqe, false);
+		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_REQ_ERR);
+		complete_send(e, r->d, r->qp, h, rstatus == VRDMA_WC_LOC_LEN_ERR ? VRDMA_WC_REM_INV_REQ_ERR :
+			      VRDMA_WC_REM_OP_ERR, 0);
+		qp_to_error(e, r->d, r->qp, 0);
+		return RESP_FAILED;
+	}
+	if (r->op->flags & OP_REMOTE) {
+		if (rmr) {
+			struct seg dst = { .mem = &rmr->mem, .off = roff, .len = r->len };
+
+			copy_segs(&dst, 1, r->local, r->nlocal);
+		}
+	} else {
+		copy_segs(s->remote, nremote, r->local, r->nlocal);
+	}
+	if (r->op->flags & OP_IMM) {
+		rcqe.imm_data = h->imm_data;
+		rcqe.wc_flags = VRDMA_WC_WITH_IMM;
+	}
+	count_bytes(r, dd);
+	cq_push(e, dd, dd->cqs[dqp->cfg.recv_cq], &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
+	return RESP_DONE;
+}
+
+/* Atomics: 8 aligned bytes, so inside one page of the MR; the original value goes back to the local SGE. */
+static enum resp atomic(const struct vre_request *r, struct vre_mr *rmr, uint64_t roff, uint8_t *status)
+{
+	const struct vrdma_send_wqe *h = &r->w->hdr;
+	uint64_t *target = (uint64_t *)mem_at(&rmr->mem, roff), original;
+	struct seg src = { .buf = (const uint8_t *)&original, .len = 8 };
+
+	if ((uintptr_t)target & 7) {
+		*status = VRDMA_WC_REM_INV_REQ_ERR;
+		return RESP_LOCAL_ERROR;
+	}
+	if (r->w->hdr.opcode == VRDMA_WR_ATOMIC_CMP_AND_SWP) {
+		original = h->compare_add;
+		__atomic_compare_exchange_n(target, &original, h->swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+	} else {
+		original = __atomic_fetch_add(target, h->compare_add, __ATOMIC_SEQ_CST);
+	}
+	copy_segs(r->local, r->nlocal, &src, 1);
+	return RESP_DONE;
+}
+
+enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status)
+{
+	uint32_t flags = r->op->flags;
+	struct vre_mr *rmr = NULL;
+	uint64_t roff = 0;
+
+	/* Remote memory: the responder checks the rkey (a zero-length transfer names none; an atomic always does). */
+	if ((flags & OP_ATOMIC) || ((flags & OP_REMOTE) && r->len)) {
+		rmr = remote_mr(dd, dqp, r->w->hdr.rkey, r->w->hdr.remote_addr, r->len, r->op->remote_access, &roff);
+		if (!rmr) {
+			/* Remote access error: nothing is read or written; both ends go to the error state. */
+			complete_send(r->e, r->d, r->qp, &r->w->hdr, VRDMA_WC_REM_ACCESS_ERR, 0);
+			qp_to_error(r->e, r->d, r->qp, 0);
+			qp_to_error(r->e, dd, dqp, VRDMA_EVENT_QP_ACCESS_ERR);
+			return RESP_FAILED;
+		}
+	}
+	if (flags & OP_RECV)
+		return deliver(r, dd, dqp, rmr, roff);
+	if (flags & OP_ATOMIC)
+		return atomic(r, rmr, roff, status);
+	if (r->len) {  /* RDMA WRITE or READ: one copy between the two VMs' registered memory */
+		struct seg far = { .mem = &rmr->mem, .off = roff, .len = r->len };
+
+		if (flags & OP_READS)
+			copy_segs(r->local, r->nlocal, &far, 1);
+		else
+			copy_segs(&far, 1, r->local, r->nlocal);
+	}
+	count_bytes(r, dd);
+	return RESP_DONE;
+}

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/* Shared receive queues: a ring of receive WQEs in the guest's memory, and the limit event (recv.c takes from it). */
+#include <errno.h>
+#include <string.h>
+
+#include "vre.h"
+
+int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_srq_config *c)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_srq *srq;
+	int err;
+
+	if (!srq_slot_free(d, slot))
+		return vre_fail(e, EINVAL, "SRQ slot %u unusable", slot);
+	if (!recv_queue_fits(c->depth, d->lim.max_srq_wr, c->stride, c->max_sge, d->lim.max_sge) ||
+	    !srq_ring_fits(c->depth, c->stride, c->ring.npages))
+		return vre_fail(e, EINVAL, "SRQ layout (depth %u, stride %u, %u SGEs, %u pages) is not usable",
+				c->depth, c->stride, c->max_sge, c->ring.npages);
+	if (!vre_db_slot(d, c->db_page, c->db_slot))
+		return vre_fail(e, EINVAL, "SRQ doorbell slot %u:%u unusable", c->db_page, c->db_slot);
+	srq = obj_new(e, d, sizeof(*srq), offsetof(struct vre_srq, ring), &c->ring, "an SRQ", &err);
+	if (!srq)
+		return err;
+	srq->cfg = *c;
+	srq->db = vre_db_slot(d, c->db_page, c->db_slot);
+	store_release(srq->db, 0);
+	srq->limit = c->limit;
+	memset(mem_at(&srq->ring, 0), 0, sizeof(struct vrdma_srq_ring_hdr));
+	d->srqs[slot] = srq;
+	return 0;
+}
+
+int vre_srq_set_limit(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t limit)
+{
+	struct vre_srq *srq = srq_at(vre_dev(e, dev), slot);
+
+	if (!srq)
+		return vre_fail(e, EINVAL, "no SRQ in slot %u", slot);
+	srq->limit = limit;
+	return 0;
+}
+
+/* The armed limit: 0 once the limit event fired (IB: the limit disarms itself). */
+int vre_srq_limit(struct vre_engine *e, uint32_t dev, uint32_t slot)
+{
+	struct vre_srq *srq = srq_at(vre_dev(e, dev), slot);
+
+	if (!srq)
+		return vre_fail(e, EINVAL, "no SRQ in slot %u", slot);
+	return (int)srq->limit;
+}
+
+void vre_srq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_srq *srq = srq_take(d, slot);
+
+	if (srq)
+		obj_free(d, srq, offsetof(struct vre_srq, ring));
+}

@@ -1,0 +1,312 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * The data engine's private header: its objects, the checked lookups every entry point goes through, and what its
+ * files share. engine.h is the engine's contract with the model; this is how the engine is built inside.
+ *
+ * The rooms (one job each): device.c (engine and device lifecycle, the memory table, doorbell slots, errors and
+ * events), mem.c (guest page lists, translation, copies), layout.c (the ring layouts the device accepts), mr.c,
+ * cq.c, srq.c, qp.c (the objects), opcode.c (what each work request opcode does), recv.c (receive queues and
+ * SRQs), req.c (the requester: a send queue's WQEs, start to finish), resp.c (the responder: what a request does at
+ * its destination), poll.c (polling, spinning, parking, deadlines).
+ *
+ * Trust: everything in guest memory (rings, WQEs, page lists, the consumer index of a CQ) and in doorbell pages
+ * can change under our feet and is read once into local variables before it is checked and used. Every guest
+ * address is translated page by page through the VM's memory table; every index is masked into its ring; every
+ * `addr + len` is computed so that it cannot wrap; every loop is bounded by a ring depth or a budget.
+ */
+#ifndef VRDMA_ENGINE_VRE_H
+#define VRDMA_ENGINE_VRE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "vrdma-abi.h"
+
+#define PAGE_SIZE VRDMA_PAGE_SIZE
+#define PAGE_SHIFT VRDMA_PAGE_SHIFT
+#define EVENT_RING 4096
+#define MAX_REGIONS 64
+#define DB_WORDS (VRDMA_DOORBELL_PAGE_SIZE / 4)
+#define RNR_INFINITE 7
+#define MAX_WQE_SGES (VRDMA_PAGE_SIZE / sizeof(struct vrdma_sge))
+#define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
+
+#pragma GCC visibility push(hidden)
+
+/* Guest memory an object spans: its pages' guest-physical addresses and where they are mapped here. */
+struct vre_mem {
+	uint32_t npages;
+	bool valid;               /* false once a memory table change left a page untranslatable */
+	uint64_t *gpa;
+	uint8_t **hva;
+};
+
+struct vre_mr {
+	struct vre_mr_config cfg;
+	struct vre_mem mem;
+};
+
+struct vre_cq {
+	struct vre_cq_config cfg;
+	struct vre_mem ring;
+	volatile uint32_t *arm;   /* doorbell slot */
+	uint32_t arm_done;        /* the arm request the last event answered */
+	uint32_t prod;
+	bool error;
+	uint32_t mod_count;       /* moderation: completions per event (0, 1: every armed completion) */
+	uint32_t mod_period_us;   /* ... or this long after the first (0: no timer) */
+	uint32_t mod_pending;     /* armed completions not announced yet */
+	int64_t mod_deadline;     /* when the pending ones are announced anyway; 0: none */
+};
+
+struct vre_srq {
+	struct vre_srq_config cfg;
+	struct vre_mem ring;
+	volatile uint32_t *db;
+	uint32_t cons;
+	uint32_t limit;
+	bool error;
+};
+
+struct vre_qp {
+	struct vre_qp_config cfg;
+	struct vre_qp_attr attr;
+	struct vre_mem ring;
+	volatile uint32_t *sq_db;
+	volatile uint32_t *rq_db;
+	uint32_t sq_head;         /* next send WQE to execute */
+	uint32_t rq_cons;
+	uint32_t rnr_left;
+	uint32_t retry_left;
+	int64_t rnr_until;        /* CLOCK_MONOTONIC ns of the next attempt after an RNR or a timeout; 0: none */
+	uint32_t index;           /* position in the device's active list */
+};
+
+struct vre_device {
+	bool open;
+	struct vre_device_limits lim;
+	uint8_t *doorbells;
+	struct vre_region regions[MAX_REGIONS];
+	uint32_t nregions;
+	struct vre_mr **mrs;
+	struct vre_cq **cqs;
+	struct vre_srq **srqs;
+	struct vre_qp **qps;
+	struct vre_qp **active;   /* the QPs, densely, for polling */
+	uint32_t nactive;
+	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none): the only time CQs are scanned */
+	uint64_t pages_in_use;    /* translated pages of its MRs and rings, bounded by lim.max_pages_total */
+	struct vre_counters counters;
+};
+
+/* A run of bytes to copy: in an MR (mem + offset in it) or in a local buffer. */
+struct seg {
+	const struct vre_mem *mem;
+	const uint8_t *buf;
+	uint64_t off;
+	uint64_t len;
+};
+
+/* A receive WQE and a send WQE as copied out of guest memory (at most a page: a ring's largest stride). */
+struct recv_wqe {
+	struct vrdma_recv_wqe hdr;
+	struct vrdma_sge sge[MAX_WQE_SGES];
+};
+
+struct send_wqe {
+	struct vrdma_send_wqe hdr;
+	union {
+		struct vrdma_sge sge[MAX_WQE_SGES];
+		uint8_t inline_data[VRDMA_PAGE_SIZE];
+	};
+};
+
+/* Where one WQE's execution keeps its copies: one per engine (it is single-threaded), not on the stack (tens of
+ * KiB) and not function-static (two engines in one process must not share them). */
+struct vre_scratch {
+	struct send_wqe wqe;
+	struct recv_wqe rwqe;
+	struct seg local[MAX_WQE_SGES];
+	struct seg remote[MAX_WQE_SGES];
+};
+
+struct vre_engine {
+	uint32_t ndevices;
+	struct vre_device *devices;
+	struct vre_event events[EVENT_RING];
+	uint32_t ev_head, ev_tail;
+	bool parked;
+	int64_t now;
+	char error[256];
+	struct vre_scratch scratch;
+};
+
+/* -- small helpers ------------------------------------------------------------------------------------------ */
+
+static inline uint32_t load_acquire(volatile uint32_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static inline void store_release(volatile uint32_t *p, uint32_t v)
+{
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+static inline bool is_pow2(uint32_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+static inline uint32_t dev_index(struct vre_engine *e, struct vre_device *d)
+{
+	return (uint32_t)(d - e->devices);
+}
+
+/* Address of byte `off` of an object's memory; the caller keeps `off` below npages * PAGE_SIZE. */
+static inline uint8_t *mem_at(const struct vre_mem *m, uint64_t off)
+{
+	return m->hva[off >> PAGE_SHIFT] + (off & (PAGE_SIZE - 1));
+}
+
+/* -- checked lookups: every slot or device index a caller gives goes through one of these --------------------- */
+
+/* An open device, or NULL. */
+struct vre_device *vre_dev(struct vre_engine *e, uint32_t dev);
+
+/*
+ * mr_at(d, slot), cq_at, srq_at, qp_at: the object in `slot` of an open device's table of that kind, or NULL when
+ * the device is NULL, the slot is past the table or empty. One definition for the four tables.
+ */
+#define VRE_TABLE(kind)                                                                                  \
+	static inline struct vre_##kind *kind##_at(struct vre_device *d, uint32_t slot)                 \
+	{                                                                                                \
+		return d && slot < d->lim.max_##kind ? d->kind##s[slot] : NULL;                          \
+	}                                                                                                \
+	static inline bool kind##_slot_free(struct vre_device *d, uint32_t slot)                         \
+	{                                                                                                \
+		return d && slot < d->lim.max_##kind && !d->kind##s[slot];                               \
+	}                                                                                                \
+	/* Take the object out of its slot (the caller frees it), or NULL. */                            \
+	static inline struct vre_##kind *kind##_take(struct vre_device *d, uint32_t slot)               \
+	{                                                                                                \
+		struct vre_##kind *obj = kind##_at(d, slot);                                             \
+                                                                                                         \
+		if (obj)                                                                                 \
+			d->kind##s[slot] = NULL;                                                         \
+		return obj;                                                                              \
+	}
+VRE_TABLE(mr)
+VRE_TABLE(cq)
+VRE_TABLE(srq)
+VRE_TABLE(qp)
+#undef VRE_TABLE
+
+/* -- device.c ---------------------------------------------------------------------------------------------- */
+
+int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int64_t vre_monotonic_ns(void);
+void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
+volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot);
+void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
+
+/* -- mem.c ------------------------------------------------------------------------------------------------- */
+
+int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
+	     struct vre_mem *m);
+void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
+	      const struct vre_pages_desc *pages, const char *what, int *err);
+void obj_free(struct vre_device *d, void *obj, size_t mem_offset);
+void mem_put(struct vre_device *d, struct vre_mem *m);
+bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
+uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc);
+
+/* -- layout.c: the ring layouts the device accepts, each rule in one place ------------------------------------ */
+
+bool cq_ring_fits(uint32_t entries, uint32_t max_cqe, uint32_t npages);
+bool recv_queue_fits(uint32_t depth, uint32_t max_depth, uint32_t stride, uint32_t max_sge, uint32_t dev_max_sge);
+bool srq_ring_fits(uint32_t depth, uint32_t stride, uint32_t npages);
+bool send_queue_fits(uint32_t depth, uint32_t max_depth, uint32_t stride, uint32_t max_sge, uint32_t dev_max_sge,
+		     uint32_t max_inline, uint32_t dev_max_inline);
+bool ring_fits(uint32_t depth, uint32_t stride, uint32_t offset, uint64_t end);
+uint64_t qp_ring_pages(uint32_t sq_depth, uint32_t sq_stride, uint32_t rq_depth, uint32_t rq_stride);
+
+/* -- mr.c -------------------------------------------------------------------------------------------------- */
+
+struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote);
+bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off);
+
+/* -- cq.c -------------------------------------------------------------------------------------------------- */
+
+void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm);
+void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
+	     bool solicited);
+void cq_timers(struct vre_engine *e, struct vre_device *d);
+
+/* -- qp.c -------------------------------------------------------------------------------------------------- */
+
+struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
+void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
+
+/* -- opcode.c ---------------------------------------------------------------------------------------------- */
+
+enum vre_op_flags {
+	OP_REMOTE = 1 << 0,       /* names remote memory with an rkey (checked by the responder) */
+	OP_READS = 1 << 1,        /* brings data back: its local SGEs are written (local write access) */
+	OP_RECV = 1 << 2,         /* consumes a receive WQE at the destination */
+	OP_IMM = 1 << 3,          /* carries immediate data to the receiver's completion */
+	OP_ATOMIC = 1 << 4,       /* 8 aligned bytes, one SGE */
+	OP_PAYLOAD = 1 << 5,      /* sends its local data to the destination (inline allowed) */
+};
+
+struct vre_opcode {
+	const char *name;
+	uint32_t flags;           /* enum vre_op_flags */
+	uint32_t remote_access;   /* the VRDMA_ACCESS_REMOTE_* bit the MR and the QP must grant (OP_REMOTE) */
+	uint8_t wc_opcode;        /* the requester's completion opcode */
+};
+
+/* The opcode's row, or NULL for an opcode the device does not know. */
+const struct vre_opcode *vre_opcode(uint8_t wr_opcode);
+
+/* -- recv.c ------------------------------------------------------------------------------------------------ */
+
+enum take { TAKE_OK, TAKE_EMPTY, TAKE_BROKEN };
+
+enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
+		    uint32_t *max_sge);
+uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+
+/* -- req.c and resp.c ------------------------------------------------------------------------------------------ */
+
+/* What a request brings to its destination: the requester's checked local data. */
+struct vre_request {
+	struct vre_engine *e;
+	struct vre_device *d;     /* requester */
+	struct vre_qp *qp;
+	const struct send_wqe *w;
+	const struct vre_opcode *op;
+	struct seg *local;
+	uint32_t nlocal;
+	uint64_t len;
+};
+
+/* RESP_FAILED: the responder completed the request with its error; RESP_LOCAL_ERROR: the requester completes it
+ * with *status and goes to the error state alone. */
+enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR };
+
+uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
+		     uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
+void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
+		   uint8_t status, uint32_t byte_len);
+enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
+uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+
+#pragma GCC visibility pop
+
+#endif /* VRDMA_ENGINE_VRE_H */
