@@ -128,6 +128,27 @@ int vrdma_register_ib(struct vrdma_dev *dev);
 void vrdma_unregister_ib(struct vrdma_dev *dev);
 int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 handle);
 
+struct ib_umem;
+
+/* vrdma_umem.c: what the objects of a user context share. */
+struct vrdma_pbl {               /* the guest-physical pages of a pinned buffer, in page-list pages */
+	struct vrdma_page_list desc;
+	__le64 *dir;
+	__le64 **lists;
+	u32 nlists;
+};
+void vrdma_pbl_free(struct vrdma_pbl *pbl);
+int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl);
+int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
+	      struct vrdma_pbl *pbl);
+u32 vrdma_ucontext_handle(struct ib_udata *udata);
+int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
+		      struct vrdma_pbl *pbl, struct ib_umem *umem);
+int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
+		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct ib_umem *umem);
+int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
+		    struct ib_umem *umem);
+
 /* vrdma_dp.c: data-path verbs and events */
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
 				struct ib_udata *udata);

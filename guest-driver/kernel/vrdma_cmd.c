@@ -34,6 +34,11 @@ void vrdma_cmd_fini(struct vrdma_dev *dev)
 	dev->cmd_buf = NULL;
 }
 
+/*
+ * Every status of the protocol has its errno, the one a user of the verb expects: a device out of objects or
+ * translation pages is ENOMEM (as an HCA out of resources), an object still in use is EBUSY. Only a status the
+ * protocol does not define (a broken device) is EIO.
+ */
 static int vrdma_status_to_errno(u16 status)
 {
 	switch (status) {
@@ -45,6 +50,10 @@ static int vrdma_status_to_errno(u16 status)
 		return -EINVAL;
 	case VRDMA_STATUS_BAD_LENGTH:
 		return -EMSGSIZE;
+	case VRDMA_STATUS_NO_RESOURCES:
+		return -ENOMEM;
+	case VRDMA_STATUS_BUSY:
+		return -EBUSY;
 	default:
 		return -EIO;
 	}

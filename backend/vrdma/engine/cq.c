@@ -123,8 +123,6 @@ int vre_cq_moderate(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t 
 void vre_cq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 {
 	struct vre_device *d = vre_dev(e, dev);
-	struct vre_cq *cq = cq_take(d, slot);
 
-	if (cq)
-		obj_free(d, cq, offsetof(struct vre_cq, ring));
+	obj_free(d, cq_take(d, slot), offsetof(struct vre_cq, ring));
 }

@@ -99,7 +99,7 @@ int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_
 /*
  * A new object (an MR, CQ, SRQ or QP) of `size` bytes whose struct vre_mem at `mem_offset` holds `pages`, loaded and
  * translated; NULL with *err set (and the engine's message) when memory or the translation budget runs out or a page
- * is not guest RAM. obj_free gives both back.
+ * is not guest RAM. obj_free gives both back (nothing for NULL: a destroy of an empty slot).
  */
 void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
 	      const struct vre_pages_desc *pages, const char *what, int *err)
@@ -120,6 +120,8 @@ void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t me
 
 void obj_free(struct vre_device *d, void *obj, size_t mem_offset)
 {
+	if (!obj)
+		return;
 	mem_put(d, (struct vre_mem *)((uint8_t *)obj + mem_offset));
 	free(obj);
 }

@@ -51,8 +51,6 @@ int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 void vre_mr_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 {
 	struct vre_device *d = vre_dev(e, dev);
-	struct vre_mr *mr = mr_take(d, slot);
 
-	if (mr)
-		obj_free(d, mr, offsetof(struct vre_mr, mem));
+	obj_free(d, mr_take(d, slot), offsetof(struct vre_mr, mem));
 }

@@ -54,8 +54,6 @@ int vre_srq_limit(struct vre_engine *e, uint32_t dev, uint32_t slot)
 void vre_srq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 {
 	struct vre_device *d = vre_dev(e, dev);
-	struct vre_srq *srq = srq_take(d, slot);
 
-	if (srq)
-		obj_free(d, srq, offsetof(struct vre_srq, ring));
+	obj_free(d, srq_take(d, slot), offsetof(struct vre_srq, ring));
 }

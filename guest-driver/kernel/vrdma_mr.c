@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Memory regions: a user buffer pinned and registered with the device, which translates its pages once.
+ */
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "vrdma.h"
+
+#define VRDMA_MR_ACCESS (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ | \
+			 IB_ACCESS_REMOTE_ATOMIC)
+
+static_assert(IB_ACCESS_REMOTE_ATOMIC == VRDMA_ACCESS_REMOTE_ATOMIC, "access flags are the IB values");
+
+struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
+				struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_pd *pd = container_of(ibpd, struct vrdma_pd, ibpd);
+	struct vrdma_cmd_reg_mr cmd = {};
+	struct vrdma_resp_reg_mr resp;
+	struct vrdma_pbl pbl;
+	struct vrdma_mr *mr;
+	int ret;
+
+	access &= ~IB_ACCESS_OPTIONAL;  /* hints (relaxed ordering) a copy engine has no use for */
+	if (access & ~VRDMA_MR_ACCESS)
+		return ERR_PTR(-EOPNOTSUPP);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	ret = vrdma_pin(dev, start, length, access, &mr->umem, &pbl);
+	if (ret)
+		goto err_free;
+	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_REG_MR);
+	cmd.pd = cpu_to_le32(pd->handle);
+	cmd.access = cpu_to_le32(access);
+	cmd.iova = cpu_to_le64(virt);
+	cmd.length = cpu_to_le64(length);
+	cmd.page_offset = cpu_to_le32(ib_umem_offset(mr->umem));
+	cmd.pages = pbl.desc;
+	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, mr->umem);
+	if (ret)
+		goto err_free;
+	mr->handle = le32_to_cpu(resp.handle);
+	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
+	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	return &mr->ibmr;
+
+err_free:
+	kfree(mr);
+	return ERR_PTR(ret);
+}
+
+int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+	int ret;
+
+	ret = vrdma_destroy_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, mr->handle);
+	if (ret)
+		return ret;
+	ib_umem_release(mr->umem);
+	kfree(mr);
+	return 0;
+}
+
+struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
+{
+	return ERR_PTR(-EOPNOTSUPP);  /* kernel consumers are not supported yet */
+}

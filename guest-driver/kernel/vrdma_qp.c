@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Queue pairs: the send and receive rings in the process's memory, pinned and described to the device; state
+ * changes through MODIFY_QP; the only data-path call that reaches the kernel is the wake-up (a post_send with no
+ * work requests, sent when the device's engine is parked), which kicks the wake virtqueue.
+ */
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "vrdma.h"
+
+#define VRDMA_QP_ATTR_MASK 0x1fffff	/* IB_QP_STATE .. IB_QP_DEST_QPN: the attributes the device knows */
+
+static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC, "QP states and types are the IB values");
+static_assert(IB_QP_DEST_QPN == VRDMA_QP_DEST_QPN && IB_QP_CAP == VRDMA_QP_CAP, "modify masks are the IB values");
+
+int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_pd *pd = container_of(ibqp->pd, struct vrdma_pd, ibpd);
+	struct vrdma_cmd_create_qp cmd = {};
+	struct vrdma_resp_create_qp resp;
+	struct vrdma_create_qp_resp uresp = {};
+	struct vrdma_create_qp_cmd ucmd;
+	struct ib_qp_cap *cap = &attr->cap;
+	struct vrdma_pbl pbl;
+	u64 end;
+	int ret;
+
+	if (!udata || attr->qp_type != IB_QPT_RC || attr->create_flags)
+		return -EOPNOTSUPP;  /* user RC QPs only: no kernel QPs (GSI included), no UD/UC/XRC yet */
+	if (udata->inlen < sizeof(ucmd) || udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	ret = ib_copy_from_udata(&ucmd, udata, sizeof(ucmd));
+	if (ret)
+		return ret;
+	if (cap->max_send_wr > ucmd.sq_depth || (!attr->srq && cap->max_recv_wr > ucmd.rq_depth) ||
+	    cap->max_send_sge > le32_to_cpu(dev->attr.max_sge) || cap->max_recv_sge > le32_to_cpu(dev->attr.max_sge) ||
+	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
+		return -EINVAL;
+	if (attr->srq)
+		ucmd.rq_depth = ucmd.rq_stride = ucmd.rq_offset = 0;  /* receives come from the SRQ */
+	if (!PAGE_ALIGNED(ucmd.buf_addr))
+		return -EINVAL;
+	end = max((u64)ucmd.sq_offset + (u64)ucmd.sq_depth * ucmd.sq_stride,
+		  (u64)ucmd.rq_offset + (u64)ucmd.rq_depth * ucmd.rq_stride);
+	if (end > ucmd.buf_size)
+		return -EINVAL;
+	ret = vrdma_pin(dev, ucmd.buf_addr, ucmd.buf_size, IB_ACCESS_LOCAL_WRITE, &qp->umem, &pbl);
+	if (ret)
+		return ret;
+	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_QP);
+	cmd.ucontext = cpu_to_le32(vrdma_ucontext_handle(udata));
+	cmd.pd = cpu_to_le32(pd->handle);
+	cmd.send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
+	cmd.recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
+	cmd.srq = cpu_to_le32(attr->srq ? container_of(attr->srq, struct vrdma_srq, ibsrq)->handle : 0);
+	cmd.qp_type = VRDMA_QPT_RC;
+	cmd.sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
+	cmd.sq_depth = cpu_to_le32(ucmd.sq_depth);
+	cmd.rq_depth = cpu_to_le32(ucmd.rq_depth);
+	cmd.sq_stride = cpu_to_le32(ucmd.sq_stride);
+	cmd.rq_stride = cpu_to_le32(ucmd.rq_stride);
+	cmd.sq_offset = cpu_to_le32(ucmd.sq_offset);
+	cmd.rq_offset = cpu_to_le32(ucmd.rq_offset);
+	cmd.max_send_sge = cpu_to_le32(cap->max_send_sge);
+	cmd.max_recv_sge = cpu_to_le32(attr->srq ? 0 : cap->max_recv_sge);
+	cmd.max_inline_data = cpu_to_le32(cap->max_inline_data);
+	cmd.ring = pbl.desc;
+	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(end, PAGE_SIZE));
+	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, qp->umem);
+	if (ret)
+		return ret;
+	qp->handle = le32_to_cpu(resp.handle);
+	qp->state = IB_QPS_RESET;
+	qp->sq_sig_all = cmd.sq_sig_all;
+	ibqp->qp_num = le32_to_cpu(resp.qpn);
+	/* What the QP can hold, as created (the provider sized the rings). */
+	cap->max_send_wr = ucmd.sq_depth;
+	cap->max_recv_wr = ucmd.rq_depth;
+	qp->cap = *cap;
+	uresp.qpn = ibqp->qp_num;
+	uresp.sq_db_slot = le32_to_cpu(resp.sq_db_slot);
+	uresp.rq_db_slot = le32_to_cpu(resp.rq_db_slot);
+	uresp.max_inline_data = cap->max_inline_data;
+	return vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, udata, &uresp,
+			     sizeof(uresp), qp->umem);
+}
+
+int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_udata *udata)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_cmd_modify_qp cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_MODIFY_QP),
+					   .handle = cpu_to_le32(qp->handle) };
+	struct vrdma_qp_attr *a = &cmd.attr;
+	enum ib_qp_state cur = mask & IB_QP_CUR_STATE ? attr->cur_qp_state : qp->state;
+	enum ib_qp_state next = mask & IB_QP_STATE ? attr->qp_state : cur;
+	struct vrdma_resp_hdr resp;
+	int ret;
+
+	if (mask & ~VRDMA_QP_ATTR_MASK)
+		return -EOPNOTSUPP;
+	if (!ib_modify_qp_is_ok(cur, next, IB_QPT_RC, mask))
+		return -EINVAL;
+	cmd.attr_mask = cpu_to_le32(mask);
+	a->qp_state = cpu_to_le32(attr->qp_state);
+	a->cur_qp_state = cpu_to_le32(attr->cur_qp_state);
+	a->path_mtu = cpu_to_le32(attr->path_mtu);
+	a->qp_access_flags = cpu_to_le32(attr->qp_access_flags);
+	a->rq_psn = cpu_to_le32(attr->rq_psn);
+	a->sq_psn = cpu_to_le32(attr->sq_psn);
+	a->dest_qp_num = cpu_to_le32(attr->dest_qp_num);
+	a->qkey = cpu_to_le32(attr->qkey);
+	a->max_rd_atomic = attr->max_rd_atomic;
+	a->max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	a->min_rnr_timer = attr->min_rnr_timer;
+	a->timeout = attr->timeout;
+	a->retry_cnt = attr->retry_cnt;
+	a->rnr_retry = attr->rnr_retry;
+	a->port_num = attr->port_num;
+	a->pkey_index = cpu_to_le16(attr->pkey_index);
+	a->en_sqd_async_notify = attr->en_sqd_async_notify;
+	if (mask & IB_QP_AV) {
+		const struct ib_global_route *grh = rdma_ah_read_grh(&attr->ah_attr);
+
+		if (!(rdma_ah_get_ah_flags(&attr->ah_attr) & IB_AH_GRH))
+			return -EINVAL;  /* RoCE: every address has a GRH */
+		memcpy(a->dgid, grh->dgid.raw, sizeof(a->dgid));
+		a->sgid_index = grh->sgid_index;
+		a->hop_limit = grh->hop_limit;
+		a->traffic_class = grh->traffic_class;
+		a->flow_label = cpu_to_le32(grh->flow_label);
+	}
+	ret = vrdma_cmd_exec(to_vdev(ibqp->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (!ret)
+		qp->state = next;
+	return ret;
+}
+
+int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_qp_init_attr *init)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_cmd_destroy cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_QP),
+					 .handle = cpu_to_le32(qp->handle) };
+	struct vrdma_resp_query_qp resp;
+	const struct vrdma_qp_attr *a = &resp.attr;
+	union ib_gid dgid;
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vdev(ibqp->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	memset(attr, 0, sizeof(*attr));
+	memset(init, 0, sizeof(*init));
+	attr->qp_state = le32_to_cpu(a->qp_state);
+	attr->cur_qp_state = attr->qp_state;
+	qp->state = attr->qp_state;  /* the device may have moved it to the error state */
+	attr->path_mtu = le32_to_cpu(a->path_mtu);
+	attr->path_mig_state = IB_MIG_MIGRATED;
+	attr->qp_access_flags = le32_to_cpu(a->qp_access_flags);
+	attr->rq_psn = le32_to_cpu(a->rq_psn);
+	attr->sq_psn = le32_to_cpu(a->sq_psn);
+	attr->dest_qp_num = le32_to_cpu(a->dest_qp_num);
+	attr->max_rd_atomic = a->max_rd_atomic;
+	attr->max_dest_rd_atomic = a->max_dest_rd_atomic;
+	attr->min_rnr_timer = a->min_rnr_timer;
+	attr->timeout = a->timeout;
+	attr->retry_cnt = a->retry_cnt;
+	attr->rnr_retry = a->rnr_retry;
+	attr->port_num = a->port_num;
+	attr->pkey_index = le16_to_cpu(a->pkey_index);
+	attr->en_sqd_async_notify = a->en_sqd_async_notify;
+	attr->cap = qp->cap;
+	attr->ah_attr.type = RDMA_AH_ATTR_TYPE_ROCE;
+	memcpy(dgid.raw, a->dgid, sizeof(dgid.raw));
+	rdma_ah_set_grh(&attr->ah_attr, &dgid, le32_to_cpu(a->flow_label), a->sgid_index, a->hop_limit,
+			a->traffic_class);
+	rdma_ah_set_port_num(&attr->ah_attr, 1);
+	init->qp_type = IB_QPT_RC;
+	init->cap = qp->cap;
+	init->sq_sig_type = qp->sq_sig_all ? IB_SIGNAL_ALL_WR : IB_SIGNAL_REQ_WR;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->srq = ibqp->srq;
+	return 0;
+}
+
+int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+
+	return vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, qp->umem);
+}
+
+/*
+ * Posting is done in user space. The one call that gets here is libvrdma's wake-up: a POST_SEND (or POST_RECV)
+ * with no work requests, written when the device's engine is parked. It kicks the wake virtqueue.
+ */
+int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr)
+{
+	if (wr) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;
+	}
+	virtqueue_notify(to_vdev(ibqp->device)->wake_vq);
+	return 0;
+}
+
+int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+{
+	if (wr) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;
+	}
+	virtqueue_notify(to_vdev(ibqp->device)->wake_vq);
+	return 0;
+}

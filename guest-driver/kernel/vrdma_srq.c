@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Shared receive queues: a ring of receive WQEs in the process's memory, pinned and described to the device.
+ */
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "vrdma.h"
+
+int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_pd *pd = container_of(ibsrq->pd, struct vrdma_pd, ibpd);
+	struct vrdma_cmd_create_srq cmd = {};
+	struct vrdma_resp_create_srq resp;
+	struct vrdma_create_srq_resp uresp = {};
+	struct vrdma_create_srq_cmd ucmd;
+	struct vrdma_pbl pbl;
+	int ret;
+
+	if (!udata || attr->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;
+	if (udata->inlen < sizeof(ucmd) || udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	ret = ib_copy_from_udata(&ucmd, udata, sizeof(ucmd));
+	if (ret)
+		return ret;
+	if (!PAGE_ALIGNED(ucmd.buf_addr) || !is_power_of_2(ucmd.depth) || ucmd.depth < attr->attr.max_wr || attr->attr.srq_limit >= ucmd.depth ||
+	    attr->attr.max_sge > le32_to_cpu(dev->attr.max_srq_sge) || !is_power_of_2(ucmd.stride) ||
+	    ucmd.stride < sizeof(struct vrdma_recv_wqe) + attr->attr.max_sge * sizeof(struct vrdma_sge) ||
+	    ucmd.stride > PAGE_SIZE || ucmd.buf_size < PAGE_SIZE + (u64)ucmd.depth * ucmd.stride)
+		return -EINVAL;
+	ret = vrdma_pin(dev, ucmd.buf_addr, ucmd.buf_size, IB_ACCESS_LOCAL_WRITE, &srq->umem, &pbl);
+	if (ret)
+		return ret;
+	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_SRQ);
+	cmd.ucontext = cpu_to_le32(vrdma_ucontext_handle(udata));
+	cmd.pd = cpu_to_le32(pd->handle);
+	cmd.depth = cpu_to_le32(ucmd.depth);
+	cmd.stride = cpu_to_le32(ucmd.stride);
+	cmd.max_sge = cpu_to_le32(attr->attr.max_sge);
+	cmd.srq_limit = cpu_to_le32(attr->attr.srq_limit);
+	cmd.ring = pbl.desc;
+	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(PAGE_SIZE + (u64)ucmd.depth * ucmd.stride, PAGE_SIZE));
+	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, srq->umem);
+	if (ret)
+		return ret;
+	srq->handle = le32_to_cpu(resp.handle);
+	srq->max_sge = attr->attr.max_sge;
+	srq->depth = ucmd.depth;
+	attr->attr.max_wr = ucmd.depth;
+	uresp.srq_handle = srq->handle;
+	uresp.db_slot = le32_to_cpu(resp.db_slot);
+	return vrdma_publish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, udata, &uresp,
+			     sizeof(uresp), srq->umem);
+}
+
+int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr, enum ib_srq_attr_mask mask,
+		     struct ib_udata *udata)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_cmd_modify_srq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_MODIFY_SRQ),
+					    .handle = cpu_to_le32(srq->handle) };
+	struct vrdma_resp_hdr resp;
+
+	if (mask & IB_SRQ_MAX_WR)
+		return -EOPNOTSUPP;  /* the ring lives in user memory: no resizing */
+	if (mask & ~IB_SRQ_LIMIT)
+		return -EINVAL;
+	cmd.attr_mask = cpu_to_le32(mask & IB_SRQ_LIMIT ? VRDMA_SRQ_LIMIT : 0);
+	cmd.srq_limit = cpu_to_le32(attr->srq_limit);
+	return vrdma_cmd_exec(to_vdev(ibsrq->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+}
+
+int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_cmd_destroy cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_SRQ),
+					 .handle = cpu_to_le32(srq->handle) };
+	struct vrdma_resp_query_srq resp;
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vdev(ibsrq->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	attr->max_wr = le32_to_cpu(resp.max_wr);
+	attr->max_sge = le32_to_cpu(resp.max_sge);
+	attr->srq_limit = le32_to_cpu(resp.srq_limit);
+	return 0;
+}
+
+int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+
+	return vrdma_unpublish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, srq->umem);
+}

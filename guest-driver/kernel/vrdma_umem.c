@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * What every object of a user context shares: its pinned buffer described to the device as guest-physical page
+ * lists (page-list pages, two levels for large buffers), its context's handle, and its publication (reachable by
+ * events through its type's xarray, its handles told to the provider) and withdrawal.
+ */
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "vrdma.h"
+
+static_assert(PAGE_SIZE == VRDMA_PAGE_SIZE, "vrdma page lists describe 4 KiB pages");
+
+void vrdma_pbl_free(struct vrdma_pbl *pbl)
+{
+	u32 i;
+
+	for (i = 0; pbl->lists && i < pbl->nlists; i++)
+		free_page((unsigned long)pbl->lists[i]);
+	kfree(pbl->lists);
+	free_page((unsigned long)pbl->dir);
+	memset(pbl, 0, sizeof(*pbl));
+}
+
+int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl)
+{
+	size_t npages = ib_umem_num_pages(umem);
+	struct scatterlist *sg;
+	size_t n = 0;
+	u32 i;
+
+	memset(pbl, 0, sizeof(*pbl));
+	if (!npages || npages > VRDMA_PBL_ENTRIES * VRDMA_PBL_ENTRIES)
+		return -EINVAL;
+	pbl->nlists = DIV_ROUND_UP(npages, VRDMA_PBL_ENTRIES);
+	pbl->lists = kcalloc(pbl->nlists, sizeof(*pbl->lists), GFP_KERNEL);
+	if (!pbl->lists)
+		return -ENOMEM;
+	for (i = 0; i < pbl->nlists; i++) {
+		pbl->lists[i] = (__le64 *)get_zeroed_page(GFP_KERNEL);
+		if (!pbl->lists[i])
+			goto nomem;
+	}
+	/*
+	 * Guest-physical addresses, from the pages themselves: the device is a virtio device without
+	 * VIRTIO_F_ACCESS_PLATFORM, which addresses guest memory physically, whatever DMA mapping ib_umem made.
+	 */
+	for_each_sgtable_sg(&umem->sgt_append.sgt, sg, i) {
+		unsigned int off;
+
+		for (off = 0; off < sg->length && n < npages; off += PAGE_SIZE, n++)
+			pbl->lists[n / VRDMA_PBL_ENTRIES][n % VRDMA_PBL_ENTRIES] =
+				cpu_to_le64(page_to_phys(nth_page(sg_page(sg), off >> PAGE_SHIFT)));
+	}
+	if (n != npages) {
+		vrdma_pbl_free(pbl);
+		return -EFAULT;
+	}
+	pbl->desc.npages = cpu_to_le32(npages);
+	if (pbl->nlists == 1) {
+		pbl->desc.levels = cpu_to_le32(1);
+		pbl->desc.addr = cpu_to_le64(virt_to_phys(pbl->lists[0]));
+		return 0;
+	}
+	pbl->dir = (__le64 *)get_zeroed_page(GFP_KERNEL);
+	if (!pbl->dir)
+		goto nomem;
+	for (i = 0; i < pbl->nlists; i++)
+		pbl->dir[i] = cpu_to_le64(virt_to_phys(pbl->lists[i]));
+	pbl->desc.levels = cpu_to_le32(2);
+	pbl->desc.addr = cpu_to_le64(virt_to_phys(pbl->dir));
+	return 0;
+
+nomem:
+	vrdma_pbl_free(pbl);
+	return -ENOMEM;
+}
+
+/* Pin a user buffer and describe it; on success the caller owns *umem and must free the page list. */
+int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
+	      struct vrdma_pbl *pbl)
+{
+	int ret;
+
+	*umem = ib_umem_get(&dev->ib_dev, addr, size, access);
+	if (IS_ERR(*umem))
+		return PTR_ERR(*umem);
+	ret = vrdma_pbl_build(*umem, pbl);
+	if (ret) {
+		ib_umem_release(*umem);
+		*umem = NULL;
+	}
+	return ret;
+}
+
+u32 vrdma_ucontext_handle(struct ib_udata *udata)
+{
+	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata, struct vrdma_ucontext, ibuc);
+
+	return uc ? uc->handle : 0;
+}
+
+/*
+ * Run the create command of an object whose ring is the pinned buffer @pbl describes: the page list is only needed
+ * while the device reads it, so it goes either way; the pinning goes too if the device refused.
+ */
+int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
+		      struct vrdma_pbl *pbl, struct ib_umem *umem)
+{
+	int ret = vrdma_cmd_exec(dev, cmd, cmd_len, resp, resp_len);
+
+	vrdma_pbl_free(pbl);
+	if (ret)
+		ib_umem_release(umem);
+	return ret;
+}
+
+/*
+ * Make a created object reachable by events (its xarray, by the device's handle) and tell the provider about it;
+ * on failure undo both, destroy it in the device and release its pinned ring.
+ */
+int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
+		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct ib_umem *umem)
+{
+	int ret;
+
+	ret = xa_insert_irq(xa, handle, obj, GFP_KERNEL);
+	if (ret)
+		goto err_destroy;
+	ret = ib_copy_to_udata(udata, uresp, uresp_len);
+	if (ret)
+		goto err_erase;
+	return 0;
+
+err_erase:
+	xa_erase_irq(xa, handle);
+err_destroy:
+	vrdma_destroy_handle(dev, destroy_opcode, handle);
+	ib_umem_release(umem);
+	return ret;
+}
+
+/*
+ * Destroy an object the device knows by handle: unreachable by events first (the dispatcher holds the xarray's
+ * lock), then destroyed in the device, then its pinned ring released; if the device refuses, it is put back.
+ */
+int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
+		    struct ib_umem *umem)
+{
+	int ret;
+
+	xa_erase_irq(xa, handle);
+	ret = vrdma_destroy_handle(dev, destroy_opcode, handle);
+	if (ret) {
+		xa_store_irq(xa, handle, obj, GFP_KERNEL);
+		return ret;
+	}
+	ib_umem_release(umem);  /* the device let go of the ring: unpin it */
+	return 0;
+}

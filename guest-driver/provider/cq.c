@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* Completion queues: the ring the device writes, polled here with no system call; arming; flushing a lost context. */
+#include "ring.h"
+
+struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel,
+			       int comp_vector)
+{
+	struct vrdma_create_cq_req cmd = {};
+	struct vrdma_create_cq_rsp resp = {};
+	struct vrdma_cq *cq;
+	int ret;
+
+	if (cqe < 1 || cqe > (1 << 24)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	cq = calloc(1, sizeof(*cq));
+	if (!cq)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	cq->entries = pow2_at_least((uint32_t)cqe, 8);
+	ret = buf_alloc(&cq->buf, VRDMA_PAGE_SIZE + (size_t)cq->entries * sizeof(struct vrdma_cqe));
+	if (ret)
+		goto err_free;
+	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
+	cmd.drv.buf_addr = (uintptr_t)cq->buf.addr;
+	cmd.drv.buf_size = cq->buf.size;
+	cmd.drv.entries = cq->entries;
+	ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
+				&resp.ibv_resp, sizeof(resp));
+	if (ret)
+		goto err_free;
+	if (resp.drv.db_slot == VRDMA_DB_SLOT_PARKED || resp.drv.db_slot >= VRDMA_DB_SLOTS) {
+		ibv_cmd_destroy_cq(&cq->vcq.cq);
+		ret = EPROTO;
+		goto err_free;
+	}
+	cq->db_slot = resp.drv.db_slot;
+	return &cq->vcq.cq;
+
+err_free:
+	return vrdma_abandon(&cq->buf, cq, ret);
+}
+
+int vrdma_destroy_cq(struct ibv_cq *ibcq)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	int ret = ibv_cmd_destroy_cq(ibcq);
+
+	if (ret)
+		return ret;
+	buf_free(&cq->buf);
+	pthread_spin_destroy(&cq->lock);
+	free(cq);
+	return 0;
+}
+
+int vrdma_modify_cq(struct ibv_cq *ibcq, struct ibv_modify_cq_attr *attr)
+{
+	struct ibv_modify_cq cmd = {};
+
+	if (attr->attr_mask & ~IBV_CQ_ATTR_MODERATE)
+		return EOPNOTSUPP;
+	return ibv_cmd_modify_cq(ibcq, attr, &cmd, sizeof(cmd));
+}
+
+/* A flushed work request's completion: status WR_FLUSH_ERR, and only wr_id and qp_num defined. */
+static void flush_wc(struct ibv_wc *w, uint64_t wr_id, uint32_t qp_num, enum ibv_wc_opcode opcode)
+{
+	memset(w, 0, sizeof(*w));
+	w->wr_id = wr_id;
+	w->status = IBV_WC_WR_FLUSH_ERR;
+	w->opcode = opcode;
+	w->qp_num = qp_num;
+}
+
+/* Outstanding WQEs of one ring, from the device's consumer index to our producer index, as flushed completions. */
+static int flush_queue(struct vrdma_queue *q, volatile uint32_t *cons, uint32_t qp_num, bool send, int ne,
+		       struct ibv_wc *wc)
+{
+	uint32_t at = __atomic_load_n(cons, __ATOMIC_ACQUIRE);
+	int n = 0;
+
+	if (q->prod - at > q->depth)
+		at = q->prod - q->depth;  /* an index that is not the device's: flush what the ring can hold */
+	for (; n < ne && at != q->prod; n++, at++) {
+		const uint8_t *wqe = q->base + (size_t)(at & (q->depth - 1)) * q->stride;
+		uint64_t wr_id;
+
+		memcpy(&wr_id, wqe, sizeof(wr_id));  /* wr_id is the first field of both WQE kinds */
+		flush_wc(&wc[n], wr_id, qp_num, send ? IBV_WC_SEND : IBV_WC_RECV);
+	}
+	__atomic_store_n(cons, at, __ATOMIC_RELEASE);  /* the device is gone: the consumer index is ours now */
+	return n;
+}
+
+/*
+ * The device lost the context: complete every outstanding work request of the QPs feeding this CQ with
+ * WR_FLUSH_ERR (as a QP in the error state would), so that programs polling for completions see the error instead
+ * of waiting for ever. Receives posted to an SRQ stay there, as the verbs define for a QP in error.
+ */
+static int flush_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, int ne, struct ibv_wc *wc)
+{
+	struct vrdma_qp *qp;
+	int n = 0;
+
+	pthread_mutex_lock(&ctx->qps_lock);
+	for (qp = ctx->qps; qp && n < ne; qp = qp->next) {
+		struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
+
+		if (qp->vqp.qp.send_cq == &cq->vcq.cq) {
+			pthread_spin_lock(&qp->sq.lock);
+			n += flush_queue(&qp->sq, &hdr->sq_cons, qp->vqp.qp.qp_num, true, ne - n, wc + n);
+			pthread_spin_unlock(&qp->sq.lock);
+		}
+		if (qp->vqp.qp.recv_cq == &cq->vcq.cq && !qp->vqp.qp.srq) {
+			pthread_spin_lock(&qp->rq.lock);
+			n += flush_queue(&qp->rq, &hdr->rq_cons, qp->vqp.qp.qp_num, false, ne - n, wc + n);
+			pthread_spin_unlock(&qp->rq.lock);
+		}
+	}
+	pthread_mutex_unlock(&ctx->qps_lock);
+	return n;
+}
+
+int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_cq_ring_hdr *hdr = cq->buf.addr;
+	const struct vrdma_cqe *ring = (const struct vrdma_cqe *)((uint8_t *)cq->buf.addr + VRDMA_PAGE_SIZE);
+	uint32_t prod;
+	int n = 0;
+
+	pthread_spin_lock(&cq->lock);
+	prod = __atomic_load_n(&hdr->prod, __ATOMIC_ACQUIRE);
+	if (prod - cq->cons > cq->entries) {
+		/* More completions than the ring holds: the index is not the device's. Read nothing. */
+		pthread_spin_unlock(&cq->lock);
+		verbs_err(verbs_get_ctx(ibcq->context), "vrdma: CQ producer index %u is %u past consumer %u (ring %u)\n",
+			  prod, prod - cq->cons, cq->cons, cq->entries);
+		return -EIO;
+	}
+	while (n < ne && cq->cons != prod) {
+		const struct vrdma_cqe *cqe = &ring[cq->cons & (cq->entries - 1)];
+		struct ibv_wc *w = &wc[n++];
+
+		memset(w, 0, sizeof(*w));
+		w->wr_id = cqe->wr_id;
+		w->status = cqe->status;
+		w->opcode = cqe->opcode;
+		w->byte_len = cqe->byte_len;
+		w->imm_data = cqe->imm_data;
+		w->qp_num = cqe->qp_num;
+		w->src_qp = cqe->src_qp;
+		w->wc_flags = cqe->wc_flags & VRDMA_WC_WITH_IMM;
+		w->vendor_err = cqe->status;
+		cq->cons++;
+	}
+	__atomic_store_n(&hdr->cons, cq->cons, __ATOMIC_RELEASE);
+	/* Nothing from the device: one load tells whether it still exists for us. */
+	if (n < ne && cq->cons == prod && !ctx_alive(to_vctx(ibcq->context)))
+		n += flush_cq(to_vctx(ibcq->context), cq, ne - n, wc + n);
+	pthread_spin_unlock(&cq->lock);
+	return n;
+}
+
+int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_context *ctx = to_vctx(ibcq->context);
+
+	pthread_spin_lock(&cq->lock);
+	cq->arm_seq++;
+	ring_doorbell(ctx, cq->db_slot, (cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT) |
+		      (solicited_only ? VRDMA_CQ_ARM_SOLICITED : VRDMA_CQ_ARM_NEXT));
+	pthread_spin_unlock(&cq->lock);
+	return 0;
+}
+
+/* -- queues ----------------------------------------------------------------------------------------------------- */

@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * libvrdma: the rdma-core provider of the vrdma paravirtual RDMA device.
+ *
+ * libibverbs loads this plugin for every uverbs device whose parent is a virtio device with ID 42 (modalias
+ * "virtio:d0000002Av*"). It is built inside an rdma-core source tree (providers/vrdma), because providers use
+ * rdma-core's private interface (driver.h, IBVERBS_PRIVATE_<N>), which no -dev package ships.
+ *
+ * Control verbs go through the kernel (ibv_cmd_*). The data path does not: every ring (CQ, send and receive
+ * queues, SRQ) lives in this process's memory, which vrdma.ko pins and hands to the device; post_send writes WQEs
+ * and stores the producer index into the context's doorbell page (mapped from the device's doorbell region),
+ * poll_cq reads CQEs the device wrote, req_notify_cq stores an arm request. No system call and no VM exit -
+ * unless the device's engine is parked (slot 0 of the doorbell page says so), then a post_send also wakes it
+ * through the kernel (a POST_SEND with no work requests). Every value the kernel hands back is checked.
+ */
+#include "ring.h"
+
+static void vrdma_free_context(struct ibv_context *ibctx)
+{
+	struct vrdma_context *ctx = to_vctx(ibctx);
+
+	if (ctx->doorbell)
+		munmap((void *)ctx->doorbell, ctx->doorbell_size);
+	pthread_mutex_destroy(&ctx->qps_lock);
+	verbs_uninit_context(&ctx->ibv_ctx);
+	free(ctx);
+}
+
+static const struct verbs_context_ops vrdma_ctx_ops = {
+	.alloc_pd = vrdma_alloc_pd,
+	.create_ah = vrdma_create_ah,
+	.create_cq = vrdma_create_cq,
+	.create_qp = vrdma_create_qp,
+	.create_qp_ex = vrdma_create_qp_ex,
+	.create_srq = vrdma_create_srq,
+	.dealloc_pd = vrdma_dealloc_pd,
+	.dereg_mr = vrdma_dereg_mr,
+	.destroy_ah = vrdma_destroy_ah,
+	.destroy_cq = vrdma_destroy_cq,
+	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
+	.free_context = vrdma_free_context,
+	.modify_cq = vrdma_modify_cq,
+	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
+	.poll_cq = vrdma_poll_cq,
+	.post_recv = vrdma_post_recv,
+	.post_send = vrdma_post_send,
+	.post_srq_recv = vrdma_post_srq_recv,
+	.query_device_ex = vrdma_query_device_ex,
+	.query_port = vrdma_query_port,
+	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
+	.reg_mr = vrdma_reg_mr,
+	.req_notify_cq = vrdma_req_notify_cq,
+};
+
+/* The doorbell page the kernel describes must be one whole page at a page-aligned offset. */
+static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_alloc_ucontext_resp *resp)
+{
+	long page_size = sysconf(_SC_PAGESIZE);
+
+	if (resp->doorbell_page == 0 || page_size <= 0 || resp->doorbell_page_size != (uint32_t)page_size ||
+	    resp->doorbell_offset % (uint64_t)page_size != 0) {
+		verbs_err(&ctx->ibv_ctx, "vrdma: kernel gave doorbell page %u, size %u, offset %#llx: not usable\n",
+			  resp->doorbell_page, resp->doorbell_page_size,
+			  (unsigned long long)resp->doorbell_offset);
+		return EPROTO;
+	}
+	return 0;
+}
+
+static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int cmd_fd, void *private_data)
+{
+	struct vrdma_context *ctx;
+	struct ibv_get_context cmd;
+	struct vrdma_get_context_resp resp = {};
+	int ret;
+
+	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx, RDMA_DRIVER_UNKNOWN);
+	if (!ctx)
+		return NULL;
+	pthread_mutex_init(&ctx->qps_lock, NULL);
+	ret = ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret)
+		goto err_free;
+	ret = vrdma_check_doorbell(ctx, &resp.drv);
+	if (ret)
+		goto err_free;
+	ctx->doorbell_page = resp.drv.doorbell_page;
+	ctx->doorbell_size = resp.drv.doorbell_page_size;
+	ctx->doorbell = mmap(NULL, ctx->doorbell_size, PROT_READ | PROT_WRITE, MAP_SHARED, cmd_fd,
+			     (off_t)resp.drv.doorbell_offset);
+	if (ctx->doorbell == MAP_FAILED) {
+		ret = errno;
+		ctx->doorbell = NULL;
+		verbs_err(&ctx->ibv_ctx, "vrdma: mapping doorbell page %u failed: %s\n", ctx->doorbell_page,
+			  strerror(ret));
+		goto err_free;
+	}
+	verbs_set_ops(&ctx->ibv_ctx, &vrdma_ctx_ops);
+	return &ctx->ibv_ctx;
+
+err_free:
+	/* Closing the context's file (done by the caller on failure) releases what the kernel allocated. */
+	pthread_mutex_destroy(&ctx->qps_lock);
+	verbs_uninit_context(&ctx->ibv_ctx);
+	free(ctx);
+	errno = ret;
+	return NULL;
+}
+
+static struct verbs_device *vrdma_device_alloc(struct verbs_sysfs_dev *sysfs_dev)
+{
+	struct vrdma_device *dev;
+
+	dev = calloc(1, sizeof(*dev));
+	if (!dev)
+		return NULL;
+	return &dev->ibv_dev;
+}
+
+static void vrdma_device_free(struct verbs_device *verbs_dev)
+{
+	free(container_of(verbs_dev, struct vrdma_device, ibv_dev));
+}
+
+static const struct verbs_match_ent vrdma_match_table[] = {
+	/* The uverbs device's parent is the virtio device: virtio:d<device id>v<vendor id>. */
+	VERBS_MODALIAS_MATCH("virtio:d0000002Av*", NULL),
+	{},
+};
+
+static const struct verbs_device_ops vrdma_dev_ops = {
+	.name = "vrdma",
+	.match_min_abi_version = VRDMA_UVERBS_ABI_VERSION,
+	.match_max_abi_version = VRDMA_UVERBS_ABI_VERSION,
+	.match_table = vrdma_match_table,
+	.alloc_device = vrdma_device_alloc,
+	.uninit_device = vrdma_device_free,
+	.alloc_context = vrdma_alloc_context,
+};
+
+PROVIDER_DRIVER(vrdma, vrdma_dev_ops);

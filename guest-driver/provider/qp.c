@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* Queue pairs and shared receive queues: rings in this process, posting by a store into the doorbell page. */
+#include "ring.h"
+
+/* After ringing: if the device's engine is parked, wake it (the store above and this load must not pass). */
+static void wake_if_parked(struct vrdma_context *ctx, struct vrdma_qp *qp)
+{
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (!__atomic_load_n(&ctx->doorbell[VRDMA_DB_SLOT_PARKED], __ATOMIC_ACQUIRE))
+		return;
+	qp->wake_cmd.qp_handle = qp->vqp.qp.handle;
+	if (write(ctx->ibv_ctx.context.cmd_fd, &qp->wake_cmd, sizeof(qp->wake_cmd)) != sizeof(qp->wake_cmd))
+		verbs_err(&ctx->ibv_ctx, "vrdma: waking the device failed: %s\n", strerror(errno));
+}
+
+static void queue_init(struct vrdma_queue *q, uint8_t *base, uint32_t depth, uint32_t stride, uint32_t max_sge,
+		       uint32_t db_slot)
+{
+	q->base = base;
+	q->depth = depth;
+	q->stride = stride;
+	q->max_sge = max_sge;
+	q->db_slot = db_slot;
+	q->prod = 0;
+	pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
+}
+
+static bool slot_ok(uint32_t slot)
+{
+	return slot != VRDMA_DB_SLOT_PARKED && slot < VRDMA_DB_SLOTS;
+}
+
+/*
+ * Room in a ring whose consumer index the device publishes: `prod - cons` WQEs are outstanding. A consumer index
+ * ahead of the producer is not the device's; the ring then counts as full.
+ */
+static bool ring_full(const struct vrdma_queue *q, volatile uint32_t *cons)
+{
+	uint32_t outstanding = q->prod - __atomic_load_n(cons, __ATOMIC_ACQUIRE);
+
+	return outstanding >= q->depth;
+}
+
+/* Post receive WQEs to an RQ or SRQ ring; `cons` is the device's consumer index in the ring header. */
+static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, volatile uint32_t *cons,
+			  struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	int ret = 0;
+
+	if (!ctx_alive(ctx)) {
+		*bad_wr = wr;
+		return EIO;
+	}
+	pthread_spin_lock(&q->lock);
+	for (; wr; wr = wr->next) {
+		struct vrdma_recv_wqe *wqe;
+		struct vrdma_sge *sge;
+
+		if (ring_full(q, cons)) {
+			ret = ENOMEM;
+			break;
+		}
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge) {
+			ret = EINVAL;
+			break;
+		}
+		wqe = (struct vrdma_recv_wqe *)(q->base + (size_t)(q->prod & (q->depth - 1)) * q->stride);
+		wqe->wr_id = wr->wr_id;
+		wqe->num_sge = (uint32_t)wr->num_sge;
+		wqe->reserved = 0;
+		sge = (struct vrdma_sge *)(wqe + 1);
+		for (int i = 0; i < wr->num_sge; i++) {
+			sge[i].addr = wr->sg_list[i].addr;
+			sge[i].length = wr->sg_list[i].length;
+			sge[i].lkey = wr->sg_list[i].lkey;
+		}
+		q->prod++;
+	}
+	if (ret)
+		*bad_wr = wr;
+	/* Receives are taken when a send arrives: no need to wake a parked engine for them. */
+	ring_doorbell(ctx, q->db_slot, q->prod);
+	pthread_spin_unlock(&q->lock);
+	return ret;
+}
+
+struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	struct vrdma_context *ctx = to_vctx(pd->context);
+	struct vrdma_create_qp_req cmd = {};
+	struct vrdma_create_qp_rsp resp = {};
+	struct ibv_qp_cap *cap = &attr->cap;
+	uint32_t sq_depth, rq_depth = 0, sq_stride, rq_stride = 0, sq_bytes, rq_bytes = 0;
+	struct vrdma_qp *qp;
+	int ret;
+
+	if (attr->qp_type != IBV_QPT_RC) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (cap->max_send_wr > (1u << 20) || cap->max_recv_wr > (1u << 20) || cap->max_send_sge > 255 ||
+	    cap->max_recv_sge > 255 || cap->max_inline_data > VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	sq_depth = pow2_at_least(cap->max_send_wr, 1);
+	sq_stride = pow2_at_least(sizeof(struct vrdma_send_wqe) +
+				  (cap->max_send_sge * sizeof(struct vrdma_sge) > cap->max_inline_data ?
+				   cap->max_send_sge * sizeof(struct vrdma_sge) : cap->max_inline_data), 64);
+	sq_bytes = (uint32_t)page_align((size_t)sq_depth * sq_stride);
+	if (!attr->srq) {
+		rq_depth = pow2_at_least(cap->max_recv_wr, 1);
+		rq_stride = pow2_at_least(sizeof(struct vrdma_recv_wqe) + cap->max_recv_sge * sizeof(struct vrdma_sge),
+					  32);
+		rq_bytes = (uint32_t)page_align((size_t)rq_depth * rq_stride);
+	}
+	if (sq_stride > VRDMA_PAGE_SIZE || rq_stride > VRDMA_PAGE_SIZE) {
+		ret = EINVAL;
+		goto err_free;
+	}
+	ret = buf_alloc(&qp->buf, VRDMA_PAGE_SIZE + (size_t)sq_bytes + rq_bytes);
+	if (ret)
+		goto err_free;
+	cmd.drv.buf_addr = (uintptr_t)qp->buf.addr;
+	cmd.drv.buf_size = qp->buf.size;
+	cmd.drv.sq_depth = sq_depth;
+	cmd.drv.rq_depth = rq_depth;
+	cmd.drv.sq_stride = sq_stride;
+	cmd.drv.rq_stride = rq_stride;
+	cmd.drv.sq_offset = VRDMA_PAGE_SIZE;
+	cmd.drv.rq_offset = attr->srq ? 0 : VRDMA_PAGE_SIZE + sq_bytes;
+	ret = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret)
+		goto err_free;
+	if (!slot_ok(resp.drv.sq_db_slot) || (!attr->srq && !slot_ok(resp.drv.rq_db_slot))) {
+		ibv_cmd_destroy_qp(&qp->vqp.qp);
+		ret = EPROTO;
+		goto err_free;
+	}
+	queue_init(&qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride, cap->max_send_sge,
+		   resp.drv.sq_db_slot);
+	queue_init(&qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth, rq_stride,
+		   cap->max_recv_sge, resp.drv.rq_db_slot);
+	qp->max_inline = cap->max_inline_data;
+	cap->max_send_wr = sq_depth;
+	cap->max_recv_wr = rq_depth;
+	/* The wake-up: a POST_SEND of no work requests (see wake_if_parked). */
+	qp->wake_cmd.hdr.command = IB_USER_VERBS_CMD_POST_SEND;
+	qp->wake_cmd.hdr.in_words = sizeof(qp->wake_cmd) / 4;
+	qp->wake_cmd.hdr.out_words = sizeof(qp->wake_resp) / 4;
+	qp->wake_cmd.response = (uintptr_t)&qp->wake_resp;
+	qp->wake_cmd.wqe_size = sizeof(struct ibv_send_wr);
+	pthread_mutex_lock(&ctx->qps_lock);
+	qp->next = ctx->qps;
+	ctx->qps = qp;
+	pthread_mutex_unlock(&ctx->qps_lock);
+	return &qp->vqp.qp;
+
+err_free:
+	return vrdma_abandon(&qp->buf, qp, ret);
+}
+
+/* The extended entry point, for what the legacy one can express: a PD and no creation flags. The new posting
+ * API (send_ops_flags, ibv_wr_*) and other QP types are not offered. */
+struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr_ex)
+{
+	struct ibv_qp_init_attr attr = {};
+	struct ibv_qp *qp;
+
+	if (!(attr_ex->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+	    (attr_ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	    ((attr_ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr_ex->create_flags)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	attr.qp_context = attr_ex->qp_context;
+	attr.send_cq = attr_ex->send_cq;
+	attr.recv_cq = attr_ex->recv_cq;
+	attr.srq = attr_ex->srq;
+	attr.cap = attr_ex->cap;
+	attr.qp_type = attr_ex->qp_type;
+	attr.sq_sig_all = attr_ex->sq_sig_all;
+	qp = vrdma_create_qp(attr_ex->pd, &attr);
+	if (qp)
+		attr_ex->cap = attr.cap;
+	return qp;
+}
+
+int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_context *ctx = to_vctx(ibqp->context);
+	struct ibv_modify_qp cmd = {};
+	int ret;
+
+	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	if (ret)
+		return ret;
+	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+		/* Emptied queues: both sides count from zero again. */
+		pthread_spin_lock(&qp->sq.lock);
+		qp->sq.prod = 0;
+		ring_doorbell(ctx, qp->sq.db_slot, 0);
+		pthread_spin_unlock(&qp->sq.lock);
+		if (!ibqp->srq) {
+			pthread_spin_lock(&qp->rq.lock);
+			qp->rq.prod = 0;
+			ring_doorbell(ctx, qp->rq.db_slot, 0);
+			pthread_spin_unlock(&qp->rq.lock);
+		}
+	}
+	return 0;
+}
+
+int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask,
+		   struct ibv_qp_init_attr *init_attr)
+{
+	struct ibv_query_qp cmd;
+
+	return ibv_cmd_query_qp(ibqp, attr, attr_mask, init_attr, &cmd, sizeof(cmd));
+}
+
+int vrdma_destroy_qp(struct ibv_qp *ibqp)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_context *ctx = to_vctx(ibqp->context);
+	struct vrdma_qp **link;
+	int ret = ibv_cmd_destroy_qp(ibqp);
+
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&ctx->qps_lock);
+	for (link = &ctx->qps; *link; link = &(*link)->next) {
+		if (*link == qp) {
+			*link = qp->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->qps_lock);
+	buf_free(&qp->buf);
+	pthread_spin_destroy(&qp->sq.lock);
+	pthread_spin_destroy(&qp->rq.lock);
+	free(qp);
+	return 0;
+}
+
+static bool opcode_ok(enum ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return true;
+	default:
+		return false;
+	}
+}
+
+int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_context *ctx = to_vctx(ibqp->context);
+	struct vrdma_queue *q = &qp->sq;
+	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
+	uint32_t posted = 0;
+	int ret = 0;
+
+	if (!ctx_alive(ctx)) {
+		*bad_wr = wr;  /* the device lost this context: nothing posted now would ever complete */
+		return EIO;
+	}
+	pthread_spin_lock(&q->lock);
+	for (; wr; wr = wr->next) {
+		struct vrdma_send_wqe *wqe;
+		bool is_atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+		if (ring_full(q, &hdr->sq_cons)) {
+			ret = ENOMEM;
+			break;
+		}
+		if (!opcode_ok(wr->opcode) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge) {
+			ret = EINVAL;
+			break;
+		}
+		wqe = (struct vrdma_send_wqe *)(q->base + (size_t)(q->prod & (q->depth - 1)) * q->stride);
+		memset(wqe, 0, sizeof(*wqe));
+		wqe->wr_id = wr->wr_id;
+		wqe->opcode = (uint8_t)wr->opcode;
+		wqe->send_flags = (uint8_t)(wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
+							      IBV_SEND_INLINE));
+		wqe->imm_data = wr->imm_data;
+		if (is_atomic) {
+			wqe->remote_addr = wr->wr.atomic.remote_addr;
+			wqe->rkey = wr->wr.atomic.rkey;
+			wqe->compare_add = wr->wr.atomic.compare_add;
+			wqe->swap = wr->wr.atomic.swap;
+		} else if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+			wqe->remote_addr = wr->wr.rdma.remote_addr;
+			wqe->rkey = wr->wr.rdma.rkey;
+		}
+		if (wr->send_flags & IBV_SEND_INLINE) {
+			uint8_t *data = (uint8_t *)(wqe + 1);
+			uint32_t len = 0;
+
+			for (int i = 0; i < wr->num_sge; i++) {
+				if (wr->sg_list[i].length > qp->max_inline - len) {
+					ret = EINVAL;
+					break;
+				}
+				memcpy(data + len, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+				len += wr->sg_list[i].length;
+			}
+			if (ret)
+				break;
+			wqe->inline_len = len;
+		} else {
+			struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
+
+			wqe->num_sge = (uint8_t)wr->num_sge;
+			for (int i = 0; i < wr->num_sge; i++) {
+				sge[i].addr = wr->sg_list[i].addr;
+				sge[i].length = wr->sg_list[i].length;
+				sge[i].lkey = wr->sg_list[i].lkey;
+			}
+		}
+		q->prod++;
+		posted++;
+	}
+	if (ret)
+		*bad_wr = wr;
+	if (posted) {
+		ring_doorbell(ctx, q->db_slot, q->prod);
+		wake_if_parked(ctx, qp);
+	}
+	pthread_spin_unlock(&q->lock);
+	return ret;
+}
+
+int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
+
+	if (ibqp->srq) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return post_recv_ring(to_vctx(ibqp->context), &qp->rq, &hdr->rq_cons, wr, bad_wr);
+}
+
+/* -- shared receive queues -------------------------------------------------------------------------------------- */
+
+struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	struct vrdma_create_srq_req cmd = {};
+	struct vrdma_create_srq_rsp resp = {};
+	struct vrdma_srq *srq;
+	uint32_t depth, stride;
+	int ret;
+
+	if (attr->attr.max_wr > (1u << 20) || attr->attr.max_sge > 255) {
+		errno = EINVAL;
+		return NULL;
+	}
+	srq = calloc(1, sizeof(*srq));
+	if (!srq)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	depth = pow2_at_least(attr->attr.max_wr + 1, 2);  /* one more than asked: the limit must stay below it */
+	stride = pow2_at_least(sizeof(struct vrdma_recv_wqe) + attr->attr.max_sge * sizeof(struct vrdma_sge), 32);
+	if (stride > VRDMA_PAGE_SIZE) {
+		ret = EINVAL;
+		goto err_free;
+	}
+	ret = buf_alloc(&srq->buf, VRDMA_PAGE_SIZE + (size_t)depth * stride);
+	if (ret)
+		goto err_free;
+	cmd.drv.buf_addr = (uintptr_t)srq->buf.addr;
+	cmd.drv.buf_size = srq->buf.size;
+	cmd.drv.depth = depth;
+	cmd.drv.stride = stride;
+	ret = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret)
+		goto err_free;
+	if (!slot_ok(resp.drv.db_slot)) {
+		ibv_cmd_destroy_srq(&srq->vsrq.srq);
+		ret = EPROTO;
+		goto err_free;
+	}
+	queue_init(&srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride, attr->attr.max_sge,
+		   resp.drv.db_slot);
+	return &srq->vsrq.srq;
+
+err_free:
+	return vrdma_abandon(&srq->buf, srq, ret);
+}
+
+int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
+{
+	struct ibv_modify_srq cmd;
+
+	return ibv_cmd_modify_srq(ibsrq, attr, mask, &cmd, sizeof(cmd));
+}
+
+int vrdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
+{
+	struct ibv_query_srq cmd;
+
+	return ibv_cmd_query_srq(ibsrq, attr, &cmd, sizeof(cmd));
+}
+
+int vrdma_destroy_srq(struct ibv_srq *ibsrq)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	int ret = ibv_cmd_destroy_srq(ibsrq);
+
+	if (ret)
+		return ret;
+	buf_free(&srq->buf);
+	pthread_spin_destroy(&srq->rq.lock);
+	free(srq);
+	return 0;
+}
+
+int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct vrdma_srq_ring_hdr *hdr = srq->buf.addr;
+
+	return post_recv_ring(to_vctx(ibsrq->context), &srq->rq, &hdr->cons, wr, bad_wr);
+}
+
+/* -- address handles -------------------------------------------------------------------------------------------- */

@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* Device and port queries, protection domains, memory regions, address handles, and the page-aligned ring buffers. */
+#include "ring.h"
+
+uint32_t pow2_at_least(uint32_t value, uint32_t minimum)
+{
+	uint32_t result = minimum;
+
+	while (result < value && result < (1u << 30))
+		result <<= 1;
+	return result;
+}
+
+size_t page_align(size_t size)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+	return (size + page - 1) & ~(page - 1);
+}
+
+int buf_alloc(struct vrdma_buf *buf, size_t size)
+{
+	buf->size = page_align(size);
+	if (posix_memalign(&buf->addr, (size_t)sysconf(_SC_PAGESIZE), buf->size))
+		return ENOMEM;
+	memset(buf->addr, 0, buf->size);
+	if (ibv_dontfork_range(buf->addr, buf->size)) {
+		free(buf->addr);
+		buf->addr = NULL;
+		return ENOMEM;
+	}
+	return 0;
+}
+
+void buf_free(struct vrdma_buf *buf)
+{
+	if (!buf->addr)
+		return;
+	ibv_dofork_range(buf->addr, buf->size);
+	free(buf->addr);
+	buf->addr = NULL;
+}
+
+int vrdma_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+			  struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ib_uverbs_ex_query_device_resp resp;
+	size_t resp_size = sizeof(resp);
+	uint64_t fw;
+	int ret;
+
+	ret = ibv_cmd_query_device_any(context, input, attr, attr_size, &resp, &resp_size);
+	if (ret)
+		return ret;
+	fw = resp.base.fw_ver;
+	snprintf(attr->orig_attr.fw_ver, sizeof(attr->orig_attr.fw_ver), "%u.%u.%u",
+		 (unsigned int)(fw >> 32) & 0xffff, (unsigned int)(fw >> 16) & 0xffff, (unsigned int)fw & 0xffff);
+	return 0;
+}
+
+int vrdma_query_port(struct ibv_context *context, uint8_t port, struct ibv_port_attr *attr)
+{
+	struct ibv_query_port cmd;
+
+	return ibv_cmd_query_port(context, port, attr, &cmd, sizeof(cmd));
+}
+
+struct ibv_pd *vrdma_alloc_pd(struct ibv_context *context)
+{
+	struct ibv_alloc_pd cmd;
+	struct vrdma_alloc_pd_cmd_resp resp = {};
+	struct vrdma_pd *pd;
+	int ret;
+
+	pd = calloc(1, sizeof(*pd));
+	if (!pd)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_alloc_pd(context, &pd->ibv_pd, &cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, pd, ret);
+	pd->pdn = resp.drv.pdn;
+	return &pd->ibv_pd;
+}
+
+int vrdma_dealloc_pd(struct ibv_pd *ibpd)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_pd(ibpd);
+	if (ret)
+		return ret;
+	free(to_vpd(ibpd));
+	return 0;
+}
+
+
+/* -- memory regions --------------------------------------------------------------------------------------------- */
+
+struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
+{
+	struct ibv_reg_mr cmd;
+	struct ib_uverbs_reg_mr_resp resp;
+	struct verbs_mr *vmr;
+	int ret;
+
+	vmr = calloc(1, sizeof(*vmr));
+	if (!vmr)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_reg_mr(pd, addr, length, hca_va, access, vmr, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, vmr, ret);
+	return &vmr->ibv_mr;
+}
+
+int vrdma_dereg_mr(struct verbs_mr *vmr)
+{
+	int ret = ibv_cmd_dereg_mr(vmr);
+
+	if (ret)
+		return ret;
+	free(vmr);
+	return 0;
+}
+
+/* -- completion queues ------------------------------------------------------------------------------------------ */
+
+struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+	struct ib_uverbs_create_ah_resp resp;
+	struct vrdma_ah *ah;
+	int ret;
+
+	ah = calloc(1, sizeof(*ah));
+	if (!ah)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, ah, ret);
+	return &ah->ibv_ah;
+}
+
+int vrdma_destroy_ah(struct ibv_ah *ibah)
+{
+	int ret = ibv_cmd_destroy_ah(ibah);
+
+	if (ret)
+		return ret;
+	free(container_of(ibah, struct vrdma_ah, ibv_ah));
+	return 0;
+}
+
+/* A create that failed: the object's ring buffer (if it has one) and the object (if any) go; errno says why. */
+void *vrdma_abandon(struct vrdma_buf *buf, void *obj, int err)
+{
+	if (buf)
+		buf_free(buf);
+	free(obj);
+	errno = err;
+	return NULL;
+}
