@@ -27,8 +27,10 @@ def abi_include_dir(package_dir: Path) -> Path:
 
 def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path]) -> cffi.FFI:
     """An API-mode FFI for C whose header declares its API between /* <marker>-BEGIN */ and -END: that text is
-    the cffi declaration, so the API is declared once. ``source``: one C file compiled as the module's translation
-    unit, or a list of C files compiled beside a unit that includes only the header. Warnings are errors."""
+    the cffi declaration, so the API is declared once. ``source``: one C file, or a list of C files, compiled as
+    the module's one translation unit (a list is #included in order: the files stay apart in the tree while the
+    compiler sees them whole and inlines across them, as it did when they were one file; split into separate
+    units, the data engine's 8-byte WRITE rate fell by 14%). Warnings are errors."""
     text = header.read_text()
     match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
     if match is None:
@@ -39,8 +41,8 @@ def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], i
         ffi.set_source(module, source.read_text(), include_dirs=[str(d) for d in include_dirs],
                        extra_compile_args=CFLAGS)
     else:
-        ffi.set_source(module, f'#include "{header.name}"\n', sources=[str(s) for s in source],
-                       include_dirs=[str(d) for d in include_dirs], extra_compile_args=CFLAGS)
+        unit = "#define VRE_ONE_UNIT\n" + "".join(f'#include "{path.name}"\n' for path in source)
+        ffi.set_source(module, unit, include_dirs=[str(d) for d in include_dirs], extra_compile_args=CFLAGS)
     return ffi
 
 

@@ -8,7 +8,7 @@
 
 #include "vre.h"
 
-void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm)
+VRE_FN void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm)
 {
 	cq->arm_done = arm;
 	cq->mod_pending = 0;
@@ -16,7 +16,7 @@ void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, 
 	vre_post_event(e, dev_index(e, d), VRDMA_EVENT_CQ_COMP, cq->cfg.handle, 0);
 }
 
-void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
+VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
 	     bool solicited)
 {
 	struct vrdma_cq_ring_hdr *hdr;
@@ -64,7 +64,7 @@ void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, cons
  * and the earliest deadline still pending becomes the next one. (A deadline that went away early, because its CQ
  * reached its count, only makes this run once for nothing.)
  */
-void cq_timers(struct vre_engine *e, struct vre_device *d)
+VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d)
 {
 	int64_t next = 0;
 

@@ -12,7 +12,7 @@
 
 #include "vre.h"
 
-int vre_fail(struct vre_engine *e, int err, const char *fmt, ...)
+VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -22,7 +22,7 @@ int vre_fail(struct vre_engine *e, int err, const char *fmt, ...)
 	return -err;
 }
 
-int64_t vre_monotonic_ns(void)
+VRE_FN int64_t vre_monotonic_ns(void)
 {
 	struct timespec ts;
 
@@ -30,12 +30,12 @@ int64_t vre_monotonic_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-struct vre_device *vre_dev(struct vre_engine *e, uint32_t dev)
+VRE_FN struct vre_device *vre_dev(struct vre_engine *e, uint32_t dev)
 {
 	return dev < e->ndevices && e->devices[dev].open ? &e->devices[dev] : NULL;
 }
 
-void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data)
+VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data)
 {
 	if (e->ev_tail - e->ev_head >= EVENT_RING) {
 		if (dev < e->ndevices)
@@ -48,14 +48,14 @@ void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t 
 }
 
 /* A slot of a user context's doorbell page: never page 0 (the header), the parked slot or past the page. */
-volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot)
+VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot)
 {
 	if (page == 0 || page >= d->lim.doorbell_pages || slot == VRDMA_DB_SLOT_PARKED || slot >= DB_WORDS)
 		return NULL;
 	return (volatile uint32_t *)(d->doorbells + (size_t)page * VRDMA_DOORBELL_PAGE_SIZE) + slot;
 }
 
-void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
+VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
 {
 	for (uint32_t i = 0; i < e->ndevices; i++) {
 		struct vre_device *d = &e->devices[i];
@@ -68,10 +68,11 @@ void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
 
 struct vre_engine *vre_engine_new(uint32_t max_devices)
 {
-	struct vre_engine *e = calloc(1, sizeof(*e));
+	struct vre_engine *e = aligned_alloc(64, sizeof(*e));  /* the scratch is cache-line aligned */
 
 	if (!e)
 		return NULL;
+	memset(e, 0, sizeof(*e));
 	e->devices = calloc(max_devices, sizeof(*e->devices));
 	if (!e->devices) {
 		free(e);

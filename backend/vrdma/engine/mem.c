@@ -32,7 +32,7 @@ static void mem_free(struct vre_mem *m)
 }
 
 /* An object's pages leave the device's translation budget (mem_load charged them). */
-void mem_put(struct vre_device *d, struct vre_mem *m)
+VRE_FN void mem_put(struct vre_device *d, struct vre_mem *m)
 {
 	d->pages_in_use -= m->npages;
 	mem_free(m);
@@ -41,7 +41,7 @@ void mem_put(struct vre_device *d, struct vre_mem *m)
 /* Read a page list (levels 1 or 2) out of guest memory and translate every page once. Each translated page costs
  * the backend 16 bytes whatever guest page it names (a list may name one page 262,144 times), so the device's pages
  * together are bounded, as an HCA's translation table is: past the budget a registration fails with ENOMEM. */
-int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
+VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
 	     struct vre_mem *m)
 {
 	uint32_t n = desc->npages;
@@ -101,7 +101,7 @@ int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_
  * translated; NULL with *err set (and the engine's message) when memory or the translation budget runs out or a page
  * is not guest RAM. obj_free gives both back (nothing for NULL: a destroy of an empty slot).
  */
-void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
+VRE_FN void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
 	      const struct vre_pages_desc *pages, const char *what, int *err)
 {
 	uint8_t *obj = calloc(1, size);
@@ -118,7 +118,7 @@ void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t me
 	return obj;
 }
 
-void obj_free(struct vre_device *d, void *obj, size_t mem_offset)
+VRE_FN void obj_free(struct vre_device *d, void *obj, size_t mem_offset)
 {
 	if (!obj)
 		return;
@@ -126,7 +126,7 @@ void obj_free(struct vre_device *d, void *obj, size_t mem_offset)
 	free(obj);
 }
 
-bool mem_retranslate(struct vre_device *d, struct vre_mem *m)
+VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m)
 {
 	for (uint32_t i = 0; i < m->npages; i++) {
 		m->hva[i] = gpa_page(d, m->gpa[i]);
@@ -148,7 +148,7 @@ static uint8_t *seg_at(const struct seg *s, uint64_t done, uint64_t *chunk)
 }
 
 /* Copy min(total of dst, total of src) bytes, chunk by chunk, never crossing a page of either side. */
-uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc)
+VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc)
 {
 	uint32_t di = 0, si = 0;
 	uint64_t doff = 0, soff = 0, moved = 0;

@@ -4,7 +4,7 @@
 
 #include "vre.h"
 
-struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote)
+VRE_FN struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote)
 {
 	struct vre_mr *mr = mr_at(d, key & (d->lim.max_mr - 1));
 
@@ -14,7 +14,7 @@ struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote)
 }
 
 /* The offset in mr->mem of [addr, addr + len), if that range lies inside the MR. */
-bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off)
+VRE_FN bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off)
 {
 	if (addr < mr->cfg.iova)
 		return false;

@@ -21,7 +21,7 @@ static const struct vre_opcode opcodes[] = {
 					    VRDMA_ACCESS_REMOTE_ATOMIC, VRDMA_WC_OP_FETCH_ADD },
 };
 
-const struct vre_opcode *vre_opcode(uint8_t wr_opcode)
+VRE_FN const struct vre_opcode *vre_opcode(uint8_t wr_opcode)
 {
 	if (wr_opcode >= sizeof(opcodes) / sizeof(opcodes[0]) || !opcodes[wr_opcode].name)
 		return NULL;

@@ -8,7 +8,7 @@
 
 #include "vre.h"
 
-struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn)
+VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn)
 {
 	struct vre_device *d = vre_dev(e, dev);
 	struct vre_qp *qp = d ? qp_at(d, qpn & (d->lim.max_qp - 1)) : NULL;
@@ -16,7 +16,7 @@ struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn)
 	return qp && qp->cfg.qpn == qpn ? qp : NULL;
 }
 
-void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event)
+VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event)
 {
 	if (qp->attr.state == VRDMA_QPS_ERR)
 		return;

@@ -9,7 +9,7 @@
 #include "vre.h"
 
 /* Take the next receive WQE of `qp` (its RQ or its SRQ), copied out of guest memory. */
-enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
+VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
 		    uint32_t *max_sge)
 {
 	if (qp->cfg.srq != VRE_NO_SRQ) {
@@ -59,7 +59,7 @@ enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *q
 }
 
 /* Flush the receive queue of a QP in error: every posted receive completes with WR_FLUSH_ERR. */
-uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
+VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 	uint32_t prod, n = 0;

@@ -17,7 +17,7 @@ static const uint32_t rnr_timer_us[32] = {
 };
 
 /* Build segments from SGEs in device d, checking keys, PD, bounds and (if asked) local write access. */
-uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
+VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
 		     uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total)
 {
 	uint64_t sum = 0;
@@ -48,7 +48,7 @@ uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *
  * Retire the send WQE at the head of the queue, then complete it. The consumer index is published first: a
  * provider that sees the completion must also see the slot free (it refuses posts into a full ring).
  */
-void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
+VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
 		   uint8_t status, uint32_t byte_len)
 {
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
@@ -154,7 +154,7 @@ local_error:
 }
 
 /* Run a QP's send queue: up to `budget` WQEs, in order; flush them in the error state. */
-uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
+VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
 	struct send_wqe *w = &e->scratch.wqe;
 	uint32_t prod, n = 0;

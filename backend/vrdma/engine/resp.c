@@ -108,7 +108,7 @@ static enum resp atomic(const struct vre_request *r, struct vre_mr *rmr, uint64_
 	return RESP_DONE;
 }
 
-enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status)
+VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status)
 {
 	uint32_t flags = r->op->flags;
 	struct vre_mr *rmr = NULL;

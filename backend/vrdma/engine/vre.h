@@ -38,6 +38,17 @@
 
 #pragma GCC visibility push(hidden)
 
+/*
+ * The engine's internal functions: `static` when the files are compiled as one unit (VRE_ONE_UNIT: the cffi
+ * module, so the compiler inlines across files as it would within one), hidden otherwise (the fuzzer links the
+ * files apart).
+ */
+#ifdef VRE_ONE_UNIT
+#define VRE_FN static
+#else
+#define VRE_FN
+#endif
+
 /* Guest memory an object spans: its pages' guest-physical addresses and where they are mapped here. */
 struct vre_mem {
 	uint32_t npages;
@@ -143,7 +154,7 @@ struct vre_engine {
 	bool parked;
 	int64_t now;
 	char error[256];
-	struct vre_scratch scratch;
+	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines, away from the event ring */
 };
 
 /* -- small helpers ------------------------------------------------------------------------------------------ */
@@ -177,7 +188,7 @@ static inline uint8_t *mem_at(const struct vre_mem *m, uint64_t off)
 /* -- checked lookups: every slot or device index a caller gives goes through one of these --------------------- */
 
 /* An open device, or NULL. */
-struct vre_device *vre_dev(struct vre_engine *e, uint32_t dev);
+VRE_FN struct vre_device *vre_dev(struct vre_engine *e, uint32_t dev);
 
 /*
  * mr_at(d, slot), cq_at, srq_at, qp_at: the object in `slot` of an open device's table of that kind, or NULL when
@@ -209,49 +220,49 @@ VRE_TABLE(qp)
 
 /* -- device.c ---------------------------------------------------------------------------------------------- */
 
-int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int64_t vre_monotonic_ns(void);
-void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
-volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot);
-void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
+VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+VRE_FN int64_t vre_monotonic_ns(void);
+VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
+VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot);
+VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
 
 /* -- mem.c ------------------------------------------------------------------------------------------------- */
 
-int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
+VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
 	     struct vre_mem *m);
-void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
+VRE_FN void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
 	      const struct vre_pages_desc *pages, const char *what, int *err);
-void obj_free(struct vre_device *d, void *obj, size_t mem_offset);
-void mem_put(struct vre_device *d, struct vre_mem *m);
-bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
-uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc);
+VRE_FN void obj_free(struct vre_device *d, void *obj, size_t mem_offset);
+VRE_FN void mem_put(struct vre_device *d, struct vre_mem *m);
+VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
+VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc);
 
 /* -- layout.c: the ring layouts the device accepts, each rule in one place ------------------------------------ */
 
-bool cq_ring_fits(uint32_t entries, uint32_t max_cqe, uint32_t npages);
-bool recv_queue_fits(uint32_t depth, uint32_t max_depth, uint32_t stride, uint32_t max_sge, uint32_t dev_max_sge);
-bool srq_ring_fits(uint32_t depth, uint32_t stride, uint32_t npages);
-bool send_queue_fits(uint32_t depth, uint32_t max_depth, uint32_t stride, uint32_t max_sge, uint32_t dev_max_sge,
+VRE_FN bool cq_ring_fits(uint32_t entries, uint32_t max_cqe, uint32_t npages);
+VRE_FN bool recv_queue_fits(uint32_t depth, uint32_t max_depth, uint32_t stride, uint32_t max_sge, uint32_t dev_max_sge);
+VRE_FN bool srq_ring_fits(uint32_t depth, uint32_t stride, uint32_t npages);
+VRE_FN bool send_queue_fits(uint32_t depth, uint32_t max_depth, uint32_t stride, uint32_t max_sge, uint32_t dev_max_sge,
 		     uint32_t max_inline, uint32_t dev_max_inline);
-bool ring_fits(uint32_t depth, uint32_t stride, uint32_t offset, uint64_t end);
-uint64_t qp_ring_pages(uint32_t sq_depth, uint32_t sq_stride, uint32_t rq_depth, uint32_t rq_stride);
+VRE_FN bool ring_fits(uint32_t depth, uint32_t stride, uint32_t offset, uint64_t end);
+VRE_FN uint64_t qp_ring_pages(uint32_t sq_depth, uint32_t sq_stride, uint32_t rq_depth, uint32_t rq_stride);
 
 /* -- mr.c -------------------------------------------------------------------------------------------------- */
 
-struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote);
-bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off);
+VRE_FN struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote);
+VRE_FN bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off);
 
 /* -- cq.c -------------------------------------------------------------------------------------------------- */
 
-void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm);
-void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
+VRE_FN void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, uint32_t arm);
+VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
 	     bool solicited);
-void cq_timers(struct vre_engine *e, struct vre_device *d);
+VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d);
 
 /* -- qp.c -------------------------------------------------------------------------------------------------- */
 
-struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
-void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
+VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
+VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
 
 /* -- opcode.c ---------------------------------------------------------------------------------------------- */
 
@@ -272,15 +283,15 @@ struct vre_opcode {
 };
 
 /* The opcode's row, or NULL for an opcode the device does not know. */
-const struct vre_opcode *vre_opcode(uint8_t wr_opcode);
+VRE_FN const struct vre_opcode *vre_opcode(uint8_t wr_opcode);
 
 /* -- recv.c ------------------------------------------------------------------------------------------------ */
 
 enum take { TAKE_OK, TAKE_EMPTY, TAKE_BROKEN };
 
-enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
+VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
 		    uint32_t *max_sge);
-uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
 /* -- req.c and resp.c ------------------------------------------------------------------------------------------ */
 
@@ -300,12 +311,12 @@ struct vre_request {
  * with *status and goes to the error state alone. */
 enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR };
 
-uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
+VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
 		     uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
-void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
+VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
 		   uint8_t status, uint32_t byte_len);
-enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
-uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
+VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
 #pragma GCC visibility pop
 
