@@ -1,6 +1,6 @@
-"""Build the data engine's libFuzzer harness: build/fuzz/engine_fuzz, from fuzz/engine/engine_fuzz.c and the
-engine's own C files (backend/vrdma/engine/*.c), with Debian's clang, libFuzzer, AddressSanitizer and
-UndefinedBehaviorSanitizer.
+"""Build the data engine's libFuzzer harness: build/fuzz/engine_fuzz, from fuzz/engine/*.c (engine_fuzz.c and its
+helpers) and the engine's own C files (backend/vrdma/engine/*.c), with Debian's clang, libFuzzer,
+AddressSanitizer and UndefinedBehaviorSanitizer.
 
 Rebuilt only when an input (the sources, the headers, the flags) changed. ``python -m fuzz.build``;
 ``python -m fuzz.build --coverage`` reports the line and branch coverage of the engine's files by the corpus.
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "backend" / "vrdma" / "engine"
 ABI = ROOT / "guest-driver" / "include" / "uapi" / "rdma"
-HARNESS = ROOT / "fuzz" / "engine" / "engine_fuzz.c"
+HARNESS_DIR = ROOT / "fuzz" / "engine"
 OUT = ROOT / "build" / "fuzz" / "engine_fuzz"
 # UBSan's checks abort (no recovery): a report must end the run and leave the input behind. Warnings are errors in
 # the harness as in the engine.
@@ -42,11 +42,16 @@ def engine_sources() -> list[Path]:
     return sorted(ENGINE.glob("*.c"))
 
 
+def harness_sources() -> list[Path]:
+    """The harness: engine_fuzz.c (what it does), vm.c and objects.c (its fake VMs and object operations)."""
+    return sorted(HARNESS_DIR.glob("*.c"))
+
+
 def engine_fuzzer() -> Path:
     cc = compiler()
-    sources = [HARNESS, *engine_sources()]
+    sources = [*harness_sources(), *engine_sources()]
     digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
-    for path in [*sources, *sorted(ENGINE.glob("*.h")), ABI / "vrdma-abi.h"]:
+    for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESS_DIR.glob("*.h")), ABI / "vrdma-abi.h"]:
         digest.update(path.read_bytes())
     key = digest.hexdigest()[:16]
     stamp = OUT.with_suffix(".stamp")
@@ -74,7 +79,8 @@ def engine_coverage(corpora: list[Path]) -> str:
     merged = OUT.with_name("engine_cov.profdata")
     flags = ["-g", "-O0", "-fsanitize=fuzzer", "-fprofile-instr-generate", "-fcoverage-mapping", f"-I{ENGINE}",
              f"-I{ABI}"]
-    subprocess.run([cc, *flags, str(HARNESS), *map(str, engine_sources()), "-o", str(binary)], check=True)
+    subprocess.run([cc, *flags, *map(str, harness_sources()), *map(str, engine_sources()), "-o", str(binary)],
+                   check=True)
     subprocess.run([str(binary), "-runs=0", *map(str, corpora)], env={"LLVM_PROFILE_FILE": str(profile)},
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.run([str(tools["llvm-profdata"]), "merge", "-sparse", str(profile), "-o", str(merged)], check=True)
