@@ -25,19 +25,22 @@ def _libvhost_user_available() -> bool:
         return False
 
 
-ABI_HEADER = Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"
+# The device API (the layouts the backend loads) and the user ABI (the driver tests hold it to the driver).
+ABI_HEADERS = [Path("guest-driver") / "include" / "vrdma_dev_api.h",
+               Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"]
 
 
 class BuildPyWithAbiHeader(build_py):
-    """Ship the device ABI header inside the package: the backend loads its layouts from that text."""
+    """Ship the ABI headers inside the package: the backend loads its layouts from that text."""
 
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
             return  # an editable install reads the header from the checkout
-        target = Path(self.build_lib) / "vrdma" / "device" / ABI_HEADER.name
-        self.mkpath(str(target.parent))
-        self.copy_file(str(Path(__file__).parent / ABI_HEADER), str(target))
+        for header in ABI_HEADERS:
+            target = Path(self.build_lib) / "vrdma" / "device" / header.name
+            self.mkpath(str(target.parent))
+            self.copy_file(str(Path(__file__).parent / header), str(target))
 
 
 editable = any(arg.startswith(("editable_wheel", "develop")) for arg in sys.argv)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "backend" / "vrdma" / "engine"
-ABI = ROOT / "guest-driver" / "include" / "uapi" / "rdma"
+ABI = ROOT / "guest-driver" / "include"  # the device API header, vrdma_dev_api.h
 HARNESS_DIR = ROOT / "fuzz" / "engine"
 OUT = ROOT / "build" / "fuzz" / "engine_fuzz"
 # UBSan's checks abort (no recovery): a report must end the run and leave the input behind. Warnings are errors in
@@ -51,7 +51,7 @@ def engine_fuzzer() -> Path:
     cc = compiler()
     sources = [*harness_sources(), *engine_sources()]
     digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
-    for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESS_DIR.glob("*.h")), ABI / "vrdma-abi.h"]:
+    for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESS_DIR.glob("*.h")), ABI / "vrdma_dev_api.h"]:
         digest.update(path.read_bytes())
     key = digest.hexdigest()[:16]
     stamp = OUT.with_suffix(".stamp")

@@ -85,7 +85,7 @@ def _inputs(module: str, recipe: ModuleType) -> list[Path]:
     files = [*sorted(p for p in here.iterdir() if p.suffix in (".c", ".h")), BUILDS[module], Path(__file__),
              PACKAGE / "_cffi_inplace.py"]
     if module == "vrdma.engine._engine":
-        files.append(ROOT / "guest-driver" / "include" / "uapi" / "rdma" / "vrdma-abi.h")
+        files.append(ROOT / "guest-driver" / "include" / "vrdma_dev_api.h")
     if module == "vrdma.vhost_user._libvhost_user":
         lvu = recipe.libvhost_user_dir()
         files += [lvu / "libvhost-user.c", lvu / "libvhost-user.h"]

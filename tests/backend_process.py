@@ -10,10 +10,11 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from vrdma.device import abi
 from vrdma.harness.daemon import DaemonProcess, DaemonStartError, DaemonStopError, Served
@@ -172,3 +173,18 @@ def connect_sides(a: SimSide, a_gid: bytes, b: SimSide, b_gid: bytes) -> None:
     """Move both QPs to RTS, each aimed at the other."""
     a.verbs.connect(a.qp, b.qp.qpn, b_gid)
     b.verbs.connect(b.qp, a.qp.qpn, a_gid)
+
+
+SideT = TypeVar("SideT", bound=SimSide)
+
+
+@contextmanager
+def two_vms(backend: BackendProcess, make_side: Callable[[Frontend, BackendProcess, str], SideT],
+            gids: dict[str, bytes], connect: bool = True) -> Iterator[tuple[SideT, SideT]]:
+    """vm0 and vm1 on one backend, each a side made by ``make_side``; their QPs in RTS aimed at each other unless
+    ``connect`` is False (a test that connects them with its own attributes)."""
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
+        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+        if connect:
+            connect_sides(a, gids["vm0"], b, gids["vm1"])
+        yield a, b

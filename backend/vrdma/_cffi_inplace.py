@@ -17,12 +17,16 @@ import cffi
 CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fno-strict-aliasing"]
 
 
+DEVICE_API_HEADER = "vrdma_dev_api.h"
+
+
 def abi_include_dir(package_dir: Path) -> Path:
-    """Where vrdma-abi.h is: the installed package's copy, or the checkout's guest-driver/include."""
+    """Where the device API header (vrdma_dev_api.h) is: the installed package's copy, or the checkout's
+    guest-driver/include."""
     packaged = package_dir.parents[0] / "device"
-    if (packaged / "vrdma-abi.h").is_file():
+    if (packaged / DEVICE_API_HEADER).is_file():
         return packaged
-    return package_dir.parents[2] / "guest-driver" / "include" / "uapi" / "rdma"
+    return package_dir.parents[2] / "guest-driver" / "include"
 
 
 def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path]) -> cffi.FFI:

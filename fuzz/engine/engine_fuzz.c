@@ -61,17 +61,33 @@ static void fill_sges(struct in *in, struct vm *vm, struct vrdma_sge *sge, uint3
 	}
 }
 
+/* What both posts start with, in this input order: a QP of the VM, how many WQEs, how the doorbell is rung. */
+struct post_plan {
+	struct qp_rec *qp;
+	uint32_t count;
+	uint8_t ring;             /* bit 0: ring a value from the input instead of the producer index */
+};
+
+static struct post_plan plan_post(struct in *in, struct vm *vm)
+{
+	struct post_plan plan;
+
+	plan.qp = pick_qp(vm, u8(in), NULL);
+	plan.count = 1 + u8(in) % 8;
+	plan.ring = u8(in);
+	return plan;
+}
+
 static void op_post_send(struct in *in, struct vre_engine *e, uint32_t dev)
 {
 	struct vm *vm = &vms[dev];
-	struct qp_rec *qp = pick_qp(vm, u8(in), NULL);
-	uint32_t count = 1 + u8(in) % 8;
-	uint8_t ring = u8(in);
+	struct post_plan plan = plan_post(in, vm);
+	struct qp_rec *qp = plan.qp;
 
 	(void)e;
 	if (!qp)
 		return;
-	for (uint32_t k = 0; k < count; k++) {
+	for (uint32_t k = 0; k < plan.count; k++) {
 		union {
 			struct {
 				struct vrdma_send_wqe hdr;
@@ -117,20 +133,19 @@ static void op_post_send(struct in *in, struct vre_engine *e, uint32_t dev)
 			   qp->cfg.sq_stride, &w, qp->cfg.sq_stride < sizeof(w) ? qp->cfg.sq_stride : sizeof(w));
 		qp->sq_prod++;
 	}
-	ring_doorbell(vm, qp->cfg.db_page, qp->cfg.sq_db_slot, ring & 1 ? u32(in) : qp->sq_prod);
+	ring_doorbell(vm, qp->cfg.db_page, qp->cfg.sq_db_slot, plan.ring & 1 ? u32(in) : qp->sq_prod);
 }
 
 static void op_post_recv(struct in *in, struct vre_engine *e, uint32_t dev)
 {
 	struct vm *vm = &vms[dev];
-	struct qp_rec *qp = pick_qp(vm, u8(in), NULL);
-	uint32_t count = 1 + u8(in) % 8;
-	uint8_t ring = u8(in);
+	struct post_plan plan = plan_post(in, vm);
+	struct qp_rec *qp = plan.qp;
 
 	(void)e;
 	if (!qp)
 		return;
-	for (uint32_t k = 0; k < count; k++) {
+	for (uint32_t k = 0; k < plan.count; k++) {
 		struct {
 			struct vrdma_recv_wqe hdr;
 			struct vrdma_sge sge[PAGE / sizeof(struct vrdma_sge)];
@@ -163,9 +178,9 @@ static void op_post_recv(struct in *in, struct vre_engine *e, uint32_t dev)
 	if (qp->cfg.srq != VRE_NO_SRQ) {
 		struct srq_rec *srq = &vm->srqs[qp->cfg.srq];
 
-		ring_doorbell(vm, srq->db_page, srq->db_slot, ring & 1 ? u32(in) : srq->prod);
+		ring_doorbell(vm, srq->db_page, srq->db_slot, plan.ring & 1 ? u32(in) : srq->prod);
 	} else {
-		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.rq_db_slot, ring & 1 ? u32(in) : qp->rq_prod);
+		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.rq_db_slot, plan.ring & 1 ? u32(in) : qp->rq_prod);
 	}
 }
 

@@ -20,7 +20,7 @@
 #include <sys/mman.h>
 
 #include "engine.h"
-#include "vrdma-abi.h"
+#include "vrdma_dev_api.h"
 
 #define NDEV 2
 #define PAGE VRDMA_PAGE_SIZE

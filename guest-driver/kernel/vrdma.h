@@ -12,6 +12,7 @@
 #include <rdma/ib_verbs.h>
 
 #include <rdma/vrdma-abi.h>
+#include "vrdma_dev_api.h"
 
 #define VRDMA_CMD_TIMEOUT_MS 5000
 #define VRDMA_EVENT_BUFFERS 16
@@ -142,6 +143,7 @@ int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl);
 int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
 	      struct vrdma_pbl *pbl);
 u32 vrdma_ucontext_handle(struct ib_udata *udata);
+int vrdma_udata_in(struct ib_udata *udata, void *ucmd, size_t ucmd_len, size_t uresp_len);
 int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
 		      struct vrdma_pbl *pbl, struct ib_umem *umem);
 int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
@@ -149,7 +151,7 @@ int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *ob
 int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
 		    struct ib_umem *umem);
 
-/* vrdma_dp.c: data-path verbs and events */
+/* data-path verbs (vrdma_mr.c, vrdma_cq.c, vrdma_srq.c, vrdma_qp.c, vrdma_ah.c) and events (vrdma_event.c) */
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
 				struct ib_udata *udata);
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);

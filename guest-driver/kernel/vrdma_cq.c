@@ -25,9 +25,7 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, stru
 		return -EOPNOTSUPP;
 	if (attr->flags || attr->comp_vector >= ibcq->device->num_comp_vectors)
 		return -EOPNOTSUPP;
-	if (udata->inlen < sizeof(ucmd) || udata->outlen < sizeof(uresp))
-		return -EINVAL;
-	ret = ib_copy_from_udata(&ucmd, udata, sizeof(ucmd));
+	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
 	if (!PAGE_ALIGNED(ucmd.buf_addr) || !is_power_of_2(ucmd.entries) || ucmd.entries < attr->cqe ||

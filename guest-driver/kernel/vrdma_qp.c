@@ -32,9 +32,7 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 
 	if (!udata || attr->qp_type != IB_QPT_RC || attr->create_flags)
 		return -EOPNOTSUPP;  /* user RC QPs only: no kernel QPs (GSI included), no UD/UC/XRC yet */
-	if (udata->inlen < sizeof(ucmd) || udata->outlen < sizeof(uresp))
-		return -EINVAL;
-	ret = ib_copy_from_udata(&ucmd, udata, sizeof(ucmd));
+	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
 	if (cap->max_send_wr > ucmd.sq_depth || (!attr->srq && cap->max_recv_wr > ucmd.rq_depth) ||

@@ -23,9 +23,7 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct
 
 	if (!udata || attr->srq_type != IB_SRQT_BASIC)
 		return -EOPNOTSUPP;
-	if (udata->inlen < sizeof(ucmd) || udata->outlen < sizeof(uresp))
-		return -EINVAL;
-	ret = ib_copy_from_udata(&ucmd, udata, sizeof(ucmd));
+	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
 	if (!PAGE_ALIGNED(ucmd.buf_addr) || !is_power_of_2(ucmd.depth) || ucmd.depth < attr->attr.max_wr || attr->attr.srq_limit >= ucmd.depth ||

@@ -78,6 +78,14 @@ nomem:
 	return -ENOMEM;
 }
 
+/* A create's udata: the provider's request (exactly the user ABI's struct) copied in, room for the answer checked. */
+int vrdma_udata_in(struct ib_udata *udata, void *ucmd, size_t ucmd_len, size_t uresp_len)
+{
+	if (udata->inlen < ucmd_len || udata->outlen < uresp_len)
+		return -EINVAL;
+	return ib_copy_from_udata(ucmd, udata, ucmd_len);
+}
+
 /* Pin a user buffer and describe it; on success the caller owns *umem and must free the page list. */
 int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
 	      struct vrdma_pbl *pbl)

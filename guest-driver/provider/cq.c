@@ -5,8 +5,8 @@
 struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel,
 			       int comp_vector)
 {
-	struct vrdma_create_cq_req cmd = {};
-	struct vrdma_create_cq_rsp resp = {};
+	struct uvrdma_create_cq cmd = {};
+	struct uvrdma_create_cq_resp resp = {};
 	struct vrdma_cq *cq;
 	int ret;
 
@@ -22,19 +22,19 @@ struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_
 	if (ret)
 		goto err_free;
 	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
-	cmd.drv.buf_addr = (uintptr_t)cq->buf.addr;
-	cmd.drv.buf_size = cq->buf.size;
-	cmd.drv.entries = cq->entries;
+	cmd.buf_addr = (uintptr_t)cq->buf.addr;
+	cmd.buf_size = cq->buf.size;
+	cmd.entries = cq->entries;
 	ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
 				&resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	if (resp.drv.db_slot == VRDMA_DB_SLOT_PARKED || resp.drv.db_slot >= VRDMA_DB_SLOTS) {
+	if (resp.db_slot == VRDMA_DB_SLOT_PARKED || resp.db_slot >= VRDMA_DB_SLOTS) {
 		ibv_cmd_destroy_cq(&cq->vcq.cq);
 		ret = EPROTO;
 		goto err_free;
 	}
-	cq->db_slot = resp.drv.db_slot;
+	cq->db_slot = resp.db_slot;
 	return &cq->vcq.cq;
 
 err_free:

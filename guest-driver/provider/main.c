@@ -73,24 +73,24 @@ static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_al
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int cmd_fd, void *private_data)
 {
 	struct vrdma_context *ctx;
-	struct ibv_get_context cmd;
-	struct vrdma_get_context_resp resp = {};
+	struct uvrdma_get_context cmd = {};
+	struct uvrdma_get_context_resp resp = {};
 	int ret;
 
 	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx, RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
 	pthread_mutex_init(&ctx->qps_lock, NULL);
-	ret = ibv_cmd_get_context(&ctx->ibv_ctx, &cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	ret = ibv_cmd_get_context(&ctx->ibv_ctx, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	ret = vrdma_check_doorbell(ctx, &resp.drv);
+	ret = vrdma_check_doorbell(ctx, &resp.drv_payload);
 	if (ret)
 		goto err_free;
-	ctx->doorbell_page = resp.drv.doorbell_page;
-	ctx->doorbell_size = resp.drv.doorbell_page_size;
+	ctx->doorbell_page = resp.doorbell_page;
+	ctx->doorbell_size = resp.doorbell_page_size;
 	ctx->doorbell = mmap(NULL, ctx->doorbell_size, PROT_READ | PROT_WRITE, MAP_SHARED, cmd_fd,
-			     (off_t)resp.drv.doorbell_offset);
+			     (off_t)resp.doorbell_offset);
 	if (ctx->doorbell == MAP_FAILED) {
 		ret = errno;
 		ctx->doorbell = NULL;

@@ -87,8 +87,8 @@ static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, vola
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
 	struct vrdma_context *ctx = to_vctx(pd->context);
-	struct vrdma_create_qp_req cmd = {};
-	struct vrdma_create_qp_rsp resp = {};
+	struct uvrdma_create_qp cmd = {};
+	struct uvrdma_create_qp_resp resp = {};
 	struct ibv_qp_cap *cap = &attr->cap;
 	uint32_t sq_depth, rq_depth = 0, sq_stride, rq_stride = 0, sq_bytes, rq_bytes = 0;
 	struct vrdma_qp *qp;
@@ -124,26 +124,26 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	ret = buf_alloc(&qp->buf, VRDMA_PAGE_SIZE + (size_t)sq_bytes + rq_bytes);
 	if (ret)
 		goto err_free;
-	cmd.drv.buf_addr = (uintptr_t)qp->buf.addr;
-	cmd.drv.buf_size = qp->buf.size;
-	cmd.drv.sq_depth = sq_depth;
-	cmd.drv.rq_depth = rq_depth;
-	cmd.drv.sq_stride = sq_stride;
-	cmd.drv.rq_stride = rq_stride;
-	cmd.drv.sq_offset = VRDMA_PAGE_SIZE;
-	cmd.drv.rq_offset = attr->srq ? 0 : VRDMA_PAGE_SIZE + sq_bytes;
+	cmd.buf_addr = (uintptr_t)qp->buf.addr;
+	cmd.buf_size = qp->buf.size;
+	cmd.sq_depth = sq_depth;
+	cmd.rq_depth = rq_depth;
+	cmd.sq_stride = sq_stride;
+	cmd.rq_stride = rq_stride;
+	cmd.sq_offset = VRDMA_PAGE_SIZE;
+	cmd.rq_offset = attr->srq ? 0 : VRDMA_PAGE_SIZE + sq_bytes;
 	ret = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	if (!slot_ok(resp.drv.sq_db_slot) || (!attr->srq && !slot_ok(resp.drv.rq_db_slot))) {
+	if (!slot_ok(resp.sq_db_slot) || (!attr->srq && !slot_ok(resp.rq_db_slot))) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
 		ret = EPROTO;
 		goto err_free;
 	}
 	queue_init(&qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride, cap->max_send_sge,
-		   resp.drv.sq_db_slot);
+		   resp.sq_db_slot);
 	queue_init(&qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth, rq_stride,
-		   cap->max_recv_sge, resp.drv.rq_db_slot);
+		   cap->max_recv_sge, resp.rq_db_slot);
 	qp->max_inline = cap->max_inline_data;
 	cap->max_send_wr = sq_depth;
 	cap->max_recv_wr = rq_depth;
@@ -359,8 +359,8 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv
 
 struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
-	struct vrdma_create_srq_req cmd = {};
-	struct vrdma_create_srq_rsp resp = {};
+	struct uvrdma_create_srq cmd = {};
+	struct uvrdma_create_srq_resp resp = {};
 	struct vrdma_srq *srq;
 	uint32_t depth, stride;
 	int ret;
@@ -381,20 +381,20 @@ struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *at
 	ret = buf_alloc(&srq->buf, VRDMA_PAGE_SIZE + (size_t)depth * stride);
 	if (ret)
 		goto err_free;
-	cmd.drv.buf_addr = (uintptr_t)srq->buf.addr;
-	cmd.drv.buf_size = srq->buf.size;
-	cmd.drv.depth = depth;
-	cmd.drv.stride = stride;
+	cmd.buf_addr = (uintptr_t)srq->buf.addr;
+	cmd.buf_size = srq->buf.size;
+	cmd.depth = depth;
+	cmd.stride = stride;
 	ret = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	if (!slot_ok(resp.drv.db_slot)) {
+	if (!slot_ok(resp.db_slot)) {
 		ibv_cmd_destroy_srq(&srq->vsrq.srq);
 		ret = EPROTO;
 		goto err_free;
 	}
 	queue_init(&srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride, attr->attr.max_sge,
-		   resp.drv.db_slot);
+		   resp.db_slot);
 	return &srq->vsrq.srq;
 
 err_free:

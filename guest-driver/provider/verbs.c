@@ -67,18 +67,18 @@ int vrdma_query_port(struct ibv_context *context, uint8_t port, struct ibv_port_
 
 struct ibv_pd *vrdma_alloc_pd(struct ibv_context *context)
 {
-	struct ibv_alloc_pd cmd;
-	struct vrdma_alloc_pd_cmd_resp resp = {};
+	struct uvrdma_alloc_pd cmd = {};
+	struct uvrdma_alloc_pd_resp resp = {};
 	struct vrdma_pd *pd;
 	int ret;
 
 	pd = calloc(1, sizeof(*pd));
 	if (!pd)
 		return vrdma_abandon(NULL, NULL, ENOMEM);
-	ret = ibv_cmd_alloc_pd(context, &pd->ibv_pd, &cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	ret = ibv_cmd_alloc_pd(context, &pd->ibv_pd, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		return vrdma_abandon(NULL, pd, ret);
-	pd->pdn = resp.drv.pdn;
+	pd->pdn = resp.pdn;
 	return &pd->ibv_pd;
 }
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, connect_sides, query_device, start_side
+from backend_process import BackendProcess, query_device, start_side, two_vms
 from backend_process import SimSide as Side
 
 from vrdma.device import abi
@@ -38,10 +38,8 @@ def make_side(fe: Frontend, backend: BackendProcess, name: str) -> Side:
 
 @pytest.fixture
 def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
-    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
-        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
-        connect_sides(a, GID["vm0"], b, GID["vm1"])
-        yield a, b
+    with two_vms(backend, make_side, GID) as sides:
+        yield sides
 
 
 def wait_cqes(side: Side, count: int, timeout: float = 10.0) -> list[Any]:
@@ -177,8 +175,7 @@ def test_error_flushes_what_follows(pair: tuple[Side, Side]) -> None:
 
 
 def test_receiver_not_ready(backend: BackendProcess) -> None:
-    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
-        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+    with two_vms(backend, make_side, GID, connect=False) as (a, b):
         a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
         b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], rnr_retry=7)
         # rnr_retry 7: the send waits until the receive is posted.
@@ -192,8 +189,7 @@ def test_receiver_not_ready(backend: BackendProcess) -> None:
 
 
 def test_rnr_retry_exhausted(backend: BackendProcess) -> None:
-    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
-        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+    with two_vms(backend, make_side, GID, connect=False) as (a, b):
         a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
         b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], rnr_retry=2)
         b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
@@ -306,8 +302,7 @@ def test_bad_memory_registrations_are_refused(backend: BackendProcess, what: str
 
 
 def test_srq_feeds_several_qps_and_signals_its_limit(backend: BackendProcess) -> None:
-    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
-        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
+    with two_vms(backend, make_side, GID, connect=False) as (a, b):
         a.verbs.post_event_buffers()
         a.verbs.wait_events()  # PORT_ACTIVE, sent when the event queue starts
         srq = a.verbs.create_srq(a.pd, depth=16, limit=3)

@@ -19,6 +19,7 @@ from typing import Any
 
 from vrdma.bench.metric import Metric
 from vrdma.device import abi
+from vrdma.device.constants import CommandOpcode
 from vrdma.harness import daemon as daemon_launcher
 from vrdma.harness.daemon import socket_path
 from vrdma.harness.qemu_cmdline import GuestIdentity
@@ -32,7 +33,7 @@ WARMUP = 200
 
 
 def control_round_trip(iterations: int) -> list[Metric]:
-    request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE")}))
+    request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": CommandOpcode.QUERY_DEVICE}))
     response_size = abi.sizeof("vrdma_resp_query_device")
     guest = GuestIdentity(0)
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, daemon_launcher.for_guests(Path(tmp), [guest]), \

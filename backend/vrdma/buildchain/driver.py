@@ -1,6 +1,6 @@
 """`make driver`: vrdma.ko built against the guest kernel's Debian headers, with W=1 and no warning allowed.
 
-The sources (guest-driver/kernel and the ABI header in guest-driver/include) are copied into the product
+The sources (guest-driver/kernel and the headers in guest-driver/include) are copied into the product
 directory and built there, so the checkout stays free of build output.
 """
 

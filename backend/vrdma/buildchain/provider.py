@@ -5,7 +5,9 @@ against the private ``IBVERBS_PRIVATE_<N>`` symbols, neither of which a -dev pac
 ``struct verbs_context_ops`` may change between releases that keep the same private ABI number. So the
 provider is compiled in the source tree of exactly the rdma-core the guest image installs: the source package
 of the guest suite's libibverbs1, downloaded from Debian, with Debian's patches, plus
-``providers/vrdma`` (guest-driver/provider) and the shared ABI header as ``kernel-headers/rdma/vrdma-abi.h``.
+``providers/vrdma`` (guest-driver/provider, with the device API header vrdma_dev_api.h beside it) and the user ABI
+header as ``kernel-headers/rdma/vrdma-abi.h``, registered as a kernel provider ABI so that rdma-core generates the
+``kernel-abi/vrdma-abi.h`` its ``DECLARE_DRV_CMD`` wrappers are made from, as it does for in-tree providers.
 Only libibverbs and the provider are compiled; the product is ``libvrdma-rdmav<N>.so`` and ``vrdma.driver``.
 """
 
@@ -24,9 +26,10 @@ from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 SOURCE_DIRS = ("provider", "include")
-ABI_HEADER = Path("include/uapi/rdma/vrdma-abi.h")
+USER_ABI_HEADER = Path("include/uapi/rdma/vrdma-abi.h")
+DEVICE_API_HEADER = Path("include/vrdma_dev_api.h")
 CMAKE_ARGS = [
     "-GNinja",
     "-DCMAKE_BUILD_TYPE=Release",
@@ -72,7 +75,7 @@ def _build_into(archive: apt.PrivateArchive, version: str, out: Path) -> None:
     src = out / "rdma-core"
     with step(f"downloading rdma-core {version} and unpacking it with Debian's patches"):
         archive.unpack_source("rdma-core", version, out / "dl", src, logs / "unpack.log")
-    with step("adding providers/vrdma and the vrdma ABI header to the tree"):
+    with step("adding providers/vrdma and the vrdma headers to the tree"):
         _add_provider(src)
     pabi = _private_abi(src)
     target = f"vrdma-rdmav{pabi}"
@@ -92,15 +95,24 @@ def _build_into(archive: apt.PrivateArchive, version: str, out: Path) -> None:
 
 
 def _add_provider(src: Path) -> None:
-    shutil.copytree(source_root() / "provider", src / "providers" / "vrdma")
-    shutil.copy2(source_root() / ABI_HEADER, src / "kernel-headers" / "rdma" / "vrdma-abi.h")
-    with (src / "kernel-headers" / "CMakeLists.txt").open("a") as f:
-        f.write("\npublish_internal_headers(rdma rdma/vrdma-abi.h)\n")
+    provider = src / "providers" / "vrdma"
+    shutil.copytree(source_root() / "provider", provider)
+    shutil.copy2(source_root() / DEVICE_API_HEADER, provider / DEVICE_API_HEADER.name)
+    shutil.copy2(source_root() / USER_ABI_HEADER, src / "kernel-headers" / "rdma" / USER_ABI_HEADER.name)
+    headers = src / "kernel-headers" / "CMakeLists.txt"
+    text = headers.read_text()
+    # rdma_kernel_provider_abi() may be called only once (it defines the kern-abi target): join its list.
+    call = re.search(r"^rdma_kernel_provider_abi\(\n", text, flags=re.M)
+    if not call:
+        raise BuildError("rdma-core's kernel-headers/CMakeLists.txt no longer calls rdma_kernel_provider_abi(): "
+                         "update buildchain/provider.py")
+    text = text[:call.end()] + "  rdma/vrdma-abi.h\n" + text[call.end():]
+    headers.write_text(text + "\npublish_internal_headers(rdma rdma/vrdma-abi.h)\n")
     top = src / "CMakeLists.txt"
     text = top.read_text()
     anchor = re.search(r"^add_subdirectory\(providers/rxe\)\n", text, flags=re.M)
     if not anchor:
-        raise BuildError("rdma-core's CMakeLists.txt no longer adds providers/rxe: update build/provider.py")
+        raise BuildError("rdma-core's CMakeLists.txt no longer adds providers/rxe: update buildchain/provider.py")
     top.write_text(text[:anchor.start()] + "add_subdirectory(providers/vrdma)\n" + text[anchor.start():])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from vrdma.device import abi
+from vrdma.device.constants import EventType
 from vrdma.device.device import RdmaDevice
 from vrdma.device.status import ResponseTooSmall
 from vrdma.vhost_user import protocol
@@ -84,7 +85,7 @@ class VirtioRdmaTransport:
         if started and index == EVENT:
             # The first thing a driver learns on its event queue: the port is up, and the device's epoch (a driver
             # that probed another epoch holds handles this device state never issued: it starts over).
-            self.rdma.post_event(abi.const("VRDMA_EVENT_PORT_ACTIVE"), handle=1, data=self.rdma.epoch)
+            self.rdma.post_event(EventType.PORT_ACTIVE, handle=1, data=self.rdma.epoch)
         if not started and not self.started:
             # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes, but
             # not the guest's memory table, which belongs to the connection.

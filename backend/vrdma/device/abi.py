@@ -1,14 +1,17 @@
-"""The device ABI, loaded from the one C header the guest driver and provider also include.
+"""The device API, loaded from the one C header the guest driver and provider also include.
 
-``guest-driver/include/uapi/rdma/vrdma-abi.h`` is read as text: the part between ``ABI-BEGIN`` and ``ABI-END``
-(integer #defines and struct definitions) goes to cffi's parser, so the layouts here are the compiler's layouts,
-declared once. The header's ``VRDMA_ASSERT_SIZE`` lines are checked against cffi's sizes at import.
+``guest-driver/include/vrdma_dev_api.h`` is read as text: the part between ``DEVICE-API-BEGIN`` and
+``DEVICE-API-END`` (integer #defines and struct definitions) goes to cffi's parser, so the layouts here are the
+compiler's layouts, declared once. The header's ``VRDMA_ASSERT_SIZE`` lines are checked against cffi's sizes at
+import. The user ABI (``uapi/rdma/vrdma-abi.h``: what vrdma.ko and libvrdma alone exchange) is not the device's
+business; :func:`user_abi` loads it the same way for the tests that hold the driver to it.
 """
 
 from __future__ import annotations
 
 import re
-from enum import IntEnum
+from dataclasses import dataclass
+from enum import IntEnum, IntFlag
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,8 @@ import cffi
 from vrdma import paths
 from vrdma.errors import VrdmaError
 
-HEADER = Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"
+DEVICE_API_HEADER = Path("guest-driver") / "include" / "vrdma_dev_api.h"
+USER_ABI_HEADER = Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"
 _KERNEL_TYPES = """
 typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; typedef uint64_t __u64;
 typedef uint16_t __le16; typedef uint32_t __le32; typedef uint64_t __le64;
@@ -25,34 +29,49 @@ typedef uint16_t __le16; typedef uint32_t __le32; typedef uint64_t __le64;
 
 
 class AbiError(VrdmaError):
-    """The ABI header cannot be loaded or disagrees with itself."""
+    """An ABI header cannot be loaded or disagrees with itself."""
 
 
-def header_path() -> Path:
+@dataclass(frozen=True)
+class LoadedHeader:
+    """One header as cffi sees it: its FFI, its integer constants and the sizes its VRDMA_ASSERT_SIZE lines state."""
+
+    ffi: Any
+    constants: dict[str, int]
+    asserted_sizes: dict[str, int]
+
+
+def header_path(header: Path = DEVICE_API_HEADER) -> Path:
     """The checkout's header; an installed package carries a copy next to this module (see setup.py)."""
-    packaged = Path(__file__).with_name(HEADER.name)
-    return packaged if packaged.is_file() else paths.project_root() / HEADER
+    packaged = Path(__file__).with_name(header.name)
+    return packaged if packaged.is_file() else paths.project_root() / header
 
 
-def _load() -> tuple[Any, dict[str, int], dict[str, int]]:
-    text = header_path().read_text()
-    match = re.search(r"/\* ABI-BEGIN \*/(.*)/\* ABI-END \*/", text, flags=re.S)
+def load_header(header: Path, marker: str) -> LoadedHeader:
+    path = header_path(header)
+    text = path.read_text()
+    match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
     if match is None:
-        raise AbiError(f"{header_path()}: no ABI-BEGIN/ABI-END section")
+        raise AbiError(f"{path}: no {marker}-BEGIN/{marker}-END section")
     body = re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
     constants = {name: int(value, 0) for name, value in re.findall(r"^#define (\w+) (0x[0-9a-fA-F]+|\d+)\s*$",
                                                                    body, flags=re.M)}
     declarations = re.sub(r"^#define .*$", "", body, flags=re.M)
-    ffi = cffi.FFI()
-    ffi.cdef(_KERNEL_TYPES + declarations)
+    header_ffi = cffi.FFI()
+    header_ffi.cdef(_KERNEL_TYPES + declarations)
     sizes = {name: int(size) for name, size in re.findall(r"^VRDMA_ASSERT_SIZE\((\w+), (\d+)\);", text, flags=re.M)}
     for name, size in sizes.items():
-        if ffi.sizeof(f"struct {name}") != size:
-            raise AbiError(f"struct {name} is {ffi.sizeof(f'struct {name}')} bytes to cffi, {size} to the header")
-    return ffi, constants, sizes
+        if header_ffi.sizeof(f"struct {name}") != size:
+            raise AbiError(f"struct {name} is {header_ffi.sizeof(f'struct {name}')} bytes to cffi, {size} to {path}")
+    return LoadedHeader(header_ffi, constants, sizes)
 
 
-ffi, constants, asserted_sizes = _load()
+def user_abi() -> LoadedHeader:
+    return load_header(USER_ABI_HEADER, "USER-ABI")
+
+
+device_api = load_header(DEVICE_API_HEADER, "DEVICE-API")
+ffi, constants, asserted_sizes = device_api.ffi, device_api.constants, device_api.asserted_sizes
 
 
 def const(name: str) -> int:
@@ -85,7 +104,7 @@ def sizeof(struct: str) -> int:
     return int(ffi.sizeof(f"struct {struct}"))
 
 
-def check_enum(enum: type[IntEnum], prefix: str) -> None:
+def check_enum(enum: type[IntEnum] | type[IntFlag], prefix: str) -> None:
     """Hold a Python enum to the header: its members are exactly the header's ``<prefix>*`` constants, same
     values (called at import by the modules that declare them, so a drift fails at once, naming the member)."""
     header = {name[len(prefix):]: value for name, value in constants.items() if name.startswith(prefix)}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vrdma.device import abi
+from vrdma.device.constants import CommandOpcode
 from vrdma.device.objects import DeviceObjects
 from vrdma.device.params import query_fields
 from vrdma.device.status import CommandFailed, ResponseTooSmall, Status
@@ -98,16 +99,13 @@ def _alloc_ucontext(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.doorbell_page = objs.ucontexts.alloc()
 
 
-
 def _alloc_pd(objs: DeviceObjects, request: Any, response: Any) -> None:
     _reserved_zero(request, "ALLOC_PD")
     response.handle = objs.pds.alloc(int(request.ucontext))
 
 
-
 def _reg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.lkey, response.rkey = objs.mrs.register(request)
-
 
 
 def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -116,7 +114,6 @@ def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
 
 def _modify_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
     objs.cqs.moderate(int(request.handle), int(request.cq_count), int(request.cq_period))
-
 
 
 def _create_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -132,7 +129,6 @@ def _query_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
     objs.qps.query(int(request.handle), response.attr)
 
 
-
 def _create_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.db_slot = objs.srqs.create(request)
 
@@ -146,14 +142,12 @@ def _query_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.max_wr, response.max_sge, response.srq_limit = objs.srqs.query(int(request.handle))
 
 
-
 def _create_ah(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle = objs.ahs.create(request)
 
 
-
 def _command(name: str, request: str, response: str, handler: Handler) -> tuple[int, Command]:
-    return abi.const(f"VRDMA_CMD_{name}"), Command(name, request, response, handler)
+    return CommandOpcode[name], Command(name, request, response, handler)
 
 
 # Commands that answer with nothing but a header have vrdma_resp_hdr as their response struct; commands that name

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from vrdma.device import abi
+from vrdma.device.constants import GidType
 from vrdma.device.status import CommandFailed, Status
 
 log = logging.getLogger(__name__)
 
-GID_TYPES = (abi.const("VRDMA_GID_TYPE_ROCE_V1"), abi.const("VRDMA_GID_TYPE_ROCE_V2"))
+GID_TYPES = tuple(GidType)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vrdma.device import abi, rings
+from vrdma.device import rings
+from vrdma.device.constants import Access
 from vrdma.device.pd import ProtectionDomains
 from vrdma.device.seat import EngineSeat
 from vrdma.device.status import CommandFailed, Status
@@ -17,9 +18,9 @@ from vrdma.device.table import ObjectTable
 from vrdma.engine.api import MrConfig
 
 ACCESS_ALL = 0xF
-LOCAL_WRITE = abi.const("VRDMA_ACCESS_LOCAL_WRITE")
-REMOTE_WRITE = abi.const("VRDMA_ACCESS_REMOTE_WRITE")
-REMOTE_ATOMIC = abi.const("VRDMA_ACCESS_REMOTE_ATOMIC")
+LOCAL_WRITE = Access.LOCAL_WRITE
+REMOTE_WRITE = Access.REMOTE_WRITE
+REMOTE_ATOMIC = Access.REMOTE_ATOMIC
 
 
 @dataclass

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vrdma.device import abi, qp_states, rings
+from vrdma.device.constants import QpType
 from vrdma.device.cq import CompletionQueues
 from vrdma.device.gid import GidTable
 from vrdma.device.mr import ACCESS_ALL
@@ -27,7 +28,7 @@ from vrdma.engine.api import NO_DEVICE, NO_SRQ, QpConfig
 
 log = logging.getLogger(__name__)
 
-QPT_RC = abi.const("VRDMA_QPT_RC")
+QPT_RC = QpType.RC
 QPN_LIMIT = 1 << 24
 PSN_LIMIT = 1 << 24
 # Attributes MODIFY_QP stores, by the mask bit (VRDMA_QP_<bit>) that carries them.

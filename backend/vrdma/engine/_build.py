@@ -2,8 +2,8 @@
 
 Run as a script, not as `-m vrdma.engine._build`: importing the package would import the module being built.
 The cffi declarations are the text of engine.h between ENGINE-API-BEGIN and ENGINE-API-END; the engine is every
-.c file here (one job each, see vre.h), which include the device ABI header (guest-driver/include/uapi/rdma/
-vrdma-abi.h, or the copy an installed package carries) for the ring, WQE and CQE layouts. Warnings are errors.
+.c file here (one job each, see vre.h), which include the device API header (guest-driver/include/
+vrdma_dev_api.h, or the copy an installed package carries) for the ring, WQE and CQE layouts. Warnings are errors.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import cffi
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from vrdma._cffi_inplace import abi_include_dir, api_ffi, compile_in_place, inputs_key  # noqa: E402
+from vrdma._cffi_inplace import DEVICE_API_HEADER, abi_include_dir, api_ffi, compile_in_place, inputs_key  # noqa: E402
 
 
 def sources() -> list[Path]:
@@ -29,7 +29,7 @@ def make_ffi() -> cffi.FFI:
 
 
 def main() -> None:
-    key = inputs_key([*sources(), *sorted(HERE.glob("*.h")), Path(__file__), abi_include_dir(HERE) / "vrdma-abi.h",
+    key = inputs_key([*sources(), *sorted(HERE.glob("*.h")), Path(__file__), abi_include_dir(HERE) / DEVICE_API_HEADER,
                       HERE.parent / "_cffi_inplace.py"])
     compile_in_place(make_ffi(), HERE, "_engine", key, "data engine")
 

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "engine.h"
-#include "vrdma-abi.h"
+#include "vrdma_dev_api.h"
 
 #define PAGE_SIZE VRDMA_PAGE_SIZE
 #define PAGE_SHIFT VRDMA_PAGE_SHIFT

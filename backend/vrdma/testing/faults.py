@@ -17,6 +17,7 @@ from typing import Any
 
 from vrdma.daemon.admin import AdminCommand, Served
 from vrdma.device import abi
+from vrdma.device.constants import CommandOpcode
 from vrdma.device.device import RdmaDevice
 from vrdma.device.status import Status
 
@@ -52,7 +53,7 @@ class ResponseSpoiler:
     def __call__(self, response: bytes) -> bytes:
         if self.fault == "doorbell-page-out-of-range":
             hdr = abi.from_bytes("vrdma_resp_hdr", response[:RESP_HDR_SIZE])
-            if hdr.opcode != abi.const("VRDMA_CMD_ALLOC_UCONTEXT") or hdr.status != Status.OK:
+            if hdr.opcode != CommandOpcode.ALLOC_UCONTEXT or hdr.status != Status.OK:
                 return response
             self.device.response_filter = None
             spoiled = abi.from_bytes("vrdma_resp_alloc_ucontext", response)

@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "native.h"
-#include "vrdma-abi.h"
+#include "vrdma_dev_api.h"
 
 static int64_t now_ns(void)
 {

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from backend_process import BackendProcess, connect_sides
+from backend_process import BackendProcess, two_vms
 from pvrdma_helpers import (
     GID,
     Side,
@@ -39,10 +39,8 @@ from vrdma.testing.verbs import SimVerbs
 @pytest.fixture
 def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
     """(vm0, vm1) with their QPs connected to each other in RTS; each MR holds its sentinel pattern."""
-    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
-        a, b = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1")
-        connect_sides(a, GID["vm0"], b, GID["vm1"])
-        yield a, b
+    with two_vms(backend, make_side, GID) as sides:
+        yield sides
 
 
 
