@@ -6,6 +6,7 @@ libvhost-user and its glue, the fault guard), and a test whose backend wrote a s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -188,3 +189,39 @@ def two_vms(backend: BackendProcess, make_side: Callable[[Frontend, BackendProce
         if connect:
             connect_sides(a, gids["vm0"], b, gids["vm1"])
         yield a, b
+
+
+# -- a connected VM and the bystander: what the per-message and per-command tests share ----------------------------
+
+PATTERN_SIZE = 16 << 10
+
+
+def pattern(size: int) -> bytes:
+    block = hashlib.sha256(b"bystander").digest()
+    return (block * (size // len(block) + 1))[:size]
+
+
+@dataclass
+class Vm:
+    name: str
+    fe: Frontend
+    verbs: SimVerbs
+
+    def call(self, name: str, request: str, response: str = "vrdma_resp_hdr", **fields: Any) -> Any:
+        return self.verbs.call(f"VRDMA_CMD_{name}", request, response, **fields)
+
+
+@dataclass
+class Bystander(Vm):
+    mr: SimMr | None = None
+    objects: dict[str, int] | None = None
+
+
+def connected_vm(backend: BackendProcess, name: str) -> Iterator[Vm]:
+    """``name`` connected and started, with one user context; on the way out, waits until the backend has let go
+    of the connection (and so forgotten its objects)."""
+    closed = backend.connection(name)["closed"]
+    with backend.frontend(name) as fe:
+        fe.start()
+        yield Vm(name, fe, SimVerbs(fe, backend.directory / f"{name}.doorbell"))
+    backend.wait_for_closed(name, closed + 1)

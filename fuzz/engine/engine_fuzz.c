@@ -61,127 +61,124 @@ static void fill_sges(struct in *in, struct vm *vm, struct vrdma_sge *sge, uint3
 	}
 }
 
-/* What both posts start with, in this input order: a QP of the VM, how many WQEs, how the doorbell is rung. */
-struct post_plan {
-	struct qp_rec *qp;
-	uint32_t count;
-	uint8_t ring;             /* bit 0: ring a value from the input instead of the producer index */
-};
-
-static struct post_plan plan_post(struct in *in, struct vm *vm)
+/* One send WQE at the send queue's producer index. */
+static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 {
-	struct post_plan plan;
+	union {
+		struct {
+			struct vrdma_send_wqe hdr;
+			struct vrdma_sge sge[PAGE / sizeof(struct vrdma_sge)];
+		} s;
+		uint8_t bytes[sizeof(struct vrdma_send_wqe) + PAGE];
+	} w;
+	uint8_t flags = u8(in), dest;
+	struct mr_rec *rmr;
 
-	plan.qp = pick_qp(vm, u8(in), NULL);
-	plan.count = 1 + u8(in) % 8;
-	plan.ring = u8(in);
-	return plan;
+	memset(&w, 0, sizeof(w));
+	w.s.hdr.wr_id = u16(in);
+	w.s.hdr.opcode = flags & 0x80 ? u8(in) : u8(in) % 7;
+	w.s.hdr.send_flags = u8(in) & 0xf;
+	w.s.hdr.num_sge = (uint8_t)(u8(in) % (qp->cfg.max_send_sge + 2));
+	w.s.hdr.imm_data = u32(in);
+	/* The remote side: a key of an MR of either VM (the destination is wherever the QP points). */
+	dest = u8(in) % NDEV;
+	rmr = pick_mr(&vms[dest], u8(in));
+	if (rmr && !(flags & 1)) {
+		w.s.hdr.rkey = rmr->rkey;
+		uint64_t span = rmr->length < 0x10000 ? rmr->length + 1 : 0x10000;
+
+		w.s.hdr.remote_addr = rmr->iova + u16(in) % span;
+		if (flags & 2)
+			w.s.hdr.remote_addr &= ~7ULL;
+	} else {
+		w.s.hdr.rkey = u32(in);
+		w.s.hdr.remote_addr = u64(in);
+	}
+	w.s.hdr.compare_add = u8(in);
+	w.s.hdr.swap = u8(in);
+	if (w.s.hdr.send_flags & VRDMA_SEND_INLINE) {
+		uint32_t len = flags & 4 ? u16(in) : u16(in) % (qp->cfg.max_inline + 1);
+
+		w.s.hdr.inline_len = len;
+		for (uint32_t i = 0; i < len && i < PAGE && in->left; i++)
+			((uint8_t *)w.s.sge)[i] = u8(in);
+	} else {
+		fill_sges(in, vm, w.s.sge, w.s.hdr.num_sge);
+	}
+	ring_write(vm, &qp->ring, qp->cfg.sq_offset + (uint64_t)(qp->sq_prod & (qp->cfg.sq_depth - 1)) *
+		   qp->cfg.sq_stride, &w, qp->cfg.sq_stride < sizeof(w) ? qp->cfg.sq_stride : sizeof(w));
+	qp->sq_prod++;
+}
+
+/* One receive WQE at the producer index of the QP's receive queue or of its SRQ. */
+static void put_recv_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
+{
+	struct {
+		struct vrdma_recv_wqe hdr;
+		struct vrdma_sge sge[PAGE / sizeof(struct vrdma_sge)];
+	} w;
+	uint32_t max_sge = qp->cfg.max_recv_sge;
+
+	memset(&w, 0, sizeof(w));
+	if (qp->cfg.srq != VRE_NO_SRQ)
+		max_sge = vm->srqs[qp->cfg.srq].stride / 16;
+	w.hdr.wr_id = u16(in);
+	w.hdr.num_sge = u8(in) % (max_sge + 2);
+	if (w.hdr.num_sge > PAGE / sizeof(struct vrdma_sge) - 1)
+		w.hdr.num_sge = PAGE / sizeof(struct vrdma_sge) - 1;
+	fill_sges(in, vm, w.sge, w.hdr.num_sge);
+	if (qp->cfg.srq != VRE_NO_SRQ) {
+		struct srq_rec *srq = &vm->srqs[qp->cfg.srq];
+
+		ring_write(vm, &srq->ring, PAGE + (uint64_t)(srq->prod & (srq->depth - 1)) * srq->stride, &w,
+			   srq->stride < sizeof(w) ? srq->stride : sizeof(w));
+		srq->prod++;
+	} else {
+		uint64_t at = qp->cfg.rq_offset +
+			      (uint64_t)(qp->rq_prod & (qp->cfg.rq_depth - 1)) * qp->cfg.rq_stride;
+		uint64_t len = qp->cfg.rq_stride < sizeof(w) ? qp->cfg.rq_stride : sizeof(w);
+
+		ring_write(vm, &qp->ring, at, &w, len);
+		qp->rq_prod++;
+	}
+}
+
+/*
+ * A post: a QP of the VM, 1 to 8 WQEs, then the doorbell (with bit 0 of the ring byte, a value from the input
+ * instead of the producer index). The input is read in this order.
+ */
+static void post(struct in *in, uint32_t dev, bool send)
+{
+	struct vm *vm = &vms[dev];
+	struct qp_rec *qp = pick_qp(vm, u8(in), NULL);
+	uint32_t count = 1 + u8(in) % 8;
+	uint8_t ring = u8(in);
+	struct srq_rec *srq;
+
+	if (!qp)
+		return;
+	for (uint32_t k = 0; k < count; k++)
+		(send ? put_send_wqe : put_recv_wqe)(in, vm, qp);
+	if (send) {
+		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.sq_db_slot, ring & 1 ? u32(in) : qp->sq_prod);
+	} else if (qp->cfg.srq != VRE_NO_SRQ) {
+		srq = &vm->srqs[qp->cfg.srq];
+		ring_doorbell(vm, srq->db_page, srq->db_slot, ring & 1 ? u32(in) : srq->prod);
+	} else {
+		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.rq_db_slot, ring & 1 ? u32(in) : qp->rq_prod);
+	}
 }
 
 static void op_post_send(struct in *in, struct vre_engine *e, uint32_t dev)
 {
-	struct vm *vm = &vms[dev];
-	struct post_plan plan = plan_post(in, vm);
-	struct qp_rec *qp = plan.qp;
-
 	(void)e;
-	if (!qp)
-		return;
-	for (uint32_t k = 0; k < plan.count; k++) {
-		union {
-			struct {
-				struct vrdma_send_wqe hdr;
-				struct vrdma_sge sge[PAGE / sizeof(struct vrdma_sge)];
-			} s;
-			uint8_t bytes[sizeof(struct vrdma_send_wqe) + PAGE];
-		} w;
-		uint8_t flags = u8(in), dest;
-		struct mr_rec *rmr;
-
-		memset(&w, 0, sizeof(w));
-		w.s.hdr.wr_id = u16(in);
-		w.s.hdr.opcode = flags & 0x80 ? u8(in) : u8(in) % 7;
-		w.s.hdr.send_flags = u8(in) & 0xf;
-		w.s.hdr.num_sge = (uint8_t)(u8(in) % (qp->cfg.max_send_sge + 2));
-		w.s.hdr.imm_data = u32(in);
-		/* The remote side: a key of an MR of either VM (the destination is wherever the QP points). */
-		dest = u8(in) % NDEV;
-		rmr = pick_mr(&vms[dest], u8(in));
-		if (rmr && !(flags & 1)) {
-			w.s.hdr.rkey = rmr->rkey;
-			uint64_t span = rmr->length < 0x10000 ? rmr->length + 1 : 0x10000;
-
-			w.s.hdr.remote_addr = rmr->iova + u16(in) % span;
-			if (flags & 2)
-				w.s.hdr.remote_addr &= ~7ULL;
-		} else {
-			w.s.hdr.rkey = u32(in);
-			w.s.hdr.remote_addr = u64(in);
-		}
-		w.s.hdr.compare_add = u8(in);
-		w.s.hdr.swap = u8(in);
-		if (w.s.hdr.send_flags & VRDMA_SEND_INLINE) {
-			uint32_t len = flags & 4 ? u16(in) : u16(in) % (qp->cfg.max_inline + 1);
-
-			w.s.hdr.inline_len = len;
-			for (uint32_t i = 0; i < len && i < PAGE && in->left; i++)
-				((uint8_t *)w.s.sge)[i] = u8(in);
-		} else {
-			fill_sges(in, vm, w.s.sge, w.s.hdr.num_sge);
-		}
-		ring_write(vm, &qp->ring, qp->cfg.sq_offset + (uint64_t)(qp->sq_prod & (qp->cfg.sq_depth - 1)) *
-			   qp->cfg.sq_stride, &w, qp->cfg.sq_stride < sizeof(w) ? qp->cfg.sq_stride : sizeof(w));
-		qp->sq_prod++;
-	}
-	ring_doorbell(vm, qp->cfg.db_page, qp->cfg.sq_db_slot, plan.ring & 1 ? u32(in) : qp->sq_prod);
+	post(in, dev, true);
 }
 
 static void op_post_recv(struct in *in, struct vre_engine *e, uint32_t dev)
 {
-	struct vm *vm = &vms[dev];
-	struct post_plan plan = plan_post(in, vm);
-	struct qp_rec *qp = plan.qp;
-
 	(void)e;
-	if (!qp)
-		return;
-	for (uint32_t k = 0; k < plan.count; k++) {
-		struct {
-			struct vrdma_recv_wqe hdr;
-			struct vrdma_sge sge[PAGE / sizeof(struct vrdma_sge)];
-		} w;
-		uint32_t max_sge = qp->cfg.max_recv_sge;
-
-		memset(&w, 0, sizeof(w));
-		if (qp->cfg.srq != VRE_NO_SRQ)
-			max_sge = vm->srqs[qp->cfg.srq].stride / 16;
-		w.hdr.wr_id = u16(in);
-		w.hdr.num_sge = u8(in) % (max_sge + 2);
-		if (w.hdr.num_sge > PAGE / sizeof(struct vrdma_sge) - 1)
-			w.hdr.num_sge = PAGE / sizeof(struct vrdma_sge) - 1;
-		fill_sges(in, vm, w.sge, w.hdr.num_sge);
-		if (qp->cfg.srq != VRE_NO_SRQ) {
-			struct srq_rec *srq = &vm->srqs[qp->cfg.srq];
-
-			ring_write(vm, &srq->ring, PAGE + (uint64_t)(srq->prod & (srq->depth - 1)) * srq->stride, &w,
-				   srq->stride < sizeof(w) ? srq->stride : sizeof(w));
-			srq->prod++;
-		} else {
-			uint64_t at = qp->cfg.rq_offset +
-				      (uint64_t)(qp->rq_prod & (qp->cfg.rq_depth - 1)) * qp->cfg.rq_stride;
-			uint64_t len = qp->cfg.rq_stride < sizeof(w) ? qp->cfg.rq_stride : sizeof(w);
-
-			ring_write(vm, &qp->ring, at, &w, len);
-			qp->rq_prod++;
-		}
-	}
-	if (qp->cfg.srq != VRE_NO_SRQ) {
-		struct srq_rec *srq = &vm->srqs[qp->cfg.srq];
-
-		ring_doorbell(vm, srq->db_page, srq->db_slot, plan.ring & 1 ? u32(in) : srq->prod);
-	} else {
-		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.rq_db_slot, plan.ring & 1 ? u32(in) : qp->rq_prod);
-	}
+	post(in, dev, false);
 }
 
 /* The guest consumes completions (or claims to: any consumer index) and arms its CQ. */

@@ -122,7 +122,7 @@ int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
-/* -- completion queues ------------------------------------------------------------------------------------------ */
+/* -- address handles -------------------------------------------------------------------------------------------- */
 
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {

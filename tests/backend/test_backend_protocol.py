@@ -115,3 +115,26 @@ def test_admin_socket_counters_and_test_hooks(tmp_path: Path) -> None:
         assert json.loads(out)["vm0"]["commands"] == 4
     finally:
         assert backend.stop() == 0
+
+
+def test_backend_flags_and_paths_fail_in_one_line(tmp_path: Path) -> None:
+    def backend(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "vrdma.cli", "backend", *args], capture_output=True,
+                              text=True, timeout=60, check=False)
+
+    bad_flag = backend("--no-such-flag")
+    assert bad_flag.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad_flag.stderr
+    for args, message in [
+        (["--socket-path", str(tmp_path / "missing" / "vm0.sock")], "directory"),
+        (["--socket-path", str(tmp_path / ("x" * 120) / "vm0.sock")], "cannot listen on"),
+        (["--socket-path", str(tmp_path)], "it exists and is not a socket"),
+        (["--socket-path", f"vm0={tmp_path}/a.sock", "--mac", "vm0=nope"], "expected NAME=xx:xx:xx:xx:xx:xx"),
+        (["--socket-path", f"vm0={tmp_path}/a.sock", "--mac", "vm9=52:54:00:00:00:01"], "unknown VM"),
+        (["--socket-path", f"vm0={tmp_path}/a.sock", "--socket-path", f"vm0={tmp_path}/b.sock"], "unique"),
+        (["--fd", "999"], "not a socket"),
+        ([], "nothing to serve"),
+    ]:
+        result = backend(*args)
+        assert result.returncode == 1, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)

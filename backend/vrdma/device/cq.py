@@ -8,7 +8,7 @@ from typing import Any
 from vrdma.device import rings
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.status import CommandFailed, Status
-from vrdma.device.table import ObjectTable
+from vrdma.device.table import EngineObjectTable
 from vrdma.device.ucontext import UserContexts
 from vrdma.engine.api import CqConfig
 
@@ -22,10 +22,9 @@ class Cq:
     refs: int = 0
 
 
-class CompletionQueues(ObjectTable[Cq]):
+class CompletionQueues(EngineObjectTable[Cq]):
     def __init__(self, seat: EngineSeat, limit: int, max_cqe: int, ucontexts: UserContexts) -> None:
-        super().__init__("cq", "CQ", limit)
-        self.seat = seat
+        super().__init__("cq", "CQ", limit, seat)
         self.max_cqe = max_cqe
         self.ucontexts = ucontexts
 
@@ -41,7 +40,7 @@ class CompletionQueues(ObjectTable[Cq]):
         handle = self.add(cq)
         config: CqConfig = {"handle": handle, "entries": entries, "db_page": ctx.doorbell_page, "db_slot": db_slot,
                              "ring": pages}
-        self.create_in_engine(handle, self.seat.engine.create_cq, self.seat, cq.slot, config,
+        self.create_in_engine(handle, self.seat.engine.create_cq, cq.slot, config,
                               undo=lambda: ctx.slots.give(db_slot))
         self.ucontexts.queue_created(ctx)
         return handle, db_slot

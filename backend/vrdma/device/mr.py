@@ -14,7 +14,7 @@ from vrdma.device.constants import Access
 from vrdma.device.pd import ProtectionDomains
 from vrdma.device.seat import EngineSeat
 from vrdma.device.status import CommandFailed, Status
-from vrdma.device.table import ObjectTable
+from vrdma.device.table import EngineObjectTable
 from vrdma.engine.api import MrConfig
 
 ACCESS_ALL = 0xF
@@ -34,10 +34,9 @@ class Mr:
     length: int
 
 
-class MemoryRegions(ObjectTable[Mr]):
+class MemoryRegions(EngineObjectTable[Mr]):
     def __init__(self, seat: EngineSeat, limit: int, max_mr_size: int, pds: ProtectionDomains) -> None:
-        super().__init__("mr", "MR", limit)
-        self.seat = seat
+        super().__init__("mr", "MR", limit, seat)
         self.max_mr_size = max_mr_size
         self.pds = pds
 
@@ -62,7 +61,7 @@ class MemoryRegions(ObjectTable[Mr]):
         mr.rkey = self.pool.key(mr.slot, avoid=mr.lkey)
         config: MrConfig = {"handle": handle, "pd": int(req.pd), "lkey": mr.lkey, "rkey": mr.rkey, "access": access,
                             "page_offset": offset, "iova": iova, "length": length, "pages": pages}
-        self.create_in_engine(handle, self.seat.engine.create_mr, self.seat, mr.slot, config)
+        self.create_in_engine(handle, self.seat.engine.create_mr, mr.slot, config)
         pd.refs += 1
         return handle, mr.lkey, mr.rkey
 

@@ -22,7 +22,7 @@ from vrdma.device.pd import ProtectionDomains
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.status import CommandFailed, Status
-from vrdma.device.table import ObjectTable
+from vrdma.device.table import EngineObjectTable
 from vrdma.device.ucontext import UserContexts
 from vrdma.engine.api import NO_DEVICE, NO_SRQ, QpConfig
 
@@ -57,14 +57,13 @@ class Qp:
     attr: dict[str, Any] = field(default_factory=dict)
 
 
-class QueuePairs(ObjectTable[Qp]):
+class QueuePairs(EngineObjectTable[Qp]):
     def __init__(self, owner: str, seat: EngineSeat, limits: DeviceLimits, ucontexts: UserContexts,
                  pds: ProtectionDomains, cqs: CompletionQueues, srqs: SharedReceiveQueues, gids: GidTable,
                  route: Callable[[bytes], int]) -> None:
         """``route(dgid)``: the engine index of the device holding that GID, or NO_DEVICE (the fabric's)."""
-        super().__init__("qp", "QP", limits.max_qp)
+        super().__init__("qp", "QP", limits.max_qp, seat)
         self.owner = owner
-        self.seat = seat
         self.limits = limits
         self.ucontexts = ucontexts
         self.pds = pds
@@ -126,7 +125,7 @@ class QueuePairs(ObjectTable[Qp]):
             "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge, "max_recv_sge": recv_sge,
             "max_inline": inline, "db_page": ctx.doorbell_page, "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot,
             "ring": pages}
-        self.create_in_engine(handle, self.seat.engine.create_qp, self.seat, qp.slot, config,
+        self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config,
                               undo=lambda: ctx.give_slots(db_slots))
         pd.refs += 1
         send_cq.refs += 1

@@ -9,7 +9,7 @@ from vrdma.device import abi, rings
 from vrdma.device.pd import ProtectionDomains
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.status import CommandFailed, Status
-from vrdma.device.table import ObjectTable
+from vrdma.device.table import EngineObjectTable
 from vrdma.device.ucontext import UserContexts
 from vrdma.engine.api import SrqConfig
 
@@ -28,11 +28,10 @@ class Srq:
     refs: int = 0
 
 
-class SharedReceiveQueues(ObjectTable[Srq]):
+class SharedReceiveQueues(EngineObjectTable[Srq]):
     def __init__(self, seat: EngineSeat, limit: int, max_wr: int, max_sge: int, ucontexts: UserContexts,
                  pds: ProtectionDomains) -> None:
-        super().__init__("srq", "SRQ", limit)
-        self.seat = seat
+        super().__init__("srq", "SRQ", limit, seat)
         self.max_wr = max_wr
         self.max_sge = max_sge
         self.ucontexts = ucontexts
@@ -56,7 +55,7 @@ class SharedReceiveQueues(ObjectTable[Srq]):
         config: SrqConfig = {"handle": handle, "pd": int(req.pd), "depth": depth, "stride": stride,
                               "max_sge": max_sge, "limit": limit, "db_page": ctx.doorbell_page, "db_slot": db_slot,
                               "ring": pages}
-        self.create_in_engine(handle, self.seat.engine.create_srq, self.seat, srq.slot, config,
+        self.create_in_engine(handle, self.seat.engine.create_srq, srq.slot, config,
                               undo=lambda: ctx.slots.give(db_slot))
         pd.refs += 1
         self.ucontexts.queue_created(ctx)

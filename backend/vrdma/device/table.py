@@ -50,19 +50,28 @@ class ObjectTable(Generic[T]):
             setattr(obj, "slot", self.pool.slot(handle))  # noqa: B010 - any kind with an engine side
         return handle
 
-    def create_in_engine(self, handle: int, create: Callable[[int, int, C], None], seat: EngineSeat, slot: int,
-                         config: C, undo: Callable[[], None] | None = None) -> None:
+    def clear(self) -> None:
+        self.pool.clear()
+
+
+class EngineObjectTable(ObjectTable[T]):
+    """A table of objects that also live in the data engine (MRs, CQs, SRQs, QPs): it holds the device's seat
+    at the engine, and creates an object's engine side with the rollback of its handle."""
+
+    def __init__(self, kind: str, what: str, limit: int, seat: EngineSeat) -> None:
+        super().__init__(kind, what, limit)
+        self.seat = seat
+
+    def create_in_engine(self, handle: int, create: Callable[[int, int, C], None], slot: int, config: C,
+                         undo: Callable[[], None] | None = None) -> None:
         """``create(seat.index, slot, config)``: the engine's side of a new object. If the engine refuses, the
         handle goes, ``undo`` gives back what the object took (doorbell slots), and the command fails with the
         engine's reason."""
         try:
             with refused_as_status():
-                create(seat.index, slot, config)
+                create(self.seat.index, slot, config)
         except CommandFailed:
             self.pool.remove(handle)
             if undo is not None:
                 undo()
             raise
-
-    def clear(self) -> None:
-        self.pool.clear()
