@@ -225,3 +225,11 @@ def connected_vm(backend: BackendProcess, name: str) -> Iterator[Vm]:
         fe.start()
         yield Vm(name, fe, SimVerbs(fe, backend.directory / f"{name}.doorbell"))
     backend.wait_for_closed(name, closed + 1)
+
+
+def backend_for_module(directory: Path) -> Iterator[BackendProcess]:
+    """The body of a module-scoped backend fixture: one daemon a test module shares (each test connects its VMs
+    afresh), stopped cleanly at the end or the module fails with its log."""
+    process = BackendProcess(directory)
+    yield process
+    assert process.stop() == 0, process.log_text()

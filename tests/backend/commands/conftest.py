@@ -11,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from backend_process import BackendProcess, Vm, connected_vm
+from backend_process import BackendProcess, Vm, backend_for_module, connected_vm
 
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendProcess]:
     """One backend for a module's tests (each test connects its VMs afresh)."""
-    process = BackendProcess(tmp_path_factory.mktemp("backend"))
-    yield process
-    assert process.stop() == 0, process.log_text()
+    yield from backend_for_module(tmp_path_factory.mktemp("backend"))
 
 
 @pytest.fixture

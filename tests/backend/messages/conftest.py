@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from backend_process import BackendProcess
+from backend_process import BackendProcess, backend_for_module
 
 from vrdma.testing.frontend import Frontend
 
@@ -20,9 +20,7 @@ from vrdma.testing.frontend import Frontend
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendProcess]:
     """One backend for a module's tests (each test connects its VMs afresh)."""
-    process = BackendProcess(tmp_path_factory.mktemp("backend"))
-    yield process
-    assert process.stop() == 0, process.log_text()
+    yield from backend_for_module(tmp_path_factory.mktemp("backend"))
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from backend_process import BackendProcess, two_vms
+from backend_process import BackendProcess, backend_for_module, two_vms
 from pvrdma_helpers import (
     GID,
     Side,
@@ -43,12 +43,9 @@ def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
         yield sides
 
 
-
 @pytest.fixture(scope="module")
 def shared_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendProcess]:
-    process = BackendProcess(tmp_path_factory.mktemp("backend"))
-    yield process
-    assert process.stop() == 0, process.log_text()
+    yield from backend_for_module(tmp_path_factory.mktemp("backend"))
 
 
 @pytest.fixture
