@@ -9,7 +9,10 @@ places that publish or enforce it follow (config_fields, query_fields, engine_li
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, cast
 
 from vrdma.device import abi
@@ -69,9 +72,12 @@ def config_fields(limits: DeviceLimits) -> dict[str, int]:
     return {**_where(limits, "config"), "max_ucontext": limits.doorbell_pages - 1}
 
 
-def query_fields(limits: DeviceLimits) -> dict[str, int]:
+# Cached: QUERY_DEVICE answers it on every call, and walking the dataclass's fields each time doubled the command's
+# cost in the backend (limits are frozen, so one answer per DeviceLimits holds for the process's life).
+@functools.cache
+def query_fields(limits: DeviceLimits) -> Mapping[str, int]:
     """The limits QUERY_DEVICE answers, by field of struct vrdma_resp_query_device."""
-    return {**_where(limits, "query"), "max_qp_init_rd_atom": limits.max_qp_rd_atom}
+    return MappingProxyType({**_where(limits, "query"), "max_qp_init_rd_atom": limits.max_qp_rd_atom})
 
 
 def engine_limits(limits: DeviceLimits) -> EngineLimits:
