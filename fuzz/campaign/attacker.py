@@ -204,7 +204,7 @@ class Attacker(CommandAttacks, MessageAttacks):
         header = SEND_WQE.pack(rng.getrandbits(16), op & 0xFF, flags & 0xFF, nsge & 0xFF, imm,
                                len(payload) if inline else 0, rkey & 0xFFFFFFFF, remote % (1 << 64),
                                rng.getrandbits(64), rng.getrandbits(64))
-        return (header + body)[:qp.sq_stride]
+        return (header + body)[:qp.sq.stride]
 
     def _spoil(self, s: AttackerState, op: int, flags: int, nsge: int, rkey: int, remote: int, length: int,
                sges: list[tuple[int, int, int]], payload: bytes) -> tuple[int, int, int, int, int, int,
@@ -275,21 +275,18 @@ class Attacker(CommandAttacks, MessageAttacks):
             count = rng.randrange(1, SQ_DEPTH + 1)
             bad = rng.randrange(count) if rng.randrange(2) else -1
             wqes = [self._wqe(s, qp, i == bad) for i in range(count)]
-            base = qp.buf.gpa + qp.sq_offset
             for wqe in wqes:
-                s.verbs.memory.write(base + (qp.sq_prod % qp.sq_depth) * qp.sq_stride, wqe)
-                qp.sq_prod += 1
+                s.verbs.put_wqe(qp.sq, wqe)
             if peer.gid == GID["vm0"]:  # receives for its own sends
-                room = RQ_DEPTH - ((qp.rq_prod - ring_header(s.verbs, qp.buf.gpa, 4)) & 0xFFFFFFFF)
+                room = RQ_DEPTH - ((qp.rq.prod - ring_header(s.verbs, qp.buf.gpa, 4)) & 0xFFFFFFFF)
                 if 0 < room <= RQ_DEPTH:
                     mr = s.mrs[0]
-                    qp.rq_prod = post_receives(s.verbs, qp.buf.gpa, qp.rq_offset, qp.rq_depth, qp.rq_stride,
-                                               qp.rq_prod, room, [(mr.addr, MR_SIZE, mr.lkey)], qp.rq_db_slot)
+                    post_receives(s.verbs, qp.rq, room, [(mr.addr, MR_SIZE, mr.lkey)])
             garbage = rng.randrange(100) == 0
-            doorbell = rng.getrandbits(32) if garbage else qp.sq_prod & 0xFFFFFFFF
+            doorbell = rng.getrandbits(32) if garbage else qp.sq.prod & 0xFFFFFFFF
             if garbage:
                 garbage_qps.append(qp)
-            s.verbs.ring(qp.sq_db_slot, doorbell)
+            s.verbs.ring(qp.sq.db_slot, doorbell)
             self.counts.wqes += count
             posted.append({"qp": s.qps.index((qp, peer)), "wqes": [w.hex() for w in wqes], "doorbell": doorbell})
         self.record.append({"work requests": posted})
@@ -302,7 +299,7 @@ class Attacker(CommandAttacks, MessageAttacks):
         deadline = time.monotonic() + DRAIN_DEADLINE
         waiting = [qp for qp in qps if qp not in garbage]
         while waiting and time.monotonic() < deadline:
-            waiting = [qp for qp in waiting if ring_header(s.verbs, qp.buf.gpa, 0) != qp.sq_prod & 0xFFFFFFFF]
+            waiting = [qp for qp in waiting if ring_header(s.verbs, qp.buf.gpa, 0) != qp.sq.prod & 0xFFFFFFFF]
             if waiting:
                 time.sleep(0.0002)  # the engine runs in another process: poll its progress until the deadline
         completions = drain_cq(s.verbs, s.cq)

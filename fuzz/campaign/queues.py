@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuzz.campaign.common import COMMAND_SLOTS, CQE, PAGE, RECV_WQE, RESP_HDR, SGE, U32, Peer, cmd, mask
+from fuzz.campaign.common import COMMAND_SLOTS, CQE, PAGE, RESP_HDR, U32, Peer, cmd, mask
 from fuzz.campaign.process import CampaignFrontend
 from vrdma.device import abi
-from vrdma.testing.verbs import SimCq, SimQp, SimVerbs
+from vrdma.testing.verbs import SimCq, SimQp, SimRing, SimVerbs, recv_wqe_bytes
 
 # -- queue pairs, as a provider drives them ---------------------------------------------------------------------------
 
@@ -35,10 +35,10 @@ def reconnect(fe: CampaignFrontend, verbs: SimVerbs, qps: list[tuple[SimQp, Peer
     for qp, peer in qps:
         # Doorbells to 0 first: the QP starts counting from 0 after RESET, and a stale (or garbage) producer index
         # would run old WQEs again (or break it once more) the moment it reaches RTS.
-        verbs.ring(qp.sq_db_slot, 0)
-        if qp.rq_db_slot:
-            verbs.ring(qp.rq_db_slot, 0)
-        qp.sq_prod = qp.rq_prod = 0
+        verbs.ring(qp.sq.db_slot, 0)
+        if qp.rq.db_slot:
+            verbs.ring(qp.rq.db_slot, 0)
+        qp.sq.prod = qp.rq.prod = 0
         batch += connect_script(qp, peer, 0)
     ok = True
     for at in range(0, len(batch), COMMAND_SLOTS):
@@ -66,15 +66,10 @@ def drain_cq(verbs: SimVerbs, cq: SimCq) -> list[tuple[int, int]]:
     return out
 
 
-def post_receives(verbs: SimVerbs, buf_gpa: int, offset: int, depth: int, stride: int, prod: int, count: int,
-                  sges: list[tuple[int, int, int]], db_slot: int) -> int:
-    """Write ``count`` receive WQEs from index ``prod`` and ring once; return the new producer index."""
-    body = b"".join(SGE.pack(*sge) for sge in sges)
-    for i in range(count):
-        verbs.memory.write(buf_gpa + offset + ((prod + i) % depth) * stride,
-                           RECV_WQE.pack(prod + i, len(sges), 0) + body)
-    prod += count
-    verbs.ring(db_slot, prod)
-    return prod
+def post_receives(verbs: SimVerbs, ring: SimRing, count: int, sges: list[tuple[int, int, int]]) -> None:
+    """Write ``count`` receive WQEs (each wr_id its index) and ring the doorbell once."""
+    for _ in range(count):
+        verbs.put_wqe(ring, recv_wqe_bytes(sges, ring.prod))
+    verbs.ring(ring.db_slot, ring.prod)
 
 

@@ -12,7 +12,6 @@ from fuzz.campaign.common import (
     GID,
     MR_SIZE,
     OK,
-    PAGE,
     QUERY_DEVICE,
     QUERY_QP_RESP,
     RESP_HDR,
@@ -79,14 +78,12 @@ class Victim:
         """Keep receives posted (into the scratch MR) on the RQ and the SRQ, so that the attacker's sends land."""
         v, sge = self.verbs, [(self.scratch.addr, MR_SIZE, self.scratch.lkey)]
         qp, srq = self.qp, self.srq
-        room = RQ_DEPTH - ((qp.rq_prod - ring_header(v, qp.buf.gpa, 4)) & 0xFFFFFFFF)
+        room = RQ_DEPTH - ((qp.rq.prod - ring_header(v, qp.buf.gpa, 4)) & 0xFFFFFFFF)
         if 0 < room <= RQ_DEPTH:
-            qp.rq_prod = post_receives(v, qp.buf.gpa, qp.rq_offset, qp.rq_depth, qp.rq_stride, qp.rq_prod, room,
-                                       sge, qp.rq_db_slot)
-        room = srq.depth - ((srq.prod - ring_header(v, srq.buf.gpa, 0)) & 0xFFFFFFFF)
-        if 0 < room <= srq.depth:
-            srq.prod = post_receives(v, srq.buf.gpa, PAGE, srq.depth, srq.stride, srq.prod, room, sge,
-                                     srq.db_slot)
+            post_receives(v, qp.rq, room, sge)
+        room = srq.ring.depth - ((srq.ring.prod - ring_header(v, srq.buf.gpa, 0)) & 0xFFFFFFFF)
+        if 0 < room <= srq.ring.depth:
+            post_receives(v, srq.ring, room, sge)
         drain_cq(v, self.cq)
 
     def check(self, backend: Backend, attacker: Peer) -> None:

@@ -223,7 +223,7 @@ def test_cq_overflow_is_an_error_never_an_overwrite(backend: BackendProcess, pai
 
 def test_garbage_producer_index_fails_only_that_qp(backend: BackendProcess, pair: tuple[Side, Side]) -> None:
     a, b = pair
-    b.verbs.ring(b.qp.sq_db_slot, 0x7FFF0000)  # far more WQEs than the ring holds
+    b.verbs.ring(b.qp.sq.db_slot, 0x7FFF0000)  # far more WQEs than the ring holds
     deadline = time.monotonic() + 10
     while backend.counters("vm1")["engine"]["qp_fatal"] < 1:
         assert time.monotonic() < deadline

@@ -92,9 +92,9 @@ def native_backend() -> list[Metric]:
         mem_b = int(nffi.cast("uintptr_t", nffi.from_buffer(fb.memory.map)))
         db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))
         queue = nffi.new("struct nat_queue *", {
-            "base": mem_b + qpb.buf.gpa + qpb.sq_offset, "ring_hdr": mem_b + qpb.buf.gpa,
+            "base": mem_b + qpb.sq.base, "ring_hdr": mem_b + qpb.buf.gpa,
             "doorbell_page": db_b + vb.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE"),
-            "depth": qpb.sq_depth, "stride": qpb.sq_stride, "prod": qpb.sq_prod, "db_slot": qpb.sq_db_slot,
+            "depth": qpb.sq.depth, "stride": qpb.sq.stride, "prod": qpb.sq.prod, "db_slot": qpb.sq.db_slot,
             "wake_fd": fb.queues[abi.const("VRDMA_QUEUE_WAKE")].kick})
         cq = nffi.new("struct nat_cq *", {"hdr": mem_b + cqb.buf.gpa, "cqes": mem_b + cqb.buf.gpa + 4096,
                                           "entries": cqb.entries, "cons": cqb.cons})

@@ -50,6 +50,15 @@ def _pow2_at_least(value: int, minimum: int) -> int:
     return result
 
 
+def sge_bytes(sges: list[tuple[int, int, int]]) -> bytes:
+    """struct vrdma_sge for each (addr, length, lkey), as a WQE carries them after its header."""
+    return b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
+
+
+def recv_wqe_bytes(sges: list[tuple[int, int, int]], wr_id: int = 0) -> bytes:
+    return abi.to_bytes(abi.new("vrdma_recv_wqe", wr_id=wr_id, num_sge=len(sges))) + sge_bytes(sges)
+
+
 @dataclass
 class Buffer:
     gpa: int
@@ -79,30 +88,34 @@ class SimCq:
 
 
 @dataclass
-class SimSrq:
-    handle: int
-    db_slot: int
-    buf: Buffer
+class SimRing:
+    """One work queue as the guest posts to it: ``depth`` WQE slots of ``stride`` bytes from guest address ``base``,
+    the doorbell slot the producer index goes to, and that index (free-running, as the device reads it)."""
+
+    base: int
     depth: int
     stride: int
+    db_slot: int
     prod: int = 0
+
+    def slot_gpa(self, index: int) -> int:
+        return self.base + (index % self.depth) * self.stride
+
+
+@dataclass
+class SimSrq:
+    handle: int
+    buf: Buffer
+    ring: SimRing
 
 
 @dataclass
 class SimQp:
     handle: int
     qpn: int
-    sq_db_slot: int
-    rq_db_slot: int
     buf: Buffer
-    sq_depth: int
-    rq_depth: int
-    sq_stride: int
-    rq_stride: int
-    sq_offset: int
-    rq_offset: int
-    sq_prod: int = 0
-    rq_prod: int = 0
+    sq: SimRing
+    rq: SimRing  # depth 0 when the QP receives from an SRQ
 
 
 class SimVerbs:
@@ -193,14 +206,11 @@ class SimVerbs:
         resp = self.call("VRDMA_CMD_CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
                          ucontext=self.ucontext, pd=pd, depth=depth, stride=stride, max_sge=max_sge,
                          srq_limit=limit, ring=self.page_list(buf))
-        return SimSrq(int(resp.handle), int(resp.db_slot), buf, depth, stride)
+        return SimSrq(int(resp.handle), buf, SimRing(buf.gpa + PAGE, depth, stride, int(resp.db_slot)))
 
     def post_srq_recv(self, srq: SimSrq, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
-        wqe = abi.new("vrdma_recv_wqe", wr_id=wr_id, num_sge=len(sges))
-        body = b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
-        self.memory.write(srq.buf.gpa + PAGE + (srq.prod % srq.depth) * srq.stride, abi.to_bytes(wqe) + body)
-        srq.prod += 1
-        self.ring(srq.db_slot, srq.prod)
+        self.put_wqe(srq.ring, recv_wqe_bytes(sges, wr_id))
+        self.ring(srq.ring.db_slot, srq.ring.prod)
 
     def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
                   max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None) -> SimQp:
@@ -217,8 +227,9 @@ class SimVerbs:
                          sq_offset=sq_offset, rq_offset=rq_offset, max_send_sge=max_sge,
                          max_recv_sge=max_sge if srq is None else 0, max_inline_data=max_inline,
                          ring=self.page_list(buf))
-        return SimQp(int(resp.handle), int(resp.qpn), int(resp.sq_db_slot), int(resp.rq_db_slot), buf, depth,
-                     depth, sq_stride, rq_stride, sq_offset, rq_offset)
+        return SimQp(int(resp.handle), int(resp.qpn), buf,
+                     SimRing(buf.gpa + sq_offset, depth, sq_stride, int(resp.sq_db_slot)),
+                     SimRing(buf.gpa + rq_offset, rq_depth, rq_stride, int(resp.rq_db_slot)))
 
     def modify_qp(self, qp: SimQp, mask: int, **attr: Any) -> None:
         self.call("VRDMA_CMD_MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", handle=qp.handle,
@@ -256,30 +267,31 @@ class SimVerbs:
         flags = abi.const("VRDMA_SEND_SIGNALED") if signaled else 0
         wqe = abi.new("vrdma_send_wqe", wr_id=wr_id, opcode=opcode, num_sge=len(sges), imm_data=imm,
                       rkey=rkey, remote_addr=remote_addr, compare_add=compare_add, swap=swap)
-        body = b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
+        body = sge_bytes(sges)
         if inline is not None:
             flags |= abi.const("VRDMA_SEND_INLINE")
             wqe.num_sge, wqe.inline_len, body = 0, len(inline), inline
         wqe.send_flags = flags
-        slot = qp.sq_prod % qp.sq_depth
-        self.memory.write(qp.buf.gpa + qp.sq_offset + slot * qp.sq_stride, abi.to_bytes(wqe) + body)
-        qp.sq_prod += 1
+        self.put_wqe(qp.sq, abi.to_bytes(wqe) + body)
         if ring:
             self.ring_send(qp)
 
     def ring_send(self, qp: SimQp) -> None:
         """Store the send queue's producer index; wake the device if its engine is parked (as libvrdma does)."""
-        self.ring(qp.sq_db_slot, qp.sq_prod)
+        self.ring(qp.sq.db_slot, qp.sq.prod)
         if self.parked():
             self.fe.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
 
     def post_recv(self, qp: SimQp, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
-        wqe = abi.new("vrdma_recv_wqe", wr_id=wr_id, num_sge=len(sges))
-        body = b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in sges)
-        slot = qp.rq_prod % qp.rq_depth
-        self.memory.write(qp.buf.gpa + qp.rq_offset + slot * qp.rq_stride, abi.to_bytes(wqe) + body)
-        qp.rq_prod += 1
-        self.ring(qp.rq_db_slot, qp.rq_prod)
+        self.put_wqe(qp.rq, recv_wqe_bytes(sges, wr_id))
+        self.ring(qp.rq.db_slot, qp.rq.prod)
+
+    def put_wqe(self, ring: SimRing, wqe: bytes) -> None:
+        """Write a WQE (any bytes, at most a slot) into the ring's next slot and count it; ring no doorbell."""
+        if len(wqe) > ring.stride:
+            raise ValueError(f"a {len(wqe)}-byte WQE does not fit a {ring.stride}-byte slot")
+        self.memory.write(ring.slot_gpa(ring.prod), wqe)
+        ring.prod += 1
 
     def poll_cq(self, cq: SimCq) -> list[Any]:
         hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))

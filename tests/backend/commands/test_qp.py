@@ -51,7 +51,7 @@ def test_a_qp_walks_to_rts_and_reports_its_attributes(vm0: Vm, bystander: Bystan
     vm0.verbs.connect(qp, qp.qpn, GID["vm0"])
     answer = vm0.call("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", handle=qp.handle).attr
     assert (answer.qp_state, answer.dest_qp_num, answer.timeout, answer.max_send_wr) == \
-        (QpState.RTS, qp.qpn, 14, qp.sq_depth)
+        (QpState.RTS, qp.qpn, 14, qp.sq.depth)
     assert bytes(answer.dgid) == GID["vm0"]
     modify(vm0, qp.handle, m("STATE"), qp_state=QpState.ERR)
     assert state(vm0, qp.handle) == QpState.ERR

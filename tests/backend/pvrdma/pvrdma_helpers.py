@@ -18,6 +18,7 @@ from vrdma.device import abi
 from vrdma.device.rings import CQE, RECV_WQE, SEND_WQE
 from vrdma.testing.frontend import Frontend
 from vrdma.testing.verbs import PAGE, PBL, SGE, CommandError, SimCq, SimQp, SimVerbs
+from vrdma.testing.verbs import sge_bytes as sges
 
 __all__ = [  # what the lesson files take with `from pvrdma_helpers import *`
     "CQ",
@@ -169,16 +170,9 @@ def round_trip(side: Side, peer: Side, wr_id: int) -> None:
     assert (done.wr_id, done.status) == (wr_id, WC["SUCCESS"])
 
 
-def sges(entries: list[tuple[int, int, int]]) -> bytes:
-    return b"".join(abi.to_bytes(abi.new("vrdma_sge", addr=a, length=n, lkey=k)) for a, n, k in entries)
-
-
 def put_send_wqe(verbs: SimVerbs, qp: SimQp, body: bytes, **fields: int) -> None:
     """Write any send WQE (fields as given, not as a correct provider would set them) into the next slot."""
-    wqe = abi.to_bytes(abi.new("vrdma_send_wqe", **fields)) + body
-    assert len(wqe) <= qp.sq_stride
-    verbs.memory.write(qp.buf.gpa + qp.sq_offset + (qp.sq_prod % qp.sq_depth) * qp.sq_stride, wqe)
-    qp.sq_prod += 1
+    verbs.put_wqe(qp.sq, abi.to_bytes(abi.new("vrdma_send_wqe", **fields)) + body)
 
 
 def recv_wqe(wr_id: int, num_sge: int, body: bytes) -> bytes:
@@ -188,12 +182,9 @@ def recv_wqe(wr_id: int, num_sge: int, body: bytes) -> bytes:
 def put_recv_wqe(verbs: SimVerbs, qp: SimQp, srq: Any, wqe: bytes, producer: int) -> None:
     """Write a receive WQE into the first slot of the QP's receive queue (or of its SRQ) and store ``producer``,
     whatever it is, as that queue's producer index."""
-    if srq is not None:
-        verbs.memory.write(srq.buf.gpa + PAGE, wqe)
-        verbs.ring(srq.db_slot, producer)
-    else:
-        verbs.memory.write(qp.buf.gpa + qp.rq_offset, wqe)
-        verbs.ring(qp.rq_db_slot, producer)
+    ring = srq.ring if srq is not None else qp.rq
+    verbs.memory.write(ring.slot_gpa(0), wqe)
+    verbs.ring(ring.db_slot, producer)
 
 
 def events_ready(verbs: SimVerbs) -> None:

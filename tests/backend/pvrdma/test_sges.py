@@ -24,7 +24,7 @@ def test_send_wqe_with_more_sges_than_its_qp_allows(backend: BackendProcess, pai
     the error state, the next WQE is flushed, and the peer's memory keeps its sentinel."""
     victim, attacker = pair
     qp = connected_qp(attacker, victim, victim.qp, max_sge=qp_max_sge)
-    fit = (qp.sq_stride - SEND_WQE) // SGE
+    fit = (qp.sq.stride - SEND_WQE) // SGE
     body = sges([(attacker.mr.addr + 64 * i, 64, attacker.mr.lkey) for i in range(min(num_sge, fit))])
     put_send_wqe(attacker.verbs, qp, body, wr_id=0xBAD, opcode=WR["RDMA_WRITE"], send_flags=SIGNALED,
                  num_sge=num_sge, remote_addr=victim.mr.addr, rkey=victim.mr.rkey)
@@ -52,7 +52,7 @@ def test_receive_wqe_with_more_sges_than_its_queue_allows(backend: BackendProces
     rqp = v.create_qp(receiver.pd, receiver.cq, receiver.cq, max_sge=4, srq=srq)
     sqp = connected_qp(sender, receiver, rqp)
     v.connect(rqp, sqp.qpn, GID[sender.name])
-    stride = srq.stride if srq else rqp.rq_stride
+    stride = srq.ring.stride if srq else rqp.rq.stride
     body = sges([(receiver.mr.addr + 256 * i, 256, receiver.mr.lkey) for i in range((stride - RECV_WQE) // SGE)])
     wqe = recv_wqe(0xBAD, num_sge, body)
     put_recv_wqe(v, rqp, srq, wqe, 1)
