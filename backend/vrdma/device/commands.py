@@ -150,32 +150,37 @@ def _command(name: str, request: str, response: str, handler: Handler) -> tuple[
     return CommandOpcode[name], Command(name, request, response, handler)
 
 
+def _destroy(name: str, pick: Callable[[DeviceObjects], Callable[[int], None]]) -> tuple[int, Command]:
+    """A command that destroys one object by handle: vrdma_cmd_destroy in, a bare header out."""
+    return _command(name, "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(pick))
+
+
 # Commands that answer with nothing but a header have vrdma_resp_hdr as their response struct; commands that name
-# one object by handle share vrdma_cmd_destroy as their request.
+# one object by handle share vrdma_cmd_destroy as their request (_destroy: the destroys).
 COMMANDS: dict[int, Command] = dict([
     _command("QUERY_DEVICE", "vrdma_cmd_query_device", "vrdma_resp_query_device", _query_device),
     _command("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port", _query_port),
     _command("ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", _add_gid),
     _command("DEL_GID", "vrdma_cmd_del_gid", "vrdma_resp_hdr", _del_gid),
     _command("ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext", _alloc_ucontext),
-    _command("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.ucontexts.dealloc)),
+    _destroy("DEALLOC_UCONTEXT", lambda o: o.ucontexts.dealloc),
     _command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
-    _command("DEALLOC_PD", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.pds.dealloc)),
+    _destroy("DEALLOC_PD", lambda o: o.pds.dealloc),
     _command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
-    _command("DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.mrs.deregister)),
+    _destroy("DEREG_MR", lambda o: o.mrs.deregister),
     _command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", _create_cq),
-    _command("DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.cqs.destroy)),
+    _destroy("DESTROY_CQ", lambda o: o.cqs.destroy),
     _command("MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", _modify_cq),
     _command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", _create_qp),
     _command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),
     _command("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", _query_qp),
-    _command("DESTROY_QP", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.qps.destroy)),
+    _destroy("DESTROY_QP", lambda o: o.qps.destroy),
     _command("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq", _create_srq),
     _command("MODIFY_SRQ", "vrdma_cmd_modify_srq", "vrdma_resp_hdr", _modify_srq),
     _command("QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq", _query_srq),
-    _command("DESTROY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.srqs.destroy)),
+    _destroy("DESTROY_SRQ", lambda o: o.srqs.destroy),
     _command("CREATE_AH", "vrdma_cmd_create_ah", "vrdma_resp_create_ah", _create_ah),
-    _command("DESTROY_AH", "vrdma_cmd_destroy", "vrdma_resp_hdr", _by_handle(lambda o: o.ahs.destroy)),
+    _destroy("DESTROY_AH", lambda o: o.ahs.destroy),
 ])
 
 
