@@ -44,6 +44,15 @@ static void fill_sges(struct in *in, struct vm *vm, struct vrdma_sge *sge, uint3
 		uint8_t how = u8(in);
 		struct mr_rec *mr = pick_mr(vm, how >> 2);
 
+		if ((how & 3) == 3 && vm->nregions && (how & 4)) {
+			/* The local DMA lkey: guest-physical, near (inside, across the end of, past) a RAM region. */
+			const struct vre_region *r = &vm->regions[(how >> 3) % vm->nregions];
+
+			sge[i].addr = r->gpa + r->size - (u32(in) % (r->size + 0x2000)) + 0x1000;
+			sge[i].length = u16(in);
+			sge[i].lkey = VRDMA_LOCAL_DMA_LKEY;
+			continue;
+		}
 		if ((how & 3) == 3 || !mr) {
 			sge[i].addr = u64(in);
 			sge[i].length = u32(in);

@@ -173,6 +173,7 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.db_page = flags & 128 ? u32(in) : 1 + u8(in) % (vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1);
 	c.sq_db_slot = flags & 256 ? u32(in) : u16(in) % 1024;
 	c.rq_db_slot = flags & 512 ? u32(in) : u16(in) % 1024;
+	c.flags = flags & 0x800 ? VRE_QP_KERNEL : 0;
 	end = (uint64_t)c.sq_offset + (uint64_t)c.sq_depth * c.sq_stride;
 	if ((uint64_t)c.rq_offset + (uint64_t)c.rq_depth * c.rq_stride > end)
 		end = (uint64_t)c.rq_offset + (uint64_t)c.rq_depth * c.rq_stride;

@@ -19,7 +19,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 2
+#define VRDMA_ABI_VERSION 3
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */
@@ -28,9 +28,22 @@
 #define VRDMA_QUEUE_WAKE 2        /* no buffers: a notification wakes the device's parked data engine */
 #define VRDMA_NUM_QUEUES 3
 
-/* Doorbell region (ivshmem-plain BAR2): page 0 is the header, then one page per user context */
+/*
+ * Doorbell region (ivshmem-plain BAR2): page 0 is the header, page 1 the kernel's (the queues of context 0, the
+ * guest kernel's own consumers; mapped into the kernel only), then one page per user context.
+ */
 #define VRDMA_DOORBELL_MAGIC 0x4c4c4542524f4456
 #define VRDMA_DOORBELL_PAGE_SIZE 4096
+#define VRDMA_KERNEL_DOORBELL_PAGE 1
+#define VRDMA_FIRST_USER_DOORBELL_PAGE 2
+
+/*
+ * The local DMA lkey: an SGE with this lkey names guest-physical memory directly (addr is a guest-physical
+ * address, as the DMA API gives the kernel of a virtio device without VIRTIO_F_ACCESS_PLATFORM). The device honours
+ * it only in work requests of the kernel's queues (context 0), and only for ranges inside the guest's RAM; no MR
+ * ever has this key.
+ */
+#define VRDMA_LOCAL_DMA_LKEY 0
 
 /* Control commands */
 #define VRDMA_CMD_QUERY_DEVICE 1
@@ -165,7 +178,7 @@
 #define VRDMA_WC_WITH_IMM 2
 
 /*
- * A user context's doorbell page: 32-bit slots. Slot 0 is the device's: nonzero while its data engine is parked,
+ * A context's doorbell page (a user context's, or the kernel's): 32-bit slots. Slot 0 is the device's: nonzero while its data engine is parked,
  * and then whoever rings a send queue doorbell also wakes it (VRDMA_QUEUE_WAKE, through the kernel). Every other
  * slot belongs to one queue the device handed it to at creation: a send queue, receive queue or SRQ slot holds
  * that ring's producer index (free-running, WQEs posted so far), a CQ slot holds the CQ's arm request
@@ -206,7 +219,7 @@ struct vrdma_config {
 	__le32 doorbell_page_size;
 	__le64 pairing_id;        /* also in the doorbell region header: pairs this device with its ivshmem device */
 	__le32 doorbell_pages;    /* pages in the doorbell region, header page included */
-	__le32 max_ucontext;      /* = doorbell_pages - 1 */
+	__le32 max_ucontext;      /* = doorbell_pages - 2 (VRDMA_FIRST_USER_DOORBELL_PAGE) */
 	__u8 mac[6];              /* MAC of the paired virtio-net netdev */
 	__u8 reserved0[2];
 	__le32 max_qp;
@@ -328,7 +341,7 @@ struct vrdma_cmd_alloc_ucontext {
 struct vrdma_resp_alloc_ucontext {
 	struct vrdma_resp_hdr hdr;
 	__le32 handle;
-	__le32 doorbell_page;     /* page index in the doorbell region: 1 .. doorbell_pages - 1 */
+	__le32 doorbell_page;     /* page index in the doorbell region: 2 .. doorbell_pages - 1 */
 };
 
 /* Deallocation of any object by handle (ucontext, PD, ...). */
@@ -377,7 +390,7 @@ struct vrdma_resp_reg_mr {
 
 struct vrdma_cmd_create_cq {
 	struct vrdma_cmd_hdr hdr;
-	__le32 ucontext;          /* the owning user context (its doorbell page gets the CQ's arm slot) */
+	__le32 ucontext;          /* the owning user context, 0: the kernel (its doorbell page gets the CQ's arm slot) */
 	__le32 entries;           /* ring entries, a power of two */
 	struct vrdma_page_list ring;
 };

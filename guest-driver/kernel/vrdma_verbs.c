@@ -150,8 +150,8 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata
 		return ret;
 	uc->handle = le32_to_cpu(resp.handle);
 	uc->doorbell_page = le32_to_cpu(resp.doorbell_page);
-	/* The device picks the page; it must lie inside the region and never be the header page. */
-	if (uc->doorbell_page == 0 || uc->doorbell_page >= dev->doorbell_pages) {
+	/* The device picks the page; it must lie inside the region and be neither the header nor the kernel's. */
+	if (uc->doorbell_page < VRDMA_FIRST_USER_DOORBELL_PAGE || uc->doorbell_page >= dev->doorbell_pages) {
 		dev_err(&dev->vdev->dev, "device gave doorbell page %u (region has %u)\n", uc->doorbell_page,
 			dev->doorbell_pages);
 		ret = -EIO;

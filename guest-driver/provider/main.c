@@ -60,7 +60,7 @@ static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_al
 {
 	long page_size = sysconf(_SC_PAGESIZE);
 
-	if (resp->doorbell_page == 0 || page_size <= 0 || resp->doorbell_page_size != (uint32_t)page_size ||
+	if (resp->doorbell_page < VRDMA_FIRST_USER_DOORBELL_PAGE || page_size <= 0 || resp->doorbell_page_size != (uint32_t)page_size ||
 	    resp->doorbell_offset % (uint64_t)page_size != 0) {
 		verbs_err(&ctx->ibv_ctx, "vrdma: kernel gave doorbell page %u, size %u, offset %#llx: not usable\n",
 			  resp->doorbell_page, resp->doorbell_page_size,

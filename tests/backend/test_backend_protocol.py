@@ -29,7 +29,8 @@ def test_config_space(backend: BackendProcess) -> None:
         config = abi.from_bytes("vrdma_config", fe.get_config(abi.sizeof("vrdma_config")))
     assert config.abi_version == abi.const("VRDMA_ABI_VERSION")
     assert bytes(config.mac) == bytes.fromhex("525400767200")
-    assert config.doorbell_page_size == 4096 and config.max_ucontext == config.doorbell_pages - 1
+    # Every page but the header and the kernel's goes to a user context.
+    assert config.doorbell_page_size == 4096 and config.max_ucontext == config.doorbell_pages - 2
     doorbell = (backend.directory / "vm0.doorbell").read_bytes()
     header = abi.from_bytes("vrdma_doorbell_header", doorbell[:abi.sizeof("vrdma_doorbell_header")])
     assert header.magic == abi.const("VRDMA_DOORBELL_MAGIC") and header.pairing_id == config.pairing_id

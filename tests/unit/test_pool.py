@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import tracemalloc
 
-from vrdma.device.pool import FreeSlots, Pool
+import pytest
+
+from vrdma.device import abi
+from vrdma.device import pool as pool_module
+from vrdma.device.pool import RESERVED_KEY, FreeSlots, Pool
 
 
 def test_handle_pools_stay_bounded_however_many_objects_come_and_go() -> None:
@@ -38,6 +42,16 @@ def test_keys_carry_the_slot_and_differ_above_it() -> None:
     assert all(key & 4095 == slot for key in keys) and len(keys) > 60
     lkey = pool.key(slot)
     assert pool.key(slot, avoid=lkey) != lkey
+
+
+def test_no_key_is_the_local_dma_lkey(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slot 0 with random bits 0 would be key 0, the local DMA lkey (it names guest RAM in the kernel's work
+    requests, never an MR): the pool draws again."""
+    draws = iter([0, 0, 5])
+    monkeypatch.setattr(pool_module.secrets, "randbits", lambda bits: next(draws))
+    pool: Pool[str] = Pool("mr", 4096)
+    assert RESERVED_KEY == abi.const("VRDMA_LOCAL_DMA_LKEY") == 0
+    assert pool.key(0) == 5 << 12
 
 
 def test_free_slots_come_back_lowest_first_only_once_given() -> None:

@@ -18,6 +18,8 @@ from typing import Any, cast
 from vrdma.device import abi
 from vrdma.engine.api import EngineLimits
 
+FIRST_USER_PAGE = abi.const("VRDMA_FIRST_USER_DOORBELL_PAGE")  # pages before it: the header and the kernel's
+
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 
@@ -69,7 +71,7 @@ def _where(limits: DeviceLimits, place: str) -> dict[str, int]:
 
 def config_fields(limits: DeviceLimits) -> dict[str, int]:
     """The limits struct vrdma_config carries, by field name."""
-    return {**_where(limits, "config"), "max_ucontext": limits.doorbell_pages - 1}
+    return {**_where(limits, "config"), "max_ucontext": limits.doorbell_pages - FIRST_USER_PAGE}
 
 
 # Cached: QUERY_DEVICE answers it on every call, and walking the dataclass's fields each time doubled the command's

@@ -16,10 +16,13 @@ from __future__ import annotations
 import secrets
 from typing import Generic, TypeVar
 
+from vrdma.device import abi
+
 T = TypeVar("T")
 
 HANDLE_BITS = 32
 KEY_BITS = 32
+RESERVED_KEY = abi.const("VRDMA_LOCAL_DMA_LKEY")
 
 
 class FreeSlots:
@@ -90,8 +93,9 @@ class Pool(Generic[T]):
         self.objects.clear()
 
     def key(self, slot: int, avoid: int = -1) -> int:
-        """A key naming ``slot``: random bits above the slot bits, so that one key does not reveal another."""
+        """A key naming ``slot``: random bits above the slot bits, so that one key does not reveal another. Never
+        ``avoid`` and never RESERVED_KEY (the local DMA lkey, which names no object)."""
         while True:
             key = (secrets.randbits(KEY_BITS - self.slot_bits) << self.slot_bits) | slot
-            if key != avoid:
+            if key not in (avoid, RESERVED_KEY):
                 return key

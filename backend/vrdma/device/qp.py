@@ -24,7 +24,7 @@ from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.status import CommandFailed, Status
 from vrdma.device.table import EngineObjectTable
 from vrdma.device.ucontext import UserContexts
-from vrdma.engine.api import NO_DEVICE, NO_SRQ, QpConfig
+from vrdma.engine.api import NO_DEVICE, NO_SRQ, QP_KERNEL, QpConfig
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class QueuePairs(EngineObjectTable[Qp]):
 
     def create(self, req: Any) -> tuple[int, int, int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "a QP")
-        pd = self.pds.get(int(req.pd))
+        pd = self.pds.in_context(int(req.pd), int(req.ucontext))
         if req.reserved1 or any(req.reserved0):
             raise CommandFailed(Status.INVALID, "reserved fields of CREATE_QP are not zero")
         if int(req.qp_type) != QPT_RC:
@@ -86,6 +86,8 @@ class QueuePairs(EngineObjectTable[Qp]):
         send_cq, recv_cq = cqs
         assert send_cq is not None and recv_cq is not None
         srq = self.srqs.get(int(req.srq)) if req.srq else None
+        if srq is not None and srq.ucontext != int(req.ucontext):
+            raise CommandFailed(Status.INVALID, "the QP's SRQ is of another context")
         limits = self.limits
         sq_depth, rq_depth = int(req.sq_depth), int(req.rq_depth)
         sq_stride, rq_stride = int(req.sq_stride), int(req.rq_stride)
@@ -124,7 +126,7 @@ class QueuePairs(EngineObjectTable[Qp]):
             "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
             "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge, "max_recv_sge": recv_sge,
             "max_inline": inline, "db_page": ctx.doorbell_page, "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot,
-            "ring": pages}
+            "flags": QP_KERNEL if ctx is self.ucontexts.kernel else 0, "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config,
                               undo=lambda: ctx.give_slots(db_slots))
         pd.refs += 1

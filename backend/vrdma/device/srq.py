@@ -39,7 +39,7 @@ class SharedReceiveQueues(EngineObjectTable[Srq]):
 
     def create(self, req: Any) -> tuple[int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "an SRQ")
-        pd = self.pds.get(int(req.pd))
+        pd = self.pds.in_context(int(req.pd), int(req.ucontext))
         depth, stride, max_sge, limit = int(req.depth), int(req.stride), int(req.max_sge), int(req.srq_limit)
         if not rings.pow2(depth) or depth > self.max_wr:
             raise CommandFailed(Status.INVALID, f"SRQ depth {depth}")

@@ -15,9 +15,10 @@ from typing import Protocol, TypedDict
 
 from vrdma.errors import VrdmaError
 
-# engine.h's VRE_NO_DEVICE and VRE_NO_SRQ (held equal by vrdma.engine at import).
+# engine.h's VRE_NO_DEVICE, VRE_NO_SRQ and VRE_QP_KERNEL (held equal by vrdma.engine at import).
 NO_DEVICE = 0xFFFFFFFF
 NO_SRQ = -1
+QP_KERNEL = 1
 # The engine's per-device counters (struct vre_counters), in order.
 COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
             "qp_fatal", "events_dropped")
@@ -101,6 +102,7 @@ class QpConfig(TypedDict):
     db_page: int
     sq_db_slot: int
     rq_db_slot: int
+    flags: int
     ring: PagesDesc
 
 

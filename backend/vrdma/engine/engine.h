@@ -20,6 +20,7 @@
 /* ENGINE-API-BEGIN */
 #define VRE_NO_DEVICE 0xffffffff
 #define VRE_NO_SRQ -1
+#define VRE_QP_KERNEL 1           /* vre_qp_config.flags: a queue of the guest kernel (the local DMA lkey works) */
 
 struct vre_engine;
 
@@ -105,7 +106,7 @@ struct vre_qp_config {
 	uint32_t db_page;
 	uint32_t sq_db_slot;
 	uint32_t rq_db_slot;
-	uint32_t reserved;
+	uint32_t flags;           /* VRE_QP_* */
 	struct vre_pages_desc ring;
 };
 

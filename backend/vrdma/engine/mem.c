@@ -24,6 +24,22 @@ static uint8_t *gpa_page(struct vre_device *d, uint64_t gpa)
 	return NULL;
 }
 
+/*
+ * Host address of the guest-physical range [gpa, gpa + len), or NULL unless the range lies inside one RAM region
+ * (a region is mapped here in one piece, so the range is too). What the local DMA lkey reaches: the guest's RAM and
+ * nothing else.
+ */
+VRE_FN uint8_t *gpa_range(struct vre_device *d, uint64_t gpa, uint64_t len)
+{
+	for (uint32_t i = 0; i < d->nregions; i++) {
+		const struct vre_region *r = &d->regions[i];
+
+		if (gpa >= r->gpa && len <= r->size && gpa - r->gpa <= r->size - len)
+			return (uint8_t *)(uintptr_t)(r->hva + (gpa - r->gpa));
+	}
+	return NULL;
+}
+
 static void mem_free(struct vre_mem *m)
 {
 	free(m->gpa);

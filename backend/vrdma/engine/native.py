@@ -11,6 +11,7 @@ from vrdma.engine.api import (
     COUNTERS,
     NO_DEVICE,
     NO_SRQ,
+    QP_KERNEL,
     CqConfig,
     EngineError,
     EngineEvent,
@@ -30,7 +31,8 @@ except ImportError as err:  # pragma: no cover - the message is the point
 __all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi"]
 
 # The typed interface declares engine.h's sentinels without importing C: hold the two equal.
-assert NO_DEVICE == lib.VRE_NO_DEVICE and NO_SRQ == lib.VRE_NO_SRQ, "vrdma.engine.api disagrees with engine.h"
+assert (NO_DEVICE, NO_SRQ, QP_KERNEL) == (lib.VRE_NO_DEVICE, lib.VRE_NO_SRQ, lib.VRE_QP_KERNEL), \
+    "vrdma.engine.api disagrees with engine.h"
 EVENT_BATCH = 256
 
 

@@ -16,10 +16,14 @@ static const uint32_t rnr_timer_us[32] = {
 	10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
 };
 
-/* Build segments from SGEs in device d, checking keys, PD, bounds and (if asked) local write access. */
-VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
-		     uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total)
+/*
+ * Build segments from the SGEs of a WQE of QP qp in device d, checking keys, PD, bounds and (if asked) local write
+ * access. The local DMA lkey names guest RAM directly, and only the kernel's QPs may use it.
+ */
+VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_sge *sge, uint32_t n,
+			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total)
 {
+	bool kernel = qp->cfg.flags & VRE_QP_KERNEL;
 	uint64_t sum = 0;
 	uint32_t k = 0;
 
@@ -30,12 +34,20 @@ VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdm
 
 		if (!s.length)
 			continue;
-		mr = mr_by_key(d, s.lkey, false);
-		if (!mr || mr->cfg.pd != pd || !mr_range(mr, s.addr, s.length, &off) ||
-		    (need_write && !(mr->cfg.access & VRDMA_ACCESS_LOCAL_WRITE)))
-			return VRDMA_WC_LOC_PROT_ERR;
+		if (kernel && s.lkey == VRDMA_LOCAL_DMA_LKEY) {
+			uint8_t *hva = gpa_range(d, s.addr, s.length);
+
+			if (!hva)
+				return VRDMA_WC_LOC_PROT_ERR;
+			segs[k++] = (struct seg){ .buf = hva, .len = s.length };
+		} else {
+			mr = mr_by_key(d, s.lkey, false);
+			if (!mr || mr->cfg.pd != qp->cfg.pd || !mr_range(mr, s.addr, s.length, &off) ||
+			    (need_write && !(mr->cfg.access & VRDMA_ACCESS_LOCAL_WRITE)))
+				return VRDMA_WC_LOC_PROT_ERR;
+			segs[k++] = (struct seg){ .mem = &mr->mem, .off = off, .len = s.length };
+		}
 		sum += s.length;  /* at most 4096/16 SGEs of < 2^32 bytes: cannot wrap 64 bits */
-		segs[k++] = (struct seg){ .mem = &mr->mem, .off = off, .len = s.length };
 	}
 	if (sum > max_msg)
 		return VRDMA_WC_LOC_LEN_ERR;
@@ -80,7 +92,7 @@ static uint8_t local_data(struct vre_request *r)
 	} else {
 		if (h->num_sge > r->qp->cfg.max_send_sge)
 			return VRDMA_WC_LOC_QP_OP_ERR;
-		status = sges_to_segs(r->d, r->qp->cfg.pd, r->w->sge, h->num_sge, r->op->flags & OP_READS,
+		status = sges_to_segs(r->d, r->qp, r->w->sge, h->num_sge, r->op->flags & OP_READS,
 				      r->d->lim.max_msg_size, r->local, &r->nlocal, &r->len);
 		if (status != VRDMA_WC_SUCCESS)
 			return status;

@@ -115,7 +115,8 @@ struct vre_device {
 	struct vre_counters counters;
 };
 
-/* A run of bytes to copy: in an MR (mem + offset in it) or in a local buffer. */
+/* A run of bytes to copy: in an MR (mem + offset in it) or in a buffer mapped here in one piece (a WQE's inline
+ * data, or guest RAM named by the local DMA lkey). */
 struct seg {
 	const struct vre_mem *mem;
 	const uint8_t *buf;
@@ -228,6 +229,7 @@ VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
 
 /* -- mem.c ------------------------------------------------------------------------------------------------- */
 
+VRE_FN uint8_t *gpa_range(struct vre_device *d, uint64_t gpa, uint64_t len);
 VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre_pages_desc *desc, uint32_t max_pages,
 	     struct vre_mem *m);
 VRE_FN void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
@@ -311,8 +313,8 @@ struct vre_request {
  * with *status and goes to the error state alone. */
 enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR };
 
-VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, const struct vrdma_sge *sge, uint32_t n, bool need_write,
-		     uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
+VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_sge *sge, uint32_t n,
+			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
 VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
 		   uint8_t status, uint32_t byte_len);
 VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);

@@ -119,18 +119,22 @@ class SimQp:
 
 
 class SimVerbs:
-    """One user context of one simulated guest."""
+    """One user context of one simulated guest, or (``kernel``) its kernel's objects: context 0, whose queues ring
+    doorbell page 1 and whose work requests may use the local DMA lkey."""
 
-    def __init__(self, fe: Frontend, doorbell_file: Path) -> None:
+    def __init__(self, fe: Frontend, doorbell_file: Path, kernel: bool = False) -> None:
         self.fe = fe
         self.memory = fe.memory
         self.seq = 0
         fd = open(doorbell_file, "r+b")  # noqa: SIM115 - the mapping outlives the file object
         self.doorbells = mmap.mmap(fd.fileno(), 0)
         fd.close()
-        resp = self.call("VRDMA_CMD_ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext")
-        self.ucontext = int(resp.handle)
-        self.doorbell_page = int(resp.doorbell_page)
+        if kernel:
+            self.ucontext, self.doorbell_page = 0, abi.const("VRDMA_KERNEL_DOORBELL_PAGE")
+        else:
+            resp = self.call("VRDMA_CMD_ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext")
+            self.ucontext = int(resp.handle)
+            self.doorbell_page = int(resp.doorbell_page)
 
     # -- plumbing -----------------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import pytest
 from backend_process import BackendProcess
 from command_helpers import Bystander, Vm, refused
 
+from vrdma.device import abi
 from vrdma.device.objects import OBJECT_KINDS
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.device.status import Status
@@ -30,9 +31,12 @@ def test_contexts_get_distinct_pages_and_a_freed_page_is_given_again(vm0: Vm, by
 
 
 def test_doorbell_pages_run_out_with_no_resources(vm0: Vm, bystander: Bystander) -> None:
-    # Page 0 is the region's header and vm0 holds one page already (vm1 has a region of its own).
-    pages = [vm0.verbs.doorbell_page] + [alloc_ucontext(vm0)[1] for _ in range(DEFAULT_LIMITS.doorbell_pages - 2)]
-    assert sorted(pages) == list(range(1, DEFAULT_LIMITS.doorbell_pages))
+    # Page 0 is the region's header, page 1 the kernel's, and vm0 holds one page already (vm1 has a region of its
+    # own): the user contexts get every page from 2 on, and no more.
+    first = abi.const("VRDMA_FIRST_USER_DOORBELL_PAGE")
+    pages = [vm0.verbs.doorbell_page] + [alloc_ucontext(vm0)[1]
+                                         for _ in range(DEFAULT_LIMITS.doorbell_pages - first - 1)]
+    assert sorted(pages) == list(range(first, DEFAULT_LIMITS.doorbell_pages))
     assert refused(lambda: alloc_ucontext(vm0)) == Status.NO_RESOURCES
 
 

@@ -142,8 +142,8 @@ NONEXISTENT: dict[str, Case] = {
                                       lambda h: _qp(h, pd=NOWHERE), "INVALID"),
     "CREATE_QP, context never allocated": ("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
                                            lambda h: _qp(h, ucontext=NOWHERE), "INVALID"),
-    "CREATE_QP, kernel context": ("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
-                                  lambda h: _qp(h, ucontext=0), "NOT_SUPPORTED"),
+    "CREATE_QP, kernel context with a user context's PD and CQs": (
+        "CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", lambda h: _qp(h, ucontext=0), "INVALID"),
     "CREATE_CQ, context never allocated": ("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
                                            lambda h: {**create_cq_fields(h.verbs, 16), "ucontext": NOWHERE},
                                            "INVALID"),
