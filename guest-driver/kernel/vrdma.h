@@ -54,6 +54,8 @@ struct vrdma_dev {
 	/* The paired ivshmem device holding the doorbell region (BAR2). */
 	struct pci_dev *db_pdev;
 	void __iomem *db_header;
+	void __iomem *kdb;		/* the kernel's doorbell page (VRDMA_KERNEL_DOORBELL_PAGE) */
+	struct xarray kqps;		/* the kernel's QPs by QPN: what a kernel CQE names */
 
 	struct vrdma_resp_query_device attr;
 	struct vrdma_resp_query_port port;
@@ -80,12 +82,26 @@ struct vrdma_mr {
 	struct ib_mr ibmr;
 	u32 handle;
 	struct ib_umem *umem;
+	bool dma;			/* get_dma_mr's: the local DMA lkey, no device object */
+};
+
+/* A kernel consumer's ring: kernel pages the device reads and writes (vrdma_kqueue.c). */
+struct vrdma_kbuf {
+	void *va;
+	size_t size;
 };
 
 struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 handle;
-	struct ib_umem *umem;		/* the CQE ring, in user memory */
+	struct ib_umem *umem;		/* the CQE ring, in user memory (a user CQ) */
+	/* A kernel CQ: its ring in kernel memory, polled and armed by the driver. */
+	struct vrdma_kbuf kbuf;
+	spinlock_t lock;
+	u32 entries;
+	u32 cons;
+	u32 arm_seq;
+	u32 db_slot;
 };
 
 struct vrdma_srq {
@@ -96,13 +112,28 @@ struct vrdma_srq {
 	struct ib_umem *umem;
 };
 
+/* One work queue of a kernel QP, as the driver posts to it. */
+struct vrdma_kqueue {
+	spinlock_t lock;
+	u32 prod;			/* WQEs posted (free-running), what the doorbell slot gets */
+	u32 depth;
+	u32 stride;
+	u32 offset;			/* of slot 0 in the QP's ring */
+	u32 max_sge;
+	u32 db_slot;
+};
+
 struct vrdma_qp {
 	struct ib_qp ibqp;
 	u32 handle;
 	enum ib_qp_state state;		/* as last set or queried; the device is the authority */
 	bool sq_sig_all;
 	struct ib_qp_cap cap;
-	struct ib_umem *umem;		/* header page, send queue, receive queue */
+	struct ib_umem *umem;		/* header page, send queue, receive queue (a user QP) */
+	/* A kernel QP: its rings in kernel memory, posted to by the driver. */
+	struct vrdma_kbuf kbuf;
+	struct vrdma_kqueue sq;
+	struct vrdma_kqueue rq;
 };
 
 struct vrdma_ah {
@@ -140,6 +171,8 @@ struct vrdma_pbl {               /* the guest-physical pages of a pinned buffer,
 };
 void vrdma_pbl_free(struct vrdma_pbl *pbl);
 int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl);
+int vrdma_kbuf_alloc(struct vrdma_kbuf *buf, size_t size, struct vrdma_pbl *pbl);
+void vrdma_kbuf_free(struct vrdma_kbuf *buf);
 int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
 	      struct vrdma_pbl *pbl);
 u32 vrdma_ucontext_handle(struct ib_udata *udata);
@@ -175,5 +208,15 @@ int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struc
 int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init, struct ib_udata *udata);
 int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
 void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event);
+
+/* the kernel's own data path (vrdma_kqueue.c): kernel CQs and QPs, posted and polled with no command */
+int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr);
+int vrdma_kcq_destroy(struct vrdma_cq *cq);
+int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc);
+int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags);
+int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr);
+int vrdma_kqp_destroy(struct vrdma_qp *qp);
+int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr);
+int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
 
 #endif /* VRDMA_H */

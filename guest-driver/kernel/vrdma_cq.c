@@ -21,10 +21,10 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, stru
 	struct vrdma_pbl pbl;
 	int ret;
 
-	if (!udata)
-		return -EOPNOTSUPP;
 	if (attr->flags || attr->comp_vector >= ibcq->device->num_comp_vectors)
 		return -EOPNOTSUPP;
+	if (!udata)
+		return vrdma_kcq_create(cq, attr);  /* a kernel consumer's */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
@@ -56,6 +56,8 @@ int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	struct vrdma_dev *dev = to_vdev(ibcq->device);
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
 
+	if (cq->kbuf.va)
+		return vrdma_kcq_destroy(cq);
 	return vrdma_unpublish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, cq->umem);
 }
 
@@ -70,12 +72,17 @@ int vrdma_modify_cq(struct ib_cq *ibcq, u16 cq_count, u16 cq_period)
 	return vrdma_cmd_exec(to_vdev(ibcq->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
 }
 
+/* Kernel CQs are polled and armed here; user CQs in user space (libvrdma), through their ring and doorbell page. */
 int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 {
-	return -EOPNOTSUPP;  /* user CQs are polled in user space; there are no kernel CQs */
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+
+	return cq->kbuf.va ? vrdma_kcq_poll(cq, num_entries, wc) : -EOPNOTSUPP;
 }
 
 int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 {
-	return -EOPNOTSUPP;  /* user space arms its CQs through its doorbell page */
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+
+	return cq->kbuf.va ? vrdma_kcq_notify(cq, flags) : -EOPNOTSUPP;
 }

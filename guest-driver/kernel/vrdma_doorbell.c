@@ -56,6 +56,14 @@ int vrdma_doorbell_pair(struct vrdma_dev *dev)
 				pci_dev_put(pdev);
 				return -EINVAL;
 			}
+			dev->kdb = pci_iomap_range(pdev, IVSHMEM_BAR,
+						   VRDMA_KERNEL_DOORBELL_PAGE * VRDMA_DOORBELL_PAGE_SIZE,
+						   VRDMA_DOORBELL_PAGE_SIZE);
+			if (!dev->kdb) {
+				vrdma_doorbell_release(pdev, header);
+				pci_dev_put(pdev);
+				return -ENOMEM;
+			}
 			dev->db_pdev = pdev;	/* keeps the reference pci_get_device took */
 			dev->db_header = header;
 			dev_info(&dev->vdev->dev, "doorbell region: %s, %u pages\n", pci_name(pdev), pages);
@@ -71,6 +79,8 @@ void vrdma_doorbell_unpair(struct vrdma_dev *dev)
 {
 	if (!dev->db_pdev)
 		return;
+	pci_iounmap(dev->db_pdev, dev->kdb);
+	dev->kdb = NULL;
 	vrdma_doorbell_release(dev->db_pdev, dev->db_header);
 	pci_dev_put(dev->db_pdev);
 	dev->db_pdev = NULL;

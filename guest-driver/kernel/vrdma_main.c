@@ -168,6 +168,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
+	xa_init(&dev->kqps);
 
 	ret = vrdma_read_config(dev);
 	if (ret)

@@ -59,6 +59,10 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
 	int ret;
 
+	if (mr->dma) {  /* the device has no object behind it */
+		kfree(mr);
+		return 0;
+	}
 	ret = vrdma_destroy_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, mr->handle);
 	if (ret)
 		return ret;
@@ -67,7 +71,20 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	return 0;
 }
 
+/*
+ * The kernel's DMA MR: the local DMA lkey, which the device honours in the kernel's work requests for any range of
+ * the guest's RAM. Local access only: an rkey to all of the guest's memory is what no VM should hand a peer.
+ */
 struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
 {
-	return ERR_PTR(-EOPNOTSUPP);  /* kernel consumers are not supported yet */
+	struct vrdma_mr *mr;
+
+	if (access & ~IB_ACCESS_LOCAL_WRITE)
+		return ERR_PTR(-EOPNOTSUPP);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->dma = true;
+	mr->ibmr.lkey = VRDMA_LOCAL_DMA_LKEY;
+	return &mr->ibmr;
 }

@@ -30,8 +30,10 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	u64 end;
 	int ret;
 
-	if (!udata || attr->qp_type != IB_QPT_RC || attr->create_flags)
-		return -EOPNOTSUPP;  /* user RC QPs only: no kernel QPs (GSI included), no UD/UC/XRC yet */
+	if (!udata)
+		return vrdma_kqp_create(qp, attr);  /* a kernel consumer's */
+	if (attr->qp_type != IB_QPT_RC || attr->create_flags)
+		return -EOPNOTSUPP;  /* RC QPs only: no UD/UC/XRC (nor GSI) yet */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
@@ -191,15 +193,22 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 
+	if (qp->kbuf.va)
+		return vrdma_kqp_destroy(qp);
 	return vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, qp->umem);
 }
 
 /*
- * Posting is done in user space. The one call that gets here is libvrdma's wake-up: a POST_SEND (or POST_RECV)
- * with no work requests, written when the device's engine is parked. It kicks the wake virtqueue.
+ * A kernel QP is posted to here (vrdma_kqueue.c). A user QP is posted to in user space: the one call of its that
+ * gets here is libvrdma's wake-up, a POST_SEND (or POST_RECV) with no work requests, written when the device's
+ * engine is parked. It kicks the wake virtqueue.
  */
 int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr)
 {
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+
+	if (qp->kbuf.va)
+		return vrdma_kqp_post_send(qp, wr, bad_wr);
 	if (wr) {
 		*bad_wr = wr;
 		return -EOPNOTSUPP;
@@ -210,6 +219,10 @@ int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr, const struc
 
 int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
 {
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+
+	if (qp->kbuf.va)
+		return vrdma_kqp_post_recv(qp, wr, bad_wr);
 	if (wr) {
 		*bad_wr = wr;
 		return -EOPNOTSUPP;

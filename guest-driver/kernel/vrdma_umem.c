@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * What every object of a user context shares: its pinned buffer described to the device as guest-physical page
- * lists (page-list pages, two levels for large buffers), its context's handle, and its publication (reachable by
- * events through its type's xarray, its handles told to the provider) and withdrawal.
+ * What every object shares: its ring described to the device as guest-physical page lists (page-list pages, two
+ * levels for large buffers), pinned user memory for a user context's objects or kernel pages for the kernel's; its
+ * context's handle; and its publication (reachable by events through its type's xarray, its handles told to the
+ * provider) and withdrawal.
  */
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
+#include <linux/vmalloc.h>
 #include <rdma/ib_umem.h>
 #include <rdma/uverbs_ioctl.h>
 
@@ -24,11 +26,9 @@ void vrdma_pbl_free(struct vrdma_pbl *pbl)
 	memset(pbl, 0, sizeof(*pbl));
 }
 
-int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl)
+/* Page-list pages for @npages pages (the caller fills them with vrdma_pbl_set, then vrdma_pbl_finish). */
+static int vrdma_pbl_alloc(struct vrdma_pbl *pbl, size_t npages)
 {
-	size_t npages = ib_umem_num_pages(umem);
-	struct scatterlist *sg;
-	size_t n = 0;
 	u32 i;
 
 	memset(pbl, 0, sizeof(*pbl));
@@ -40,42 +40,103 @@ int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl)
 		return -ENOMEM;
 	for (i = 0; i < pbl->nlists; i++) {
 		pbl->lists[i] = (__le64 *)get_zeroed_page(GFP_KERNEL);
-		if (!pbl->lists[i])
-			goto nomem;
-	}
-	/*
-	 * Guest-physical addresses, from the pages themselves: the device is a virtio device without
-	 * VIRTIO_F_ACCESS_PLATFORM, which addresses guest memory physically, whatever DMA mapping ib_umem made.
-	 */
-	for_each_sgtable_sg(&umem->sgt_append.sgt, sg, i) {
-		unsigned int off;
-
-		for (off = 0; off < sg->length && n < npages; off += PAGE_SIZE, n++)
-			pbl->lists[n / VRDMA_PBL_ENTRIES][n % VRDMA_PBL_ENTRIES] =
-				cpu_to_le64(page_to_phys(nth_page(sg_page(sg), off >> PAGE_SHIFT)));
-	}
-	if (n != npages) {
-		vrdma_pbl_free(pbl);
-		return -EFAULT;
+		if (!pbl->lists[i]) {
+			vrdma_pbl_free(pbl);
+			return -ENOMEM;
+		}
 	}
 	pbl->desc.npages = cpu_to_le32(npages);
+	return 0;
+}
+
+static void vrdma_pbl_set(struct vrdma_pbl *pbl, size_t n, struct page *page)
+{
+	/*
+	 * Guest-physical addresses, from the pages themselves: the device is a virtio device without
+	 * VIRTIO_F_ACCESS_PLATFORM, which addresses guest memory physically, whatever DMA mapping was made.
+	 */
+	pbl->lists[n / VRDMA_PBL_ENTRIES][n % VRDMA_PBL_ENTRIES] = cpu_to_le64(page_to_phys(page));
+}
+
+/* One level when one page-list page holds every page, else a directory of page-list pages. */
+static int vrdma_pbl_finish(struct vrdma_pbl *pbl)
+{
+	u32 i;
+
 	if (pbl->nlists == 1) {
 		pbl->desc.levels = cpu_to_le32(1);
 		pbl->desc.addr = cpu_to_le64(virt_to_phys(pbl->lists[0]));
 		return 0;
 	}
 	pbl->dir = (__le64 *)get_zeroed_page(GFP_KERNEL);
-	if (!pbl->dir)
-		goto nomem;
+	if (!pbl->dir) {
+		vrdma_pbl_free(pbl);
+		return -ENOMEM;
+	}
 	for (i = 0; i < pbl->nlists; i++)
 		pbl->dir[i] = cpu_to_le64(virt_to_phys(pbl->lists[i]));
 	pbl->desc.levels = cpu_to_le32(2);
 	pbl->desc.addr = cpu_to_le64(virt_to_phys(pbl->dir));
 	return 0;
+}
 
-nomem:
-	vrdma_pbl_free(pbl);
-	return -ENOMEM;
+int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl)
+{
+	size_t npages = ib_umem_num_pages(umem);
+	struct scatterlist *sg;
+	size_t n = 0;
+	int ret;
+	u32 i;
+
+	ret = vrdma_pbl_alloc(pbl, npages);
+	if (ret)
+		return ret;
+	for_each_sgtable_sg(&umem->sgt_append.sgt, sg, i) {
+		unsigned int off;
+
+		for (off = 0; off < sg->length && n < npages; off += PAGE_SIZE, n++)
+			vrdma_pbl_set(pbl, n, nth_page(sg_page(sg), off >> PAGE_SHIFT));
+	}
+	if (n != npages) {
+		vrdma_pbl_free(pbl);
+		return -EFAULT;
+	}
+	return vrdma_pbl_finish(pbl);
+}
+
+/*
+ * A kernel consumer's ring: zeroed pages of vmalloc space (page-aligned, no contiguous allocation however large the
+ * ring), described by a page list the caller frees once the device has read it.
+ */
+int vrdma_kbuf_alloc(struct vrdma_kbuf *buf, size_t size, struct vrdma_pbl *pbl)
+{
+	size_t n, npages = DIV_ROUND_UP(size, PAGE_SIZE);
+	int ret;
+
+	buf->size = npages * PAGE_SIZE;
+	buf->va = vzalloc(buf->size);
+	if (!buf->va)
+		return -ENOMEM;
+	ret = vrdma_pbl_alloc(pbl, npages);
+	if (ret)
+		goto err_free;
+	for (n = 0; n < npages; n++)
+		vrdma_pbl_set(pbl, n, vmalloc_to_page(buf->va + n * PAGE_SIZE));
+	ret = vrdma_pbl_finish(pbl);
+	if (ret)
+		goto err_free;
+	return 0;
+
+err_free:
+	vfree(buf->va);
+	buf->va = NULL;
+	return ret;
+}
+
+void vrdma_kbuf_free(struct vrdma_kbuf *buf)
+{
+	vfree(buf->va);  /* nothing for a user object's (NULL) */
+	buf->va = NULL;
 }
 
 /* A create's udata: the provider's request (exactly the user ABI's struct) copied in, room for the answer checked. */
@@ -137,7 +198,7 @@ int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *ob
 	ret = xa_insert_irq(xa, handle, obj, GFP_KERNEL);
 	if (ret)
 		goto err_destroy;
-	ret = ib_copy_to_udata(udata, uresp, uresp_len);
+	ret = udata ? ib_copy_to_udata(udata, uresp, uresp_len) : 0;  /* a kernel object has no provider to tell */
 	if (ret)
 		goto err_erase;
 	return 0;

@@ -46,6 +46,7 @@ static int vrdma_query_device(struct ib_device *ibdev, struct ib_device_attr *at
 	attr->max_srq_sge = le32_to_cpu(a->max_srq_sge);
 	attr->max_ah = le32_to_cpu(a->max_ah);
 	attr->max_pkeys = 1;
+	attr->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;  /* kernel PDs use it: no DMA MR per PD */
 	attr->atomic_cap = IB_ATOMIC_HCA;	/* the engine does atomics with host atomics: one coherent view */
 	attr->local_ca_ack_delay = 15;
 	return 0;
@@ -340,6 +341,7 @@ int vrdma_register_ib(struct vrdma_dev *dev)
 	/* The one legacy data-path command libvrdma sends: an empty POST_SEND wakes a parked device engine. */
 	ibdev->uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND);
 	ibdev->dev.parent = &dev->vdev->dev;
+	ibdev->local_dma_lkey = VRDMA_LOCAL_DMA_LKEY;
 	addrconf_addr_eui48((u8 *)&ibdev->node_guid, dev->mac);
 	strscpy(ibdev->node_desc, "vrdma", sizeof(ibdev->node_desc));
 	ib_set_device_ops(ibdev, &vrdma_dev_ops);

@@ -1,7 +1,9 @@
-"""`make driver`: vrdma.ko built against the guest kernel's Debian headers, with W=1 and no warning allowed.
+"""`make driver`: vrdma.ko and the kernel test modules built against the guest kernel's Debian headers, with W=1
+and no warning allowed.
 
-The sources (guest-driver/kernel and the headers in guest-driver/include) are copied into the product
-directory and built there, so the checkout stays free of build output.
+The sources (guest-driver/kernel, guest-driver/tests and the headers in guest-driver/include) are copied into the
+product directory and built there, so the checkout stays free of build output. guest-driver/tests holds kernel
+consumers that test vrdma.ko from inside the guest (vrdma_kverbs_test.ko: the kernel verbs API, data checked).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 1
-SOURCE_DIRS = ("kernel", "include")
+RECIPE_VERSION = 2
+SOURCE_DIRS = ("kernel", "tests", "include")
+MODULE_DIRS = ("kernel", "tests")  # each a Kbuild directory
 
 
 def source_root() -> Path:
@@ -42,20 +45,25 @@ def build() -> dict[str, Any]:
     cached = CachedProduct("driver", {"kernel": kernel["version"], "release": kernel["release"],
                                       "sources": sources_digest(), "recipe": RECIPE_VERSION})
     if not cached.complete:
-        with cached.building() as scratch, step("building vrdma.ko against the guest kernel headers (W=1)"):
+        with cached.building() as scratch, step("building vrdma.ko and its test modules against the guest kernel "
+                                                "headers (W=1)"):
             for sub in SOURCE_DIRS:
                 shutil.copytree(source_root() / sub, scratch / sub)
-            build_log = scratch / "build.log"
-            run(["make", "-C", kernel["headers_dir"], f"M={scratch / 'kernel'}", "W=1", "modules"],
-                log_file=build_log)
-            warnings = [line for line in build_log.read_text().splitlines() if re.search(r"\bwarning:", line)]
-            if warnings:
-                raise BuildError("vrdma.ko must build without warnings (W=1):\n" + "\n".join(warnings[:20]))
-            vermagic = capture(["modinfo", "-F", "vermagic", scratch / "kernel" / "vrdma.ko"]).split()
-            if not vermagic or vermagic[0] != kernel["release"]:
-                raise BuildError(f"vrdma.ko was built for {vermagic[:1]}, not {kernel['release']}")
-    info = {"module_path": str(cached.path / "kernel" / "vrdma.ko"), "release": kernel["release"],
-            "key": cached.key}
+            for sub in MODULE_DIRS:
+                build_log = scratch / f"build-{sub}.log"
+                run(["make", "-C", kernel["headers_dir"], f"M={scratch / sub}", "W=1", "modules"],
+                    log_file=build_log)
+                warnings = [line for line in build_log.read_text().splitlines() if re.search(r"\bwarning:", line)]
+                if warnings:
+                    raise BuildError(f"guest-driver/{sub} must build without warnings (W=1):\n" +
+                                     "\n".join(warnings[:20]))
+            for module in (scratch / "kernel" / "vrdma.ko", scratch / "tests" / "vrdma_kverbs_test.ko"):
+                vermagic = capture(["modinfo", "-F", "vermagic", module]).split()
+                if not vermagic or vermagic[0] != kernel["release"]:
+                    raise BuildError(f"{module.name} was built for {vermagic[:1]}, not {kernel['release']}")
+    info = {"module_path": str(cached.path / "kernel" / "vrdma.ko"),
+            "test_modules": [str(cached.path / "tests" / "vrdma_kverbs_test.ko")],
+            "release": kernel["release"], "key": cached.key}
     record_product("driver", info)
     log.info("vrdma.ko for %s: %s", kernel["release"], info["module_path"])
     return info

@@ -94,7 +94,8 @@ def _build_into(out: Path, archive: apt.PrivateArchive, kernel: dict[str, Any], 
         run(["tar", "-C", root, "-xf", tarball, *(f"./{k}" for k in KEEP)])
         tarball.unlink()
         _add_base_files(root)
-        _add_modules(root, Path(kernel["modules_dir"]), kernel["release"], Path(driver["module_path"]))
+        _add_modules(root, Path(kernel["modules_dir"]), kernel["release"],
+                     [Path(driver["module_path"]), *map(Path, driver["test_modules"])])
         _add_provider(root, provider)
         run(["ldconfig", "-r", root])
         _compile_python(root)
@@ -160,11 +161,12 @@ def module_closure(modules_dir: Path, wanted: list[str]) -> list[str]:
     return sorted(closure)
 
 
-def _add_modules(root: Path, modules_dir: Path, release: str, vrdma_ko: Path) -> None:
+def _add_modules(root: Path, modules_dir: Path, release: str, own_modules: list[Path]) -> None:
     dest = root / "lib" / "modules" / release
     dest.mkdir(parents=True)
     (dest / "extra").mkdir()
-    shutil.copy2(vrdma_ko, dest / "extra" / "vrdma.ko")  # the project's driver, found by modprobe after depmod
+    for module in own_modules:  # the project's driver and its tests, found by modprobe after depmod
+        shutil.copy2(module, dest / "extra" / module.name)
     for rel in module_closure(modules_dir, MODULES):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(modules_dir / rel, dest / rel)

@@ -1,0 +1,419 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The kernel's own data path: CQs and QPs of the guest kernel's RDMA users (context 0), what libvrdma is for a user
+ * process. Their rings are kernel pages the device reads and writes; work requests are written into them and the
+ * producer index into the queue's slot of the kernel's doorbell page (VRDMA_KERNEL_DOORBELL_PAGE), with no command
+ * and no exit; completions are read out of the CQ's ring. SGEs carry DMA addresses with the local DMA lkey: the
+ * device is a virtio device without VIRTIO_F_ACCESS_PLATFORM, so a DMA address is the guest-physical address the
+ * device reads (docs/device-interface.md, "Kernel consumers").
+ */
+#include <linux/io.h>
+#include <linux/log2.h>
+#include <linux/slab.h>
+#include <linux/virtio.h>
+
+#include "vrdma.h"
+
+/* The kernel's verbs values are the device's for everything posted and completed here. */
+static_assert(IB_WR_RDMA_WRITE == VRDMA_WR_RDMA_WRITE && IB_WR_SEND_WITH_IMM == VRDMA_WR_SEND_WITH_IMM &&
+	      IB_WR_RDMA_READ == VRDMA_WR_RDMA_READ && IB_WR_ATOMIC_FETCH_AND_ADD == VRDMA_WR_ATOMIC_FETCH_AND_ADD,
+	      "work request opcodes are the IB values");
+static_assert(IB_SEND_SIGNALED == VRDMA_SEND_SIGNALED && IB_SEND_SOLICITED == VRDMA_SEND_SOLICITED &&
+	      IB_SEND_FENCE == VRDMA_SEND_FENCE, "send flags are the IB values");
+static_assert(IB_WC_SUCCESS == VRDMA_WC_SUCCESS && IB_WC_WR_FLUSH_ERR == VRDMA_WC_WR_FLUSH_ERR &&
+	      IB_WC_RNR_RETRY_EXC_ERR == VRDMA_WC_RNR_RETRY_EXC_ERR && IB_WC_GENERAL_ERR == VRDMA_WC_GENERAL_ERR,
+	      "completion statuses are the IB values");
+static_assert(IB_WC_RECV == VRDMA_WC_OP_RECV && IB_WC_RECV_RDMA_WITH_IMM == VRDMA_WC_OP_RECV_RDMA_WITH_IMM &&
+	      IB_WC_FETCH_ADD == VRDMA_WC_OP_FETCH_ADD && IB_WC_WITH_IMM == VRDMA_WC_WITH_IMM,
+	      "completion opcodes and flags are the IB values");
+
+static void __iomem *vrdma_kdb_slot(struct vrdma_dev *dev, u32 slot)
+{
+	return dev->kdb + sizeof(u32) * slot;
+}
+
+/* A doorbell slot the device handed out must be one of the queues' (not the parked or the alive slot). */
+static bool vrdma_kdb_slot_ok(u32 slot)
+{
+	return slot > VRDMA_DB_SLOT_PARKED && slot < VRDMA_DB_SLOT_ALIVE;
+}
+
+/* -- CQs ------------------------------------------------------------------------------------------------------ */
+
+int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr)
+{
+	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
+	struct vrdma_cmd_create_cq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_CQ) };
+	struct vrdma_resp_create_cq resp;
+	struct vrdma_pbl pbl;
+	u32 entries;
+	int ret;
+
+	if (!attr->cqe || attr->cqe > le32_to_cpu(dev->attr.max_cqe))
+		return -EINVAL;
+	entries = roundup_pow_of_two(attr->cqe);
+	if (entries > le32_to_cpu(dev->attr.max_cqe))
+		return -EINVAL;
+	ret = vrdma_kbuf_alloc(&cq->kbuf, PAGE_SIZE + (size_t)entries * sizeof(struct vrdma_cqe), &pbl);
+	if (ret)
+		return ret;
+	cmd.ucontext = 0;  /* the kernel's */
+	cmd.entries = cpu_to_le32(entries);
+	cmd.ring = pbl.desc;
+	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	vrdma_pbl_free(&pbl);
+	if (ret)
+		goto err_free;
+	cq->handle = le32_to_cpu(resp.handle);
+	cq->db_slot = le32_to_cpu(resp.db_slot);
+	if (!vrdma_kdb_slot_ok(cq->db_slot)) {
+		dev_err(&dev->vdev->dev, "device gave CQ %#x doorbell slot %u\n", cq->handle, cq->db_slot);
+		vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->handle);
+		ret = -EIO;
+		goto err_free;
+	}
+	spin_lock_init(&cq->lock);
+	cq->entries = entries;
+	cq->cons = 0;
+	cq->arm_seq = 0;
+	cq->ibcq.cqe = entries;
+	ret = vrdma_publish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, NULL, NULL, 0, NULL);
+	if (ret)
+		goto err_free;
+	return 0;
+
+err_free:
+	vrdma_kbuf_free(&cq->kbuf);
+	return ret;
+}
+
+int vrdma_kcq_destroy(struct vrdma_cq *cq)
+{
+	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
+	int ret = vrdma_unpublish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, NULL);
+
+	/* A ring the device may still write is never freed: a destroy the device refused leaks it instead. */
+	if (!ret)
+		vrdma_kbuf_free(&cq->kbuf);
+	return ret;
+}
+
+static struct ib_qp *vrdma_kqp_by_qpn(struct vrdma_dev *dev, u32 qpn)
+{
+	struct vrdma_qp *qp = xa_load(&dev->kqps, qpn);
+
+	return qp ? &qp->ibqp : NULL;
+}
+
+static void vrdma_kcq_wc(struct vrdma_dev *dev, const struct vrdma_cqe *cqe, struct ib_wc *wc)
+{
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = le64_to_cpu(cqe->wr_id);
+	wc->status = cqe->status;
+	wc->vendor_err = cqe->status;
+	wc->opcode = cqe->opcode;
+	wc->byte_len = le32_to_cpu(cqe->byte_len);
+	wc->ex.imm_data = (__force __be32)cqe->imm_data;  /* carried as posted: network order */
+	wc->qp = vrdma_kqp_by_qpn(dev, le32_to_cpu(cqe->qp_num));
+	wc->src_qp = le32_to_cpu(cqe->src_qp);
+	wc->wc_flags = cqe->wc_flags & VRDMA_WC_WITH_IMM ? IB_WC_WITH_IMM : 0;
+	wc->port_num = 1;
+}
+
+int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
+{
+	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
+	struct vrdma_cq_ring_hdr *hdr = cq->kbuf.va;
+	const struct vrdma_cqe *ring = cq->kbuf.va + PAGE_SIZE;
+	unsigned long flags;
+	int n = 0;
+	u32 prod;
+
+	spin_lock_irqsave(&cq->lock, flags);
+	prod = le32_to_cpu(smp_load_acquire(&hdr->prod));  /* the CQEs up to prod are written */
+	while (n < num_entries && cq->cons != prod) {
+		vrdma_kcq_wc(dev, &ring[cq->cons & (cq->entries - 1)], &wc[n++]);
+		cq->cons++;
+	}
+	smp_store_release(&hdr->cons, cpu_to_le32(cq->cons));  /* their slots are the device's again */
+	spin_unlock_irqrestore(&cq->lock, flags);
+	return n;
+}
+
+int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags)
+{
+	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
+	struct vrdma_cq_ring_hdr *hdr = cq->kbuf.va;
+	u32 kind = (flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED ? VRDMA_CQ_ARM_SOLICITED : VRDMA_CQ_ARM_NEXT;
+	unsigned long irqflags;
+	int missed = 0;
+
+	spin_lock_irqsave(&cq->lock, irqflags);
+	cq->arm_seq++;
+	writel(cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT | kind, vrdma_kdb_slot(dev, cq->db_slot));
+	if (flags & IB_CQ_REPORT_MISSED_EVENTS) {
+		mb();  /* the arm before the look: a completion after it raises an event, one before it is seen here */
+		missed = le32_to_cpu(READ_ONCE(hdr->prod)) != cq->cons;
+	}
+	spin_unlock_irqrestore(&cq->lock, irqflags);
+	return missed;
+}
+
+/* -- QPs ------------------------------------------------------------------------------------------------------ */
+
+/* Size one work queue for @wr requests of @sge SGEs (and @inline bytes): a power-of-two depth and stride. */
+static int vrdma_kqueue_size(struct vrdma_kqueue *q, u32 wr, u32 sge, u32 inline_len, u32 header, u32 min_stride,
+			     u32 max_wr)
+{
+	q->depth = roundup_pow_of_two(max(wr, 1u));
+	q->max_sge = max(sge, 1u);
+	q->stride = roundup_pow_of_two(max(min_stride, header + max(q->max_sge * (u32)sizeof(struct vrdma_sge),
+								   inline_len)));
+	spin_lock_init(&q->lock);
+	q->prod = 0;
+	return q->depth > max_wr || q->stride > PAGE_SIZE ? -EINVAL : 0;
+}
+
+int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
+{
+	struct ib_qp *ibqp = &qp->ibqp;
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_pd *pd = container_of(ibqp->pd, struct vrdma_pd, ibpd);
+	u32 max_sge = le32_to_cpu(dev->attr.max_sge), max_wr = le32_to_cpu(dev->attr.max_qp_wr);
+	struct vrdma_cmd_create_qp cmd = {};
+	struct vrdma_resp_create_qp resp;
+	struct ib_qp_cap *cap = &attr->cap;
+	struct vrdma_pbl pbl;
+	size_t size;
+	int ret;
+
+	if (attr->qp_type != IB_QPT_RC || attr->srq || attr->create_flags)
+		return -EOPNOTSUPP;  /* kernel RC QPs with receive queues of their own */
+	if (cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
+	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
+		return -EINVAL;
+	ret = vrdma_kqueue_size(&qp->sq, cap->max_send_wr, cap->max_send_sge, cap->max_inline_data,
+				sizeof(struct vrdma_send_wqe), 64, max_wr) ?:
+	      vrdma_kqueue_size(&qp->rq, cap->max_recv_wr, cap->max_recv_sge, 0, sizeof(struct vrdma_recv_wqe), 32,
+				max_wr);
+	if (ret)
+		return ret;
+	qp->sq.offset = PAGE_SIZE;
+	qp->rq.offset = qp->sq.offset + PAGE_ALIGN(qp->sq.depth * qp->sq.stride);
+	size = qp->rq.offset + PAGE_ALIGN(qp->rq.depth * qp->rq.stride);
+	ret = vrdma_kbuf_alloc(&qp->kbuf, size, &pbl);
+	if (ret)
+		return ret;
+	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_QP);
+	cmd.ucontext = 0;  /* the kernel's */
+	cmd.pd = cpu_to_le32(pd->handle);
+	cmd.send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
+	cmd.recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
+	cmd.qp_type = VRDMA_QPT_RC;
+	cmd.sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
+	cmd.sq_depth = cpu_to_le32(qp->sq.depth);
+	cmd.rq_depth = cpu_to_le32(qp->rq.depth);
+	cmd.sq_stride = cpu_to_le32(qp->sq.stride);
+	cmd.rq_stride = cpu_to_le32(qp->rq.stride);
+	cmd.sq_offset = cpu_to_le32(qp->sq.offset);
+	cmd.rq_offset = cpu_to_le32(qp->rq.offset);
+	cmd.max_send_sge = cpu_to_le32(qp->sq.max_sge);
+	cmd.max_recv_sge = cpu_to_le32(qp->rq.max_sge);
+	cmd.max_inline_data = cpu_to_le32(cap->max_inline_data);
+	cmd.ring = pbl.desc;
+	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	vrdma_pbl_free(&pbl);
+	if (ret)
+		goto err_free;
+	qp->handle = le32_to_cpu(resp.handle);
+	qp->sq.db_slot = le32_to_cpu(resp.sq_db_slot);
+	qp->rq.db_slot = le32_to_cpu(resp.rq_db_slot);
+	if (!vrdma_kdb_slot_ok(qp->sq.db_slot) || !vrdma_kdb_slot_ok(qp->rq.db_slot)) {
+		dev_err(&dev->vdev->dev, "device gave QP %#x doorbell slots %u and %u\n", qp->handle, qp->sq.db_slot,
+			qp->rq.db_slot);
+		ret = -EIO;
+		goto err_destroy;
+	}
+	ibqp->qp_num = le32_to_cpu(resp.qpn);
+	qp->state = IB_QPS_RESET;
+	qp->sq_sig_all = cmd.sq_sig_all;
+	/* What the QP can hold, as created (at least what was asked). */
+	cap->max_send_wr = qp->sq.depth;
+	cap->max_recv_wr = qp->rq.depth;
+	cap->max_send_sge = qp->sq.max_sge;
+	cap->max_recv_sge = qp->rq.max_sge;
+	qp->cap = *cap;
+	ret = xa_insert(&dev->kqps, ibqp->qp_num, qp, GFP_KERNEL);
+	if (ret)
+		goto err_destroy;
+	ret = vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL, NULL, 0, NULL);
+	if (ret) {
+		xa_erase(&dev->kqps, ibqp->qp_num);
+		goto err_free;  /* vrdma_publish destroyed it in the device */
+	}
+	return 0;
+
+err_destroy:
+	vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_QP, qp->handle);
+err_free:
+	vrdma_kbuf_free(&qp->kbuf);
+	return ret;
+}
+
+int vrdma_kqp_destroy(struct vrdma_qp *qp)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	int ret;
+
+	xa_erase(&dev->kqps, qp->ibqp.qp_num);
+	ret = vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL);
+	if (ret) {
+		/* The device keeps it: so does the driver (its completions name it again once it is back). */
+		if (xa_insert(&dev->kqps, qp->ibqp.qp_num, qp, GFP_KERNEL))
+			dev_warn(&dev->vdev->dev, "QP %#x kept, but its completions no longer name it\n",
+				 qp->ibqp.qp_num);
+		return ret;
+	}
+	vrdma_kbuf_free(&qp->kbuf);
+	return 0;
+}
+
+static void *vrdma_kqueue_slot(struct vrdma_qp *qp, struct vrdma_kqueue *q)
+{
+	return qp->kbuf.va + q->offset + (size_t)(q->prod & (q->depth - 1)) * q->stride;
+}
+
+/* Room for one more WQE: the device's consumer index (in the ring's header page) tells which slots it is done with. */
+static bool vrdma_kqueue_full(struct vrdma_kqueue *q, __le32 *cons)
+{
+	return q->prod - le32_to_cpu(smp_load_acquire(cons)) >= q->depth;
+}
+
+static int vrdma_kqp_write_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, struct vrdma_send_wqe *wqe)
+{
+	struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
+	u32 i, len = 0;
+
+	memset(wqe, 0, sizeof(*wqe));
+	switch (wr->opcode) {
+	case IB_WR_RDMA_WRITE:
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+	case IB_WR_RDMA_READ:
+		wqe->remote_addr = cpu_to_le64(rdma_wr(wr)->remote_addr);
+		wqe->rkey = cpu_to_le32(rdma_wr(wr)->rkey);
+		break;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		wqe->remote_addr = cpu_to_le64(atomic_wr(wr)->remote_addr);
+		wqe->rkey = cpu_to_le32(atomic_wr(wr)->rkey);
+		wqe->compare_add = cpu_to_le64(atomic_wr(wr)->compare_add);
+		wqe->swap = cpu_to_le64(atomic_wr(wr)->swap);
+		break;
+	case IB_WR_SEND:
+	case IB_WR_SEND_WITH_IMM:
+		break;
+	default:
+		return -EINVAL;  /* not an operation of the device (yet): fast registration, invalidation */
+	}
+	wqe->wr_id = cpu_to_le64(wr->wr_id);
+	wqe->opcode = wr->opcode;
+	wqe->send_flags = wr->send_flags & (IB_SEND_FENCE | IB_SEND_SIGNALED | IB_SEND_SOLICITED);
+	if (wr->opcode == IB_WR_SEND_WITH_IMM || wr->opcode == IB_WR_RDMA_WRITE_WITH_IMM)
+		wqe->imm_data = (__force __le32)wr->ex.imm_data;
+	if (wr->send_flags & IB_SEND_INLINE) {
+		/* Inline data comes from kernel virtual addresses (as every RDMA driver takes them), copied now. */
+		for (i = 0; i < wr->num_sge; i++) {
+			if (wr->sg_list[i].length > qp->cap.max_inline_data - len)
+				return -EINVAL;
+			memcpy((u8 *)(wqe + 1) + len, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+			len += wr->sg_list[i].length;
+		}
+		wqe->send_flags |= VRDMA_SEND_INLINE;
+		wqe->inline_len = cpu_to_le32(len);
+		return 0;
+	}
+	if (wr->num_sge > qp->sq.max_sge)
+		return -EINVAL;
+	for (i = 0; i < wr->num_sge; i++) {
+		sge[i].addr = cpu_to_le64(wr->sg_list[i].addr);
+		sge[i].length = cpu_to_le32(wr->sg_list[i].length);
+		sge[i].lkey = cpu_to_le32(wr->sg_list[i].lkey);
+	}
+	wqe->num_sge = wr->num_sge;
+	return 0;
+}
+
+int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+	struct vrdma_kqueue *q = &qp->sq;
+	unsigned long flags;
+	u32 posted;
+	int ret = 0;
+
+	spin_lock_irqsave(&q->lock, flags);
+	posted = q->prod;
+	for (; wr; wr = wr->next) {
+		if (vrdma_kqueue_full(q, &hdr->sq_cons)) {
+			ret = -ENOMEM;
+			break;
+		}
+		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_slot(qp, q));
+		if (ret)
+			break;
+		q->prod++;
+	}
+	if (q->prod != posted) {
+		/* writel orders the WQEs' stores before it; then, as libvrdma does, wake a parked engine. */
+		writel(q->prod, vrdma_kdb_slot(dev, q->db_slot));
+		mb();
+		if (readl(vrdma_kdb_slot(dev, VRDMA_DB_SLOT_PARKED)))
+			virtqueue_notify(dev->wake_vq);
+	}
+	spin_unlock_irqrestore(&q->lock, flags);
+	if (ret)
+		*bad_wr = wr;
+	return ret;
+}
+
+int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+	struct vrdma_kqueue *q = &qp->rq;
+	unsigned long flags;
+	u32 posted, i;
+	int ret = 0;
+
+	spin_lock_irqsave(&q->lock, flags);
+	posted = q->prod;
+	for (; wr; wr = wr->next) {
+		struct vrdma_recv_wqe *wqe = vrdma_kqueue_slot(qp, q);
+		struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
+
+		if (vrdma_kqueue_full(q, &hdr->rq_cons)) {
+			ret = -ENOMEM;
+			break;
+		}
+		if (wr->num_sge > q->max_sge) {
+			ret = -EINVAL;
+			break;
+		}
+		wqe->wr_id = cpu_to_le64(wr->wr_id);
+		wqe->num_sge = cpu_to_le32(wr->num_sge);
+		wqe->reserved = 0;
+		for (i = 0; i < wr->num_sge; i++) {
+			sge[i].addr = cpu_to_le64(wr->sg_list[i].addr);
+			sge[i].length = cpu_to_le32(wr->sg_list[i].length);
+			sge[i].lkey = cpu_to_le32(wr->sg_list[i].lkey);
+		}
+		q->prod++;
+	}
+	if (q->prod != posted)
+		writel(q->prod, vrdma_kdb_slot(dev, q->db_slot));  /* the device reads receive queues when it needs one */
+	spin_unlock_irqrestore(&q->lock, flags);
+	if (ret)
+		*bad_wr = wr;
+	return ret;
+}
