@@ -105,6 +105,18 @@ static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 	}
 	w.s.hdr.compare_add = u8(in);
 	w.s.hdr.swap = u8(in);
+	if (qp->cfg.flags & VRE_QP_UD) {
+		/* The address vector, over the RDMA fields: a GID of the pool, a QPN of a live QP or 1, a Q_Key. */
+		struct qp_rec *peer = pick_qp(&vms[dest], u8(in), NULL);
+
+		fuzz_gid(in, w.s.hdr.ud.dgid);
+		w.s.hdr.ud.remote_qpn = flags & 8 ? u32(in) : flags & 16 || !peer ? VRDMA_GSI_QPN : peer->cfg.qpn;
+		w.s.hdr.ud.remote_qkey = fuzz_qkey(in);
+		w.s.hdr.ud.sgid_index = flags & 32 ? u8(in) : u8(in) % 4;
+		w.s.hdr.ud.hop_limit = u8(in);
+		w.s.hdr.ud.traffic_class = u8(in);
+		w.s.hdr.ud.flow_label = u32(in);
+	}
 	if (w.s.hdr.send_flags & VRDMA_SEND_INLINE) {
 		uint32_t len = flags & 4 ? u16(in) : u16(in) % (qp->cfg.max_inline + 1);
 
@@ -325,7 +337,7 @@ typedef void (*op_fn)(struct in *in, struct vre_engine *e, uint32_t dev);
 static const op_fn ops[] = {
 	op_mr_create, op_mr_destroy, op_cq_create, op_cq_destroy, op_srq_create, op_srq_destroy, op_qp_create,
 	op_qp_modify, op_qp_destroy, op_post_send, op_post_recv, op_poll, op_poll, op_cq_consume, op_mem_write,
-	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset,
+	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset, op_gid_set,
 };
 #define OP_COUNT (sizeof(ops) / sizeof(ops[0]))
 

@@ -130,6 +130,10 @@ extern struct vre_event events[EVENT_BATCH];
 extern bool verbose;              /* ENGINE_FUZZ_VERBOSE=1: print each input's engine counters (to check seeds) */
 
 void guest_write(struct vm *vm, uint64_t gpa, const void *data, uint64_t len);
+/* GIDs and Q_Keys from small pools (so that datagrams find their way), or anything. */
+void fuzz_gid(struct in *in, uint8_t *gid);
+uint32_t fuzz_qkey(struct in *in);
+void op_gid_set(struct in *in, struct vre_engine *e, uint32_t dev);
 uint64_t pick_page(struct vm *vm, uint32_t k);
 void poison_unmapped(struct vm *vm);
 void read_memory(struct in *in, struct vre_engine *e, uint32_t dev);

@@ -173,7 +173,10 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.db_page = flags & 128 ? u32(in) : 1 + u8(in) % (vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1);
 	c.sq_db_slot = flags & 256 ? u32(in) : u16(in) % 1024;
 	c.rq_db_slot = flags & 512 ? u32(in) : u16(in) % 1024;
-	c.flags = flags & 0x800 ? VRE_QP_KERNEL : 0;
+	c.flags = (flags & 0x800 ? VRE_QP_KERNEL : 0) | (flags & 0x1000 ? VRE_QP_UD : 0) |
+		  (flags & 0x2000 ? VRE_QP_GSI : 0);
+	if ((flags & 0x3000) == 0x3000 && !(flags & 1))
+		c.qpn = VRDMA_GSI_QPN;  /* the device's QP1 (the engine takes it in any free slot) */
 	end = (uint64_t)c.sq_offset + (uint64_t)c.sq_depth * c.sq_stride;
 	if ((uint64_t)c.rq_offset + (uint64_t)c.rq_depth * c.rq_stride > end)
 		end = (uint64_t)c.rq_offset + (uint64_t)c.rq_depth * c.rq_stride;
@@ -266,6 +269,7 @@ void op_qp_modify(struct in *in, struct vre_engine *e, uint32_t dev)
 	a.rnr_retry = u8(in) % 8;
 	a.retry_cnt = u8(in) % 8;
 	a.timeout = flags & 4 ? u8(in) : u8(in) % 32;
+	a.qkey = fuzz_qkey(in);
 	if (flags & 8)
 		a.access_flags = u32(in);
 	ret = vre_qp_modify(e, dev, slot, &a);

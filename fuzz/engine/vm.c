@@ -300,3 +300,40 @@ uint32_t key_for(struct in *in, uint32_t slot, uint32_t table, bool raw)
 {
 	return raw ? u32(in) : ((uint32_t)u16(in) * table) | (slot & (table - 1));
 }
+
+/* -- GIDs and Q_Keys: small pools, so that a datagram finds a device and a QP as often as it misses ------------- */
+
+void fuzz_gid(struct in *in, uint8_t *gid)
+{
+	uint8_t k = u8(in);
+
+	memset(gid, 0, 16);
+	if (k & 0x80) {
+		for (int i = 0; i < 16; i++)
+			gid[i] = u8(in);
+		return;
+	}
+	gid[10] = gid[11] = 0xff;   /* ::ffff:169.254.100.(1..4) */
+	gid[12] = 169;
+	gid[13] = 254;
+	gid[14] = 100;
+	gid[15] = 1 + k % 4;
+}
+
+uint32_t fuzz_qkey(struct in *in)
+{
+	static const uint32_t pool[] = { 0x11111111, 0x22222222, VRDMA_GSI_QKEY, VRDMA_QKEY_PRIVILEGED };
+	uint8_t k = u8(in);
+
+	return k & 0x80 ? u32(in) : pool[k % 4];
+}
+
+void op_gid_set(struct in *in, struct vre_engine *e, uint32_t dev)
+{
+	uint8_t gid[16];
+	uint32_t index = u8(in) % (VRE_MAX_GIDS + 2);
+	uint32_t type = u8(in) % 4;   /* 3: not a GID type */
+
+	fuzz_gid(in, gid);
+	CHECK(vre_gid_set(e, dev, index, gid, type) <= 0);
+}

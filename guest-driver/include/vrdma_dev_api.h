@@ -109,7 +109,18 @@
 #define VRDMA_ACCESS_REMOTE_ATOMIC 8
 
 /* QP types and states, modify masks (the InfiniBand values) */
+#define VRDMA_QPT_GSI 1           /* QP1 of the port: datagrams of the MAD layer (the IB CM's among them) */
 #define VRDMA_QPT_RC 2
+#define VRDMA_QPT_UD 4
+#define VRDMA_GSI_QPN 1
+#define VRDMA_GSI_QKEY 0x80010000
+#define VRDMA_QKEY_PRIVILEGED 0x80000000  /* a send's Q_Key with this bit: the sending QP's own Q_Key (IB spec) */
+#define VRDMA_GRH_SIZE 40         /* what a UD receive gets ahead of the payload (VRDMA_WC_GRH) */
+#define VRDMA_UD_MAX_MSG 4096     /* a datagram's payload at most: the largest path MTU */
+/* A UD receive's network header (struct vrdma_cqe.network_hdr_type), as the sender's GID type makes it: */
+#define VRDMA_NETWORK_ROCE_V1 1   /* a GRH */
+#define VRDMA_NETWORK_IPV4 2      /* an IPv4 header in the last 20 of the 40 bytes */
+#define VRDMA_NETWORK_IPV6 3      /* an IPv6 header */
 #define VRDMA_QPS_RESET 0
 #define VRDMA_QPS_INIT 1
 #define VRDMA_QPS_RTR 2
@@ -175,6 +186,7 @@
 #define VRDMA_WC_OP_FETCH_ADD 4
 #define VRDMA_WC_OP_RECV 128
 #define VRDMA_WC_OP_RECV_RDMA_WITH_IMM 129
+#define VRDMA_WC_GRH 1
 #define VRDMA_WC_WITH_IMM 2
 
 /*
@@ -416,7 +428,7 @@ struct vrdma_cmd_create_qp {
 	__le32 send_cq;
 	__le32 recv_cq;
 	__le32 srq;               /* 0: the QP has its own receive queue */
-	__u8 qp_type;             /* VRDMA_QPT_RC */
+	__u8 qp_type;             /* VRDMA_QPT_RC, _UD, _GSI (the kernel's, one per device: QPN 1) */
 	__u8 sq_sig_all;
 	__u8 reserved0[2];
 	__le32 sq_depth;
@@ -542,6 +554,23 @@ struct vrdma_sge {
 	__le32 lkey;
 };
 
+/*
+ * Where a UD or GSI send goes: the address handle's content, carried in the WQE itself (the kernel creates address
+ * handles where it cannot sleep, so they cannot be device objects). The source is not the sender's to say: the
+ * device stamps the GID at sgid_index of the sender's own GID table.
+ */
+struct vrdma_ud_av {
+	__u8 dgid[16];
+	__le32 remote_qpn;
+	__le32 remote_qkey;       /* with VRDMA_QKEY_PRIVILEGED: the sending QP's own Q_Key */
+	__u8 sgid_index;
+	__u8 hop_limit;
+	__u8 traffic_class;
+	__u8 reserved0;
+	__le32 flow_label;
+	__le32 reserved1[2];
+};
+
 /* A send WQE: this header, then num_sge struct vrdma_sge or, with VRDMA_SEND_INLINE, inline_len bytes. */
 struct vrdma_send_wqe {
 	__le64 wr_id;
@@ -552,10 +581,15 @@ struct vrdma_send_wqe {
 	__le32 imm_data;          /* carried as given (network order for libibverbs) */
 	__le32 inline_len;
 	__le32 rkey;
-	__le64 remote_addr;
-	__le64 compare_add;
-	__le64 swap;
-	__le32 reserved1[4];
+	union {
+		struct {          /* RC: RDMA and atomics */
+			__le64 remote_addr;
+			__le64 compare_add;
+			__le64 swap;
+			__le32 reserved1[4];
+		};
+		struct vrdma_ud_av ud;    /* UD and GSI */
+	};
 };
 
 /* A receive WQE: this header, then num_sge struct vrdma_sge. */
@@ -569,8 +603,8 @@ struct vrdma_cqe {
 	__le64 wr_id;
 	__u8 status;              /* VRDMA_WC_* */
 	__u8 opcode;              /* VRDMA_WC_OP_* */
-	__u8 wc_flags;            /* VRDMA_WC_WITH_IMM */
-	__u8 reserved0;
+	__u8 wc_flags;            /* VRDMA_WC_GRH, VRDMA_WC_WITH_IMM */
+	__u8 network_hdr_type;    /* VRDMA_NETWORK_* of a UD receive's header, 0 otherwise */
 	__le32 byte_len;
 	__le32 imm_data;
 	__le32 qp_num;
@@ -642,6 +676,7 @@ VRDMA_ASSERT_SIZE(vrdma_resp_query_srq, 24);
 VRDMA_ASSERT_SIZE(vrdma_cmd_create_ah, 40);
 VRDMA_ASSERT_SIZE(vrdma_resp_create_ah, 16);
 VRDMA_ASSERT_SIZE(vrdma_sge, 16);
+VRDMA_ASSERT_SIZE(vrdma_ud_av, 40);
 VRDMA_ASSERT_SIZE(vrdma_send_wqe, 64);
 VRDMA_ASSERT_SIZE(vrdma_recv_wqe, 16);
 VRDMA_ASSERT_SIZE(vrdma_cqe, 32);

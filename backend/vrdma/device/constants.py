@@ -59,7 +59,9 @@ class Access(IntFlag):
 
 
 class QpType(IntEnum):
+    GSI = 1
     RC = 2
+    UD = 4
 
 
 class GidType(IntEnum):

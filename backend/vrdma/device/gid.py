@@ -6,7 +6,9 @@ import logging
 from dataclasses import dataclass
 
 from vrdma.device.constants import GidType
+from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.status import CommandFailed, Status
+from vrdma.engine.api import MAX_GIDS
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +26,14 @@ class Gid:
 
 
 class GidTable:
-    def __init__(self, owner: str, size: int) -> None:
+    """The port's GIDs, also in the engine (it routes datagrams by them and stamps a sender's source from them)."""
+
+    def __init__(self, owner: str, size: int, seat: EngineSeat) -> None:
+        if size > MAX_GIDS:
+            raise ValueError(f"a GID table of {size} entries (the engine holds {MAX_GIDS})")
         self.owner = owner
         self.size = size
+        self.seat = seat
         self.entries: dict[int, Gid] = {}
 
     def __len__(self) -> int:
@@ -40,6 +47,8 @@ class GidTable:
             raise CommandFailed(Status.INVALID, f"GID index {index} (the table has {self.size})")
         if gid_type not in GID_TYPES:
             raise CommandFailed(Status.INVALID, f"GID type {gid_type}")
+        with refused_as_status():
+            self.seat.engine.set_gid(self.seat.index, index, raw, gid_type)
         self.entries[index] = Gid(raw, gid_type)
         log.info("%s: GID %d = %s (RoCE v%d)", self.owner, index, self.entries[index], gid_type)
 
@@ -47,6 +56,7 @@ class GidTable:
         gid = self.entries.pop(index, None)
         if gid is None:
             raise CommandFailed(Status.INVALID, f"GID index {index} is not set")
+        self.seat.engine.set_gid(self.seat.index, index, bytes(16), 0)
         log.info("%s: GID %d removed (%s)", self.owner, index, gid)
 
     def holds(self, raw: bytes) -> bool:

@@ -37,7 +37,7 @@ class DeviceObjects:
                  set_alive: Callable[[int, bool], None], route: Callable[[bytes], int]) -> None:
         self.limits = limits
         self.identity = identity
-        self.gids = GidTable(owner, limits.gid_table_len)
+        self.gids = GidTable(owner, limits.gid_table_len, seat)
         self.ucontexts = UserContexts(limits.doorbell_pages, set_alive)
         self.pds = ProtectionDomains(limits.max_pd, self.ucontexts)
         self.mrs = MemoryRegions(seat, limits.max_mr, limits.max_mr_size, self.pds)

@@ -24,11 +24,17 @@ from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.status import CommandFailed, Status
 from vrdma.device.table import EngineObjectTable
 from vrdma.device.ucontext import UserContexts
-from vrdma.engine.api import NO_DEVICE, NO_SRQ, QP_KERNEL, QpConfig
+from vrdma.engine.api import NO_DEVICE, NO_SRQ, QP_GSI, QP_KERNEL, QP_UD, QpConfig
 
 log = logging.getLogger(__name__)
 
-QPT_RC = QpType.RC
+GSI_QPN = abi.const("VRDMA_GSI_QPN")
+# The state table and the engine flags of each QP type.
+TYPES: dict[int, tuple[dict[tuple[int, int], tuple[int, int]], int]] = {
+    QpType.RC: (qp_states.TRANSITIONS, 0),
+    QpType.UD: (qp_states.UD_TRANSITIONS, QP_UD),
+    QpType.GSI: (qp_states.GSI_TRANSITIONS, QP_UD | QP_GSI),
+}
 QPN_LIMIT = 1 << 24
 PSN_LIMIT = 1 << 24
 # Attributes MODIFY_QP stores, by the mask bit (VRDMA_QP_<bit>) that carries them.
@@ -38,7 +44,7 @@ STORED: dict[str, tuple[str, ...]] = {
     "TIMEOUT": ("timeout",), "RETRY_CNT": ("retry_cnt",), "RNR_RETRY": ("rnr_retry",),
     "MAX_QP_RD_ATOMIC": ("max_rd_atomic",), "MAX_DEST_RD_ATOMIC": ("max_dest_rd_atomic",),
     "RQ_PSN": ("rq_psn",), "SQ_PSN": ("sq_psn",), "EN_SQD_ASYNC_NOTIFY": ("en_sqd_async_notify",),
-    "AV": ("sgid_index", "hop_limit", "traffic_class", "flow_label"),
+    "AV": ("sgid_index", "hop_limit", "traffic_class", "flow_label"), "QKEY": ("qkey",),
 }
 MASK_BIT = {name: abi.const(f"VRDMA_QP_{name}") for name in (*STORED, "STATE", "CUR_STATE")}
 
@@ -55,6 +61,7 @@ class Qp:
     caps: dict[str, int]
     db_slots: list[int]
     attr: dict[str, Any] = field(default_factory=dict)
+    qp_type: int = QpType.RC
 
 
 class QueuePairs(EngineObjectTable[Qp]):
@@ -78,8 +85,11 @@ class QueuePairs(EngineObjectTable[Qp]):
         pd = self.pds.in_context(int(req.pd), int(req.ucontext))
         if req.reserved1 or any(req.reserved0):
             raise CommandFailed(Status.INVALID, "reserved fields of CREATE_QP are not zero")
-        if int(req.qp_type) != QPT_RC:
-            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {int(req.qp_type)} (the device has RC QPs)")
+        qp_type = int(req.qp_type)
+        if qp_type not in TYPES:
+            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {qp_type} (the device has RC, UD and GSI QPs)")
+        if qp_type == QpType.GSI and (ctx is not self.ucontexts.kernel or self.gsi_taken()):
+            raise CommandFailed(Status.INVALID, "the GSI QP is the kernel's, and the device has one")
         cqs = [self.cqs.pool.get(int(req.send_cq)), self.cqs.pool.get(int(req.recv_cq))]
         if None in cqs or any(cq.ucontext != int(req.ucontext) for cq in cqs if cq):
             raise CommandFailed(Status.INVALID, "the QP's CQs do not exist in its context")
@@ -116,9 +126,9 @@ class QueuePairs(EngineObjectTable[Qp]):
         caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if srq is None else 0,
                 "max_send_sge": send_sge, "max_recv_sge": recv_sge, "max_inline_data": inline}
         qp = Qp(int(req.ucontext), int(req.pd), 0, 0, int(req.send_cq), int(req.recv_cq), int(req.srq), caps,
-                db_slots, {"qp_state": qp_states.RESET})
+                db_slots, {"qp_state": qp_states.RESET}, qp_type)
         handle = self.add(qp)
-        qp.qpn = self._qpn(qp.slot)
+        qp.qpn = GSI_QPN if qp_type == QpType.GSI else self._qpn(qp.slot)
         rq_db_slot = db_slots[1] if len(db_slots) > 1 else 0
         config: QpConfig = {
             "handle": handle, "qpn": qp.qpn, "pd": int(req.pd), "sq_sig_all": int(req.sq_sig_all),
@@ -126,7 +136,7 @@ class QueuePairs(EngineObjectTable[Qp]):
             "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
             "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge, "max_recv_sge": recv_sge,
             "max_inline": inline, "db_page": ctx.doorbell_page, "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot,
-            "flags": QP_KERNEL if ctx is self.ucontexts.kernel else 0, "ring": pages}
+            "flags": (QP_KERNEL if ctx is self.ucontexts.kernel else 0) | TYPES[qp_type][1], "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config,
                               undo=lambda: ctx.give_slots(db_slots))
         pd.refs += 1
@@ -136,6 +146,9 @@ class QueuePairs(EngineObjectTable[Qp]):
             srq.refs += 1
         self.ucontexts.queue_created(ctx)
         return handle, qp.qpn, db_slots[0], rq_db_slot
+
+    def gsi_taken(self) -> bool:
+        return any(qp.qp_type == QpType.GSI for qp in self.pool.objects.values())
 
     def _qpn(self, slot: int) -> int:
         bits = self.pool.slot_bits
@@ -157,7 +170,8 @@ class QueuePairs(EngineObjectTable[Qp]):
 
         try:
             target = qp_states.check_transition(self.state(qp), mask, int(a.qp_state) if bit("STATE") else None,
-                                                int(a.cur_qp_state) if bit("CUR_STATE") else None)
+                                                int(a.cur_qp_state) if bit("CUR_STATE") else None,
+                                                TYPES[qp.qp_type][0])
         except ValueError as err:
             raise CommandFailed(Status.INVALID, f"modify QP {qp.qpn:#x}: {err}") from err
         self._check_attributes(qp, bit, a)
@@ -177,8 +191,9 @@ class QueuePairs(EngineObjectTable[Qp]):
             self.seat.engine.modify_qp(self.seat.index, qp.slot, {
                 "state": target, "access_flags": stored["qp_access_flags"], "dest_dev": dest_dev,
                 "dest_qpn": stored["dest_qp_num"], "min_rnr_timer": stored["min_rnr_timer"],
-                "rnr_retry": stored["rnr_retry"], "retry_cnt": stored["retry_cnt"], "timeout": stored["timeout"]})
-        if target == qp_states.RTR:
+                "rnr_retry": stored["rnr_retry"], "retry_cnt": stored["retry_cnt"], "timeout": stored["timeout"],
+                "qkey": stored["qkey"]})
+        if target == qp_states.RTR and qp.qp_type == QpType.RC:
             log.info("%s: QP %#x -> QP %#x on %s", self.owner, qp.qpn, stored["dest_qp_num"],
                      "an unknown GID" if dest_dev == NO_DEVICE else f"device {dest_dev}")
 

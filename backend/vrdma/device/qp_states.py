@@ -1,4 +1,4 @@
-"""The RC queue pair state machine of the InfiniBand specification (modify_qp), as a table.
+"""The queue pair state machines of the InfiniBand specification (modify_qp), as tables: RC, UD and GSI.
 
 For each (current state, next state) a guest may ask for: the attributes it must give and those it may give.
 Anything else in the mask is refused, as a real HCA's firmware (and the kernel's ib_modify_qp_is_ok) refuses it:
@@ -53,20 +53,36 @@ TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
     (SQD, SQD): (0, _m("AV", "ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX", "MIN_RNR_TIMER", "PATH_MIG_STATE",
                        "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC", "MAX_DEST_RD_ATOMIC")),
 }
-for _state in (RESET, INIT, RTR, RTS, SQD, SQE, ERR):
-    TRANSITIONS[(_state, RESET)] = (_m("STATE"), 0)
-    TRANSITIONS[(_state, ERR)] = (_m("STATE"), 0)
+# The same for UD queue pairs: a Q_Key instead of a path, and no destination.
+UD_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
+    (RESET, INIT): (_m("STATE", "PKEY_INDEX", "PORT", "QKEY"), 0),
+    (INIT, INIT): (0, _m("PKEY_INDEX", "PORT", "QKEY")),
+    (INIT, RTR): (_m("STATE"), _m("PKEY_INDEX", "QKEY")),
+    (RTR, RTS): (_m("STATE", "SQ_PSN"), _m("CUR_STATE", "QKEY")),
+    (RTS, RTS): (0, _m("CUR_STATE", "QKEY")),
+    (RTS, SQD): (_m("STATE"), _m("EN_SQD_ASYNC_NOTIFY")),
+    (SQD, RTS): (_m("STATE"), _m("CUR_STATE", "QKEY")),
+    (SQD, SQD): (0, _m("PKEY_INDEX", "QKEY")),
+}
+# ... and for the GSI queue pair (QP1), which belongs to its port: no port to give.
+GSI_TRANSITIONS = {**UD_TRANSITIONS, (RESET, INIT): (_m("STATE", "PKEY_INDEX", "QKEY"), 0),
+                   (INIT, INIT): (0, _m("PKEY_INDEX", "QKEY"))}
+for _table in (TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
+    for _state in (RESET, INIT, RTR, RTS, SQD, SQE, ERR):
+        _table[(_state, RESET)] = (_m("STATE"), 0)
+        _table[(_state, ERR)] = (_m("STATE"), 0)
 
 
-def check_transition(current: int, mask: int, next_state: int | None, cur_state_attr: int | None) -> int:
-    """The state the QP moves to; raises ValueError saying what is wrong with the request."""
+def check_transition(current: int, mask: int, next_state: int | None, cur_state_attr: int | None,
+                     table: dict[tuple[int, int], tuple[int, int]] = TRANSITIONS) -> int:
+    """The state the QP moves to under ``table`` (TRANSITIONS: RC); raises ValueError saying what is wrong."""
     if mask & ~ALL_ATTRS:
         raise ValueError(f"unknown attribute bits {mask & ~ALL_ATTRS:#x}")
     if cur_state_attr is not None and cur_state_attr != current:
         raise ValueError(f"cur_qp_state {STATE_NAMES.get(cur_state_attr, cur_state_attr)} but the QP is in "
                          f"{STATE_NAMES[current]}")
     target = next_state if next_state is not None else current
-    rule = TRANSITIONS.get((current, target))
+    rule = table.get((current, target))
     if rule is None:
         raise ValueError(f"no transition from {STATE_NAMES[current]} to {STATE_NAMES.get(target, target)}")
     required, optional = rule

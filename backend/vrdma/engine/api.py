@@ -15,13 +15,16 @@ from typing import Protocol, TypedDict
 
 from vrdma.errors import VrdmaError
 
-# engine.h's VRE_NO_DEVICE, VRE_NO_SRQ and VRE_QP_KERNEL (held equal by vrdma.engine at import).
+# engine.h's VRE_NO_DEVICE, VRE_NO_SRQ, VRE_QP_* and VRE_MAX_GIDS (held equal by vrdma.engine at import).
 NO_DEVICE = 0xFFFFFFFF
 NO_SRQ = -1
 QP_KERNEL = 1
+QP_UD = 2
+QP_GSI = 4
+MAX_GIDS = 64
 # The engine's per-device counters (struct vre_counters), in order.
 COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
-            "qp_fatal", "events_dropped")
+            "qp_fatal", "events_dropped", "ud_dropped")
 
 
 class EngineLimits(TypedDict):
@@ -117,6 +120,7 @@ class QpAttr(TypedDict):
     rnr_retry: int
     retry_cnt: int
     timeout: int
+    qkey: int
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,7 @@ class DataEngine(Protocol):
     def open_device(self, dev: int, limits: EngineLimits, doorbell_base: int) -> None: ...
     def close_device(self, dev: int) -> None: ...
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None: ...
+    def set_gid(self, dev: int, index: int, raw: bytes, gid_type: int) -> None: ...
     def counters(self, dev: int) -> dict[str, int]: ...
     # objects
     def create_mr(self, dev: int, slot: int, config: MrConfig) -> None: ...

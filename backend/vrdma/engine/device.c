@@ -135,9 +135,21 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 		free_tables(d);
 		return vre_fail(e, ENOMEM, "no memory for device %u", dev);
 	}
+	d->gsi = -1;
 	d->open = true;
 	if (e->parked)
 		vre_set_parked_flags(e, 1);
+	return 0;
+}
+
+int vre_gid_set(struct vre_engine *e, uint32_t dev, uint32_t index, const uint8_t *gid, uint32_t type)
+{
+	struct vre_device *d = vre_dev(e, dev);
+
+	if (!d || index >= VRE_MAX_GIDS || type > VRDMA_GID_TYPE_ROCE_V2)
+		return vre_fail(e, EINVAL, "GID %u of type %u unusable", index, type);
+	memcpy(d->gids[index].raw, gid, sizeof(d->gids[index].raw));
+	d->gids[index].type = type;
 	return 0;
 }
 

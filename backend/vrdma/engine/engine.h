@@ -20,7 +20,11 @@
 /* ENGINE-API-BEGIN */
 #define VRE_NO_DEVICE 0xffffffff
 #define VRE_NO_SRQ -1
-#define VRE_QP_KERNEL 1           /* vre_qp_config.flags: a queue of the guest kernel (the local DMA lkey works) */
+/* vre_qp_config.flags */
+#define VRE_QP_KERNEL 1           /* a queue of the guest kernel: the local DMA lkey works */
+#define VRE_QP_UD 2               /* datagrams: SEND with an address vector in the WQE, routed by GID and QPN */
+#define VRE_QP_GSI 4              /* the device's QP1 (with VRE_QP_UD): found by QPN 1 */
+#define VRE_MAX_GIDS 64           /* a device's GID table, at most */
 
 struct vre_engine;
 
@@ -120,6 +124,7 @@ struct vre_qp_attr {
 	uint32_t rnr_retry;
 	uint32_t retry_cnt;
 	uint32_t timeout;
+	uint32_t qkey;            /* UD and GSI */
 };
 
 struct vre_event {
@@ -141,6 +146,8 @@ struct vre_counters {
 	uint64_t cq_overflows;
 	uint64_t qp_fatal;
 	uint64_t events_dropped;
+	uint64_t ud_dropped;      /* datagrams this device sent that nobody took (no such GID or QP, wrong Q_Key, no
+				   * receive posted), and datagrams for it it could not take: as UD defines, silently */
 };
 
 struct vre_engine *vre_engine_new(uint32_t max_devices);
@@ -163,6 +170,8 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 int vre_srq_set_limit(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t limit);
 int vre_srq_limit(struct vre_engine *e, uint32_t dev, uint32_t slot);
 void vre_srq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
+/* A GID of the device's table (type VRDMA_GID_TYPE_*, 0: the entry goes): where datagrams are routed by. */
+int vre_gid_set(struct vre_engine *e, uint32_t dev, uint32_t index, const uint8_t *gid, uint32_t type);
 int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *config);
 int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_attr *attr);
 int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot);

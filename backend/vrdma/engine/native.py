@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from vrdma.engine.api import (
     COUNTERS,
+    MAX_GIDS,
     NO_DEVICE,
     NO_SRQ,
+    QP_GSI,
     QP_KERNEL,
+    QP_UD,
     CqConfig,
     EngineError,
     EngineEvent,
@@ -31,7 +34,8 @@ except ImportError as err:  # pragma: no cover - the message is the point
 __all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi"]
 
 # The typed interface declares engine.h's sentinels without importing C: hold the two equal.
-assert (NO_DEVICE, NO_SRQ, QP_KERNEL) == (lib.VRE_NO_DEVICE, lib.VRE_NO_SRQ, lib.VRE_QP_KERNEL), \
+assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, MAX_GIDS) == \
+    (lib.VRE_NO_DEVICE, lib.VRE_NO_SRQ, lib.VRE_QP_KERNEL, lib.VRE_QP_UD, lib.VRE_QP_GSI, lib.VRE_MAX_GIDS), \
     "vrdma.engine.api disagrees with engine.h"
 EVENT_BATCH = 256
 
@@ -59,6 +63,9 @@ class Engine:
 
     def close_device(self, dev: int) -> None:
         lib.vre_device_close(self._e, dev)
+
+    def set_gid(self, dev: int, index: int, raw: bytes, gid_type: int) -> None:
+        self._check(lib.vre_gid_set(self._e, dev, index, raw, gid_type))
 
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
         table = ffi.new("struct vre_region[]", [{"gpa": g, "size": s, "hva": h} for g, s, h in regions] or 1)

@@ -11,8 +11,11 @@
 VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn)
 {
 	struct vre_device *d = vre_dev(e, dev);
-	struct vre_qp *qp = d ? qp_at(d, qpn & (d->lim.max_qp - 1)) : NULL;
+	struct vre_qp *qp;
 
+	if (d && qpn == VRDMA_GSI_QPN)
+		return d->gsi >= 0 ? qp_at(d, (uint32_t)d->gsi) : NULL;
+	qp = d ? qp_at(d, qpn & (d->lim.max_qp - 1)) : NULL;
 	return qp && qp->cfg.qpn == qpn ? qp : NULL;
 }
 
@@ -39,8 +42,11 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	struct vre_qp *qp;
 	int err;
 
-	if (!qp_slot_free(d, slot) || (c->qpn & (d->lim.max_qp - 1)) != slot)
-		return vre_fail(e, EINVAL, "QP slot %u unusable", slot);
+	bool gsi = c->flags & VRE_QP_GSI;
+
+	if (!qp_slot_free(d, slot) || (gsi ? c->qpn != VRDMA_GSI_QPN || d->gsi >= 0 || !(c->flags & VRE_QP_UD) :
+				       (c->qpn & (d->lim.max_qp - 1)) != slot || c->qpn == VRDMA_GSI_QPN))
+		return vre_fail(e, EINVAL, "QP slot %u (QPN %#x) unusable", slot, c->qpn);
 	if (!cq_at(d, c->send_cq) || !cq_at(d, c->recv_cq) || (!own_rq && (c->srq < 0 || !srq_at(d, (uint32_t)c->srq))))
 		return vre_fail(e, EINVAL, "QP names a CQ or SRQ that does not exist");
 	if (!send_queue_fits(c->sq_depth, d->lim.max_qp_wr, c->sq_stride, c->max_send_sge, d->lim.max_sge,
@@ -74,6 +80,8 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	qp->index = d->nactive;
 	d->active[d->nactive++] = qp;
 	d->qps[slot] = qp;
+	if (gsi)
+		d->gsi = slot;
 	return 0;
 }
 
@@ -126,6 +134,8 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 
 	if (!qp)
 		return;
+	if (d->gsi == (int64_t)slot)
+		d->gsi = -1;
 	d->active[qp->index] = d->active[--d->nactive];  /* the last active QP takes its place */
 	d->active[qp->index]->index = qp->index;
 	obj_free(d, qp, offsetof(struct vre_qp, ring));

@@ -83,6 +83,9 @@ static uint8_t local_data(struct vre_request *r)
 
 	if (!r->op || (is_inline && (r->op->flags & OP_READS)))
 		return VRDMA_WC_LOC_QP_OP_ERR;
+	/* A datagram QP sends, with or without immediate data, and does nothing else. */
+	if ((r->qp->cfg.flags & VRE_QP_UD) && (r->op->flags & ~(OP_RECV | OP_IMM | OP_PAYLOAD)))
+		return VRDMA_WC_LOC_QP_OP_ERR;
 	if (is_inline) {
 		if (h->inline_len > r->qp->cfg.max_inline)
 			return VRDMA_WC_LOC_LEN_ERR;
@@ -116,6 +119,10 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 	status = local_data(&r);
 	if (status != VRDMA_WC_SUCCESS)
 		goto local_error;
+	if (qp->cfg.flags & VRE_QP_UD) {
+		ud_send(&r);  /* a datagram: sent (and completed) whether or not anyone takes it */
+		return EXEC_DONE;
+	}
 
 	/* The destination: without one (unknown GID, QP gone, not ready to receive) the requester retries in vain. */
 	dqp = qp->attr.dest_dev == VRE_NO_DEVICE ? NULL : qp_by_qpn(e, qp->attr.dest_dev, qp->attr.dest_qpn);

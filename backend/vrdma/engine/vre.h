@@ -98,6 +98,11 @@ struct vre_qp {
 	uint32_t index;           /* position in the device's active list */
 };
 
+struct vre_gid {
+	uint8_t raw[16];
+	uint32_t type;            /* VRDMA_GID_TYPE_*, 0: no GID here */
+};
+
 struct vre_device {
 	bool open;
 	struct vre_device_limits lim;
@@ -109,6 +114,8 @@ struct vre_device {
 	struct vre_srq **srqs;
 	struct vre_qp **qps;
 	struct vre_qp **active;   /* the QPs, densely, for polling */
+	struct vre_gid gids[VRE_MAX_GIDS];
+	int64_t gsi;              /* the QP table slot of QP1, or -1 */
 	uint32_t nactive;
 	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none): the only time CQs are scanned */
 	uint64_t pages_in_use;    /* translated pages of its MRs and rings, bounded by lim.max_pages_total */
@@ -145,6 +152,8 @@ struct vre_scratch {
 	struct recv_wqe rwqe;
 	struct seg local[MAX_WQE_SGES];
 	struct seg remote[MAX_WQE_SGES];
+	struct seg datagram[MAX_WQE_SGES + 1];   /* a UD receive's network header, then the sender's data */
+	uint8_t grh[VRDMA_GRH_SIZE];
 };
 
 struct vre_engine {
@@ -318,6 +327,10 @@ VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const
 VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
 		   uint8_t status, uint32_t byte_len);
 VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
+
+/* -- ud.c -------------------------------------------------------------------------------------------------- */
+
+VRE_FN void ud_send(struct vre_request *r);
 VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
 #pragma GCC visibility pop

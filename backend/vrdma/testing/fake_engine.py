@@ -27,6 +27,7 @@ class FakeDevice:
         default_factory=lambda: {kind: {} for kind in LIMIT_OF})
     qp_states: dict[int, int] = field(default_factory=dict)
     srq_limits: dict[int, int] = field(default_factory=dict)
+    gids: dict[int, tuple[bytes, int]] = field(default_factory=dict)
 
 
 class FakeEngine:
@@ -88,6 +89,13 @@ class FakeEngine:
 
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
         self._configure("set_memory", dev).memory = list(regions)
+
+    def set_gid(self, dev: int, index: int, raw: bytes, gid_type: int) -> None:
+        gids = self._configure("set_gid", dev).gids
+        if gid_type:
+            gids[index] = (raw, gid_type)
+        else:
+            gids.pop(index, None)
 
     def counters(self, dev: int) -> dict[str, int]:
         return dict.fromkeys(api.COUNTERS, 0)

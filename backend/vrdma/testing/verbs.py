@@ -217,7 +217,9 @@ class SimVerbs:
         self.ring(srq.ring.db_slot, srq.ring.prod)
 
     def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
-                  max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None) -> SimQp:
+                  max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None,
+                  qp_type: str = "RC") -> SimQp:
+        """An RC, UD or GSI QP (``qp_type``) with rings for ``depth`` WQEs."""
         sq_stride = _pow2_at_least(SEND_WQE + max(max_sge * SGE, max_inline), 64)
         rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32) if srq is None else 0
         rq_depth = depth if srq is None else 0
@@ -226,7 +228,7 @@ class SimVerbs:
         buf = self.alloc(max(sq_offset + depth * sq_stride, rq_offset + rq_depth * rq_stride))
         resp = self.call("VRDMA_CMD_CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
                          ucontext=self.ucontext, pd=pd, send_cq=send_cq.handle, recv_cq=recv_cq.handle,
-                         srq=srq.handle if srq else 0, qp_type=abi.const("VRDMA_QPT_RC"), sq_sig_all=sq_sig_all,
+                         srq=srq.handle if srq else 0, qp_type=abi.const(f"VRDMA_QPT_{qp_type}"), sq_sig_all=sq_sig_all,
                          sq_depth=depth, rq_depth=rq_depth, sq_stride=sq_stride, rq_stride=rq_stride,
                          sq_offset=sq_offset, rq_offset=rq_offset, max_send_sge=max_sge,
                          max_recv_sge=max_sge if srq is None else 0, max_inline_data=max_inline,
@@ -253,6 +255,28 @@ class SimVerbs:
                        hop_limit=1)
         self.modify_qp(qp, m("STATE", "SQ_PSN", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC"),
                        qp_state=3, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=rnr_retry, max_rd_atomic=1)
+
+    def ud_ready(self, qp: SimQp, qkey: int, gsi: bool = False) -> None:
+        """RESET -> INIT -> RTR -> RTS for a UD QP (or the GSI QP, which has no port to give)."""
+        def m(*names: str) -> int:
+            return sum(abi.const(f"VRDMA_QP_{n}") for n in names)
+
+        init = m("STATE", "PKEY_INDEX", "QKEY") | (0 if gsi else m("PORT"))
+        self.modify_qp(qp, init, qp_state=1, pkey_index=0, port_num=0 if gsi else 1, qkey=qkey)
+        self.modify_qp(qp, m("STATE"), qp_state=2)
+        self.modify_qp(qp, m("STATE", "SQ_PSN"), qp_state=3, sq_psn=0)
+
+    def post_ud_send(self, qp: SimQp, sges: list[tuple[int, int, int]], dgid: bytes, remote_qpn: int,
+                     remote_qkey: int, sgid_index: int = 0, wr_id: int = 0, imm: int | None = None,
+                     hop_limit: int = 64) -> None:
+        """A datagram to (dgid, remote_qpn), its address vector in the WQE as a provider writes it."""
+        opcode = abi.const("VRDMA_WR_SEND" if imm is None else "VRDMA_WR_SEND_WITH_IMM")
+        wqe = abi.new("vrdma_send_wqe", wr_id=wr_id, opcode=opcode, num_sge=len(sges), imm_data=imm or 0,
+                      send_flags=abi.const("VRDMA_SEND_SIGNALED"),
+                      ud={"dgid": list(dgid), "remote_qpn": remote_qpn, "remote_qkey": remote_qkey,
+                          "sgid_index": sgid_index, "hop_limit": hop_limit})
+        self.put_wqe(qp.sq, abi.to_bytes(wqe) + sge_bytes(sges))
+        self.ring_send(qp)
 
     def loopback_qp(self, gid: bytes, cq_entries: int = 16) -> tuple[int, SimCq, SimQp]:
         """GID 0, a PD, a CQ and a QP on it in RTS, connected to itself: (pd, cq, qp)."""
