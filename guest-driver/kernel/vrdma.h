@@ -138,7 +138,8 @@ struct vrdma_qp {
 
 struct vrdma_ah {
 	struct ib_ah ibah;
-	u32 handle;
+	u32 handle;			/* a user AH's device object; 0 for a kernel AH */
+	struct vrdma_ud_av av;		/* what a kernel UD send carries in its WQE (remote QPN and Q_Key per send) */
 };
 
 static inline struct vrdma_dev *to_vdev(struct ib_device *ibdev)

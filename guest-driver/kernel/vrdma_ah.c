@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Address handles: a destination GID and the source GID index, registered with the device.
+ * Address handles: a destination GID and the source GID index. A user AH is registered with the device; a kernel
+ * AH stays in the driver (the kernel creates them where it cannot sleep, as the IB CM does) and its address vector
+ * goes into each UD work request.
  */
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -19,10 +21,20 @@ int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init, struct i
 	struct vrdma_resp_create_ah resp;
 	int ret;
 
-	if (!(init->flags & RDMA_CREATE_AH_SLEEPABLE))
-		return -EOPNOTSUPP;  /* creating one is a device command, which sleeps */
 	if (!(rdma_ah_get_ah_flags(init->ah_attr) & IB_AH_GRH))
-		return -EINVAL;
+		return -EINVAL;  /* RoCE: every address has a GRH */
+	if (!udata) {
+		memset(&ah->av, 0, sizeof(ah->av));
+		memcpy(ah->av.dgid, grh->dgid.raw, sizeof(ah->av.dgid));
+		ah->av.sgid_index = grh->sgid_index;
+		ah->av.hop_limit = grh->hop_limit;
+		ah->av.traffic_class = grh->traffic_class;
+		ah->av.flow_label = cpu_to_le32(grh->flow_label);
+		ah->handle = 0;
+		return 0;
+	}
+	if (!(init->flags & RDMA_CREATE_AH_SLEEPABLE))
+		return -EOPNOTSUPP;  /* creating a user AH is a device command, which sleeps */
 	memcpy(cmd.dgid, grh->dgid.raw, sizeof(cmd.dgid));
 	cmd.sgid_index = grh->sgid_index;
 	cmd.hop_limit = grh->hop_limit;
@@ -39,6 +51,8 @@ int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 {
 	struct vrdma_ah *ah = container_of(ibah, struct vrdma_ah, ibah);
 
+	if (!ah->handle)
+		return 0;  /* a kernel AH: nothing in the device */
 	if (!(flags & RDMA_DESTROY_AH_SLEEPABLE))
 		return -EOPNOTSUPP;
 	return vrdma_destroy_handle(to_vdev(ibah->device), VRDMA_CMD_DESTROY_AH, ah->handle);

@@ -24,8 +24,10 @@ static_assert(IB_WC_SUCCESS == VRDMA_WC_SUCCESS && IB_WC_WR_FLUSH_ERR == VRDMA_W
 	      IB_WC_RNR_RETRY_EXC_ERR == VRDMA_WC_RNR_RETRY_EXC_ERR && IB_WC_GENERAL_ERR == VRDMA_WC_GENERAL_ERR,
 	      "completion statuses are the IB values");
 static_assert(IB_WC_RECV == VRDMA_WC_OP_RECV && IB_WC_RECV_RDMA_WITH_IMM == VRDMA_WC_OP_RECV_RDMA_WITH_IMM &&
-	      IB_WC_FETCH_ADD == VRDMA_WC_OP_FETCH_ADD && IB_WC_WITH_IMM == VRDMA_WC_WITH_IMM,
-	      "completion opcodes and flags are the IB values");
+	      IB_WC_FETCH_ADD == VRDMA_WC_OP_FETCH_ADD && IB_WC_WITH_IMM == VRDMA_WC_WITH_IMM &&
+	      IB_WC_GRH == VRDMA_WC_GRH, "completion opcodes and flags are the IB values");
+static_assert(RDMA_NETWORK_ROCE_V1 == VRDMA_NETWORK_ROCE_V1 && RDMA_NETWORK_IPV4 == VRDMA_NETWORK_IPV4 &&
+	      RDMA_NETWORK_IPV6 == VRDMA_NETWORK_IPV6, "network header types are the kernel's");
 
 static void __iomem *vrdma_kdb_slot(struct vrdma_dev *dev, u32 slot)
 {
@@ -116,7 +118,13 @@ static void vrdma_kcq_wc(struct vrdma_dev *dev, const struct vrdma_cqe *cqe, str
 	wc->ex.imm_data = (__force __be32)cqe->imm_data;  /* carried as posted: network order */
 	wc->qp = vrdma_kqp_by_qpn(dev, le32_to_cpu(cqe->qp_num));
 	wc->src_qp = le32_to_cpu(cqe->src_qp);
-	wc->wc_flags = cqe->wc_flags & VRDMA_WC_WITH_IMM ? IB_WC_WITH_IMM : 0;
+	wc->wc_flags = cqe->wc_flags & (VRDMA_WC_WITH_IMM | VRDMA_WC_GRH);
+	if (cqe->network_hdr_type) {
+		/* A datagram: the 40 bytes ahead of its payload are this network header (ib_init_ah_attr_from_wc). */
+		wc->network_hdr_type = cqe->network_hdr_type;
+		wc->wc_flags |= IB_WC_WITH_NETWORK_HDR_TYPE;
+	}
+	wc->pkey_index = 0;
 	wc->port_num = 1;
 }
 
@@ -187,8 +195,9 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	size_t size;
 	int ret;
 
-	if (attr->qp_type != IB_QPT_RC || attr->srq || attr->create_flags)
-		return -EOPNOTSUPP;  /* kernel RC QPs with receive queues of their own */
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UD && attr->qp_type != IB_QPT_GSI) ||
+	    attr->srq || attr->create_flags)
+		return -EOPNOTSUPP;  /* kernel RC, UD and GSI QPs with receive queues of their own */
 	if (cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
 	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
 		return -EINVAL;
@@ -209,7 +218,7 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	cmd.pd = cpu_to_le32(pd->handle);
 	cmd.send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
 	cmd.recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
-	cmd.qp_type = VRDMA_QPT_RC;
+	cmd.qp_type = attr->qp_type;  /* the IB values (static_assert in vrdma_qp.c) */
 	cmd.sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
 	cmd.sq_depth = cpu_to_le32(qp->sq.depth);
 	cmd.rq_depth = cpu_to_le32(qp->rq.depth);
@@ -295,6 +304,14 @@ static int vrdma_kqp_write_send(struct vrdma_qp *qp, const struct ib_send_wr *wr
 	u32 i, len = 0;
 
 	memset(wqe, 0, sizeof(*wqe));
+	if (qp->ibqp.qp_type != IB_QPT_RC) {
+		/* A datagram: its address vector goes with it (the device routes by it; no AH is a device object). */
+		if (wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM)
+			return -EINVAL;
+		wqe->ud = container_of(ud_wr(wr)->ah, struct vrdma_ah, ibah)->av;
+		wqe->ud.remote_qpn = cpu_to_le32(ud_wr(wr)->remote_qpn);
+		wqe->ud.remote_qkey = cpu_to_le32(ud_wr(wr)->remote_qkey);
+	}
 	switch (wr->opcode) {
 	case IB_WR_RDMA_WRITE:
 	case IB_WR_RDMA_WRITE_WITH_IMM:

@@ -13,7 +13,8 @@
 
 #define VRDMA_QP_ATTR_MASK 0x1fffff	/* IB_QP_STATE .. IB_QP_DEST_QPN: the attributes the device knows */
 
-static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC, "QP states and types are the IB values");
+static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC && IB_QPT_UD == VRDMA_QPT_UD &&
+	      IB_QPT_GSI == VRDMA_QPT_GSI, "QP states and types are the IB values");
 static_assert(IB_QP_DEST_QPN == VRDMA_QP_DEST_QPN && IB_QP_CAP == VRDMA_QP_CAP, "modify masks are the IB values");
 
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata)
@@ -103,7 +104,7 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struc
 
 	if (mask & ~VRDMA_QP_ATTR_MASK)
 		return -EOPNOTSUPP;
-	if (!ib_modify_qp_is_ok(cur, next, IB_QPT_RC, mask))
+	if (!ib_modify_qp_is_ok(cur, next, ibqp->qp_type, mask))
 		return -EINVAL;
 	cmd.attr_mask = cpu_to_le32(mask);
 	a->qp_state = cpu_to_le32(attr->qp_state);
@@ -179,7 +180,8 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct
 	rdma_ah_set_grh(&attr->ah_attr, &dgid, le32_to_cpu(a->flow_label), a->sgid_index, a->hop_limit,
 			a->traffic_class);
 	rdma_ah_set_port_num(&attr->ah_attr, 1);
-	init->qp_type = IB_QPT_RC;
+	init->qp_type = ibqp->qp_type;
+	attr->qkey = le32_to_cpu(a->qkey);
 	init->cap = qp->cap;
 	init->sq_sig_type = qp->sq_sig_all ? IB_SIGNAL_ALL_WR : IB_SIGNAL_REQ_WR;
 	init->send_cq = ibqp->send_cq;

@@ -44,19 +44,24 @@ def ipv4_gid_index(vm: Vm, device: str, port: int = 1) -> int:
     raise AgentError(f"{device} in {vm.name} has no RoCE v2 IPv4 GID; GID table:\n{listed}")
 
 
-def wait_listening(vm: Vm, port: int, timeout: float = 60.0, server_pid: int | None = None) -> None:
-    """Wait until a TCP port is listening in the guest (a server started in the background is ready); with
-    ``server_pid``, fail at once, with its output, if that server exits instead."""
+def wait_listening(vm: Vm, port: int, timeout: float = 60.0, server_pid: int | None = None,
+                   rdma_cm: bool = False) -> None:
+    """Wait until a TCP port is listening in the guest (a server started in the background is ready), or with
+    ``rdma_cm`` an RDMA CM port (a LISTEN cm_id in `rdma resource show cm_id`); with ``server_pid``, fail at once,
+    with its output, if that server exits instead."""
     deadline = time.monotonic() + timeout
-    pattern = re.compile(rf":{port}\s")
+    if rdma_cm:
+        argv, pattern, what = ["rdma", "resource", "show", "cm_id"], rf"state LISTEN .*src-addr \S+:{port}\b", "RDMA CM"
+    else:
+        argv, pattern, what = ["ss", "-ltnH"], rf":{port}\s", "TCP"
     while time.monotonic() < deadline:
-        if pattern.search(vm.run(["ss", "-ltnH"], timeout=30).stdout):
+        if re.search(pattern, vm.run(argv, timeout=30).stdout):
             return
         exited = vm.agent.poll(server_pid) if server_pid is not None else None
         if exited is not None:
             raise AgentError(f"the server in {vm.name} exited ({exited.exit_status}) before listening on port "
                              f"{port}:\n{exited.stdout}{exited.stderr}")
-    raise AgentError(f"nothing listens on TCP port {port} in {vm.name} after {timeout:g} s")
+    raise AgentError(f"nothing listens on {what} port {port} in {vm.name} after {timeout:g} s")
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,16 @@ _ITERS = re.compile(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter")
 
 
 def client_server(server: Vm, client: Vm, argv: list[str], *, port: int = PINGPONG_PORT,
-                  timeout: float = 300.0) -> tuple[ExecResult, ExecResult]:
-    """Run a verbs program as server in one guest and as client (``argv`` + the server's address) in another,
-    or in the same guest; return (server, client) results, raise with both outputs when either side fails."""
+                  timeout: float = 300.0, client_argv: list[str] | None = None,
+                  rdma_cm: bool = False) -> tuple[ExecResult, ExecResult]:
+    """Run a verbs program as server (``argv``) in one guest and as client in another, or in the same guest:
+    ``client_argv`` if given, else ``argv`` + the server's address. The server is ready when it listens on
+    ``port`` (TCP, or an RDMA CM port with ``rdma_cm``). Return (server, client) results, raise with both outputs
+    when either side fails."""
     server_pid = server.agent.spawn(argv)
     try:
-        wait_listening(server, port, timeout=min(timeout, 60.0), server_pid=server_pid)
-        client_result = client.run([*argv, server.address], timeout=timeout)
+        wait_listening(server, port, timeout=min(timeout, 60.0), server_pid=server_pid, rdma_cm=rdma_cm)
+        client_result = client.run(client_argv or [*argv, server.address], timeout=timeout)
         server_result = server.agent.wait(server_pid, argv, timeout)
     except (AgentError, CommandTimeout):
         server.agent.kill(server_pid)

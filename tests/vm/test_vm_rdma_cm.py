@@ -1,0 +1,62 @@
+"""The RDMA connection manager between two guests over vrdma0: the MAD layer opens the port on the device's GSI QP,
+the IB CM's MADs travel as datagrams between the guests' QP1s, and librdmacm's own tools connect over the guests'
+IP addresses (route and address resolved from eth0, as for any RoCE device)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from vrdma.harness import verbs
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import vm_counters
+
+pytestmark = pytest.mark.vm
+
+RPING_PORT, CMATOSE_PORT, PERFTEST_PORT = 7174, 7471, 18515
+
+
+def test_the_mad_layer_opens_the_port_on_qp1(two_guests: Cluster) -> None:
+    for vm in two_guests:
+        log = vm.run(["dmesg"]).check("dmesg").stdout
+        assert not re.search(r"Couldn't (create ib_mad|open port)", log), log
+        qps = vm.run(["rdma", "resource", "show", "qp"]).check("rdma resource show qp").stdout
+        assert re.search(r"link vrdma0/1 lqpn 1 type GSI state RTS .*comm \[ib_core\]", qps), qps
+
+
+def test_rping_verifies_1000_iterations(two_guests: Cluster) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    assert two_guests.backend is not None
+    before = vm_counters(two_guests.backend, "vm1")["engine"]
+    _, client = verbs.client_server(
+        vm0, vm1, ["rping", "-s", "-a", vm0.address, "-V", "-C", "1000"], port=RPING_PORT, rdma_cm=True,
+        client_argv=["rping", "-c", "-a", vm0.address, "-V", "-C", "1000", "-v"])
+    assert client.stdout.count("ping data: rdma-ping-") == 1000
+    after = vm_counters(two_guests.backend, "vm1")["engine"]
+    # The CM's MADs went as datagrams between the QP1s, the pings over the connected RC QPs; the only error
+    # completions are the receives flushed when the connection closed.
+    assert after["send_wqes"] - before["send_wqes"] >= 2000
+    assert after["error_cqes"] - before["error_cqes"] == after["flushed"] - before["flushed"]
+
+
+def test_ucmatose_connects_and_moves_data_on_four_connections(two_guests: Cluster) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    server, client = verbs.client_server(vm0, vm1, ["ucmatose", "-c", "4"], port=CMATOSE_PORT, rdma_cm=True,
+                                         client_argv=["ucmatose", "-s", vm0.address, "-c", "4"])
+    assert "data transfers complete" in server.stdout and "return status 0" in client.stdout
+
+
+def test_rdma_server_and_rdma_client(two_guests: Cluster) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    server, client = verbs.client_server(vm0, vm1, ["rdma_server"], port=CMATOSE_PORT, rdma_cm=True,
+                                         client_argv=["rdma_client", "-s", vm0.address])
+    assert "rdma_server: end 0" in server.stdout and "rdma_client: end 0" in client.stdout
+
+
+@pytest.mark.parametrize("tool", ["ib_send_bw", "ib_write_bw", "ib_read_lat"])
+def test_perftest_connects_with_rdma_cm(two_guests: Cluster, tool: str) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    argv = [tool, "-R", "-d", "vrdma0", "-F"]
+    _, client = verbs.client_server(vm0, vm1, argv, port=PERFTEST_PORT, rdma_cm=True)
+    assert re.search(r"^\s*\d+\s+\d+\s+[\d.]+", client.stdout, re.MULTILINE), client.stdout
