@@ -66,8 +66,8 @@ static int vrdma_query_port(struct ib_device *ibdev, u32 port, struct ib_port_at
 	attr->port_cap_flags = IB_PORT_CM_SUP;
 	attr->max_msg_sz = le32_to_cpu(dev->port.max_msg_sz);
 	attr->pkey_tbl_len = 1;
-	attr->active_speed = IB_SPEED_SDR;
-	attr->active_width = IB_WIDTH_1X;
+	attr->active_speed = dev->port.active_speed;	/* the device's figure (IB codes), e.g. 4X EDR */
+	attr->active_width = dev->port.active_width;
 	return 0;
 }
 

@@ -25,6 +25,11 @@ def test_the_mad_layer_opens_the_port_on_qp1(two_guests: Cluster) -> None:
         assert re.search(r"link vrdma0/1 lqpn 1 type GSI state RTS .*comm \[ib_core\]", qps), qps
 
 
+def test_the_port_reports_a_4x_edr_link(two_guests: Cluster) -> None:
+    info = two_guests[0].run(["ibv_devinfo", "-v", "-d", "vrdma0"]).check("ibv_devinfo -v").stdout
+    assert re.search(r"active_width:\s+4X", info) and re.search(r"active_speed:\s+25(\.0)? Gbps", info), info
+
+
 def test_rping_verifies_1000_iterations(two_guests: Cluster) -> None:
     vm0, vm1 = two_guests[0], two_guests[1]
     assert two_guests.backend is not None

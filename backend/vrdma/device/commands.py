@@ -69,6 +69,10 @@ def _query_device(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.hw_ver = abi.const("VRDMA_ABI_VERSION")
 
 
+PORT_SPEED_EDR = 32  # IB speed codes as the kernel's enum ib_port_speed: 25 Gb/s a lane
+PORT_WIDTH_4X = 2    # enum ib_port_width
+
+
 def _query_port(objs: DeviceObjects, request: Any, response: Any) -> None:
     if request.port != 1:
         raise CommandFailed(Status.INVALID, f"port {request.port} does not exist (the device has port 1)")
@@ -81,8 +85,10 @@ def _query_port(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.max_msg_sz = objs.limits.max_msg_size
     response.pkey_tbl_len = 1
     response.link_layer = abi.const("VRDMA_LINK_LAYER_ETHERNET")
-    response.active_speed = 1  # SDR
-    response.active_width = 1  # 1X
+    # 4X EDR, 100 Gb/s: what the device moves between guests is memory bandwidth, and programs that size their
+    # work by the link (UCX, NCCL, MPI) must not take it for a 2.5 Gb/s SDR 1X link.
+    response.active_speed = PORT_SPEED_EDR
+    response.active_width = PORT_WIDTH_4X
     response.phys_state = 5    # LinkUp
 
 
