@@ -33,8 +33,8 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 
 	if (!udata)
 		return vrdma_kqp_create(qp, attr);  /* a kernel consumer's */
-	if (attr->qp_type != IB_QPT_RC || attr->create_flags)
-		return -EOPNOTSUPP;  /* RC QPs only: no UD/UC/XRC (nor GSI) yet */
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UD) || attr->create_flags)
+		return -EOPNOTSUPP;  /* RC and UD QPs: no UC/XRC yet, and the GSI QP is the kernel's */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
@@ -59,7 +59,7 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	cmd.send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
 	cmd.recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
 	cmd.srq = cpu_to_le32(attr->srq ? container_of(attr->srq, struct vrdma_srq, ibsrq)->handle : 0);
-	cmd.qp_type = VRDMA_QPT_RC;
+	cmd.qp_type = attr->qp_type;  /* the IB values (static_assert above) */
 	cmd.sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
 	cmd.sq_depth = cpu_to_le32(ucmd.sq_depth);
 	cmd.rq_depth = cpu_to_le32(ucmd.rq_depth);

@@ -151,7 +151,7 @@ int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 		w->imm_data = cqe->imm_data;
 		w->qp_num = cqe->qp_num;
 		w->src_qp = cqe->src_qp;
-		w->wc_flags = cqe->wc_flags & VRDMA_WC_WITH_IMM;
+		w->wc_flags = cqe->wc_flags & (VRDMA_WC_WITH_IMM | VRDMA_WC_GRH);  /* libibverbs' values */
 		w->vendor_err = cqe->status;
 		cq->cons++;
 	}

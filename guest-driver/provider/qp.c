@@ -94,7 +94,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	struct vrdma_qp *qp;
 	int ret;
 
-	if (attr->qp_type != IBV_QPT_RC) {
+	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -285,7 +285,9 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 			ret = ENOMEM;
 			break;
 		}
-		if (!opcode_ok(wr->opcode) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge) {
+		if (!opcode_ok(wr->opcode) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge ||
+		    (ibqp->qp_type == IBV_QPT_UD && (!wr->wr.ud.ah || (wr->opcode != IBV_WR_SEND &&
+								     wr->opcode != IBV_WR_SEND_WITH_IMM)))) {
 			ret = EINVAL;
 			break;
 		}
@@ -301,6 +303,11 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 			wqe->rkey = wr->wr.atomic.rkey;
 			wqe->compare_add = wr->wr.atomic.compare_add;
 			wqe->swap = wr->wr.atomic.swap;
+		} else if (ibqp->qp_type == IBV_QPT_UD) {
+			/* A datagram carries its destination (the device routes by it, and stamps the source itself). */
+			wqe->ud = container_of(wr->wr.ud.ah, struct vrdma_ah, ibv_ah)->av;
+			wqe->ud.remote_qpn = wr->wr.ud.remote_qpn;
+			wqe->ud.remote_qkey = wr->wr.ud.remote_qkey;
 		} else if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
 			wqe->remote_addr = wr->wr.rdma.remote_addr;
 			wqe->rkey = wr->wr.rdma.rkey;

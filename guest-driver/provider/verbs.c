@@ -130,9 +130,16 @@ struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 	struct vrdma_ah *ah;
 	int ret;
 
+	if (!attr->is_global)
+		return vrdma_abandon(NULL, NULL, EINVAL);  /* RoCE: every address has a GRH */
 	ah = calloc(1, sizeof(*ah));
 	if (!ah)
 		return vrdma_abandon(NULL, NULL, ENOMEM);
+	memcpy(ah->av.dgid, attr->grh.dgid.raw, sizeof(ah->av.dgid));
+	ah->av.sgid_index = attr->grh.sgid_index;
+	ah->av.hop_limit = attr->grh.hop_limit;
+	ah->av.traffic_class = attr->grh.traffic_class;
+	ah->av.flow_label = attr->grh.flow_label;
 	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
 	if (ret)
 		return vrdma_abandon(NULL, ah, ret);

@@ -88,6 +88,7 @@ struct vrdma_srq {
 
 struct vrdma_ah {
 	struct ibv_ah ibv_ah;
+	struct vrdma_ud_av av;    /* what a UD send to it carries in its WQE (remote QPN and Q_Key per send) */
 };
 
 /*

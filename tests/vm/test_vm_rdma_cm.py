@@ -1,6 +1,7 @@
-"""The RDMA connection manager between two guests over vrdma0: the MAD layer opens the port on the device's GSI QP,
-the IB CM's MADs travel as datagrams between the guests' QP1s, and librdmacm's own tools connect over the guests'
-IP addresses (route and address resolved from eth0, as for any RoCE device)."""
+"""The RDMA connection manager and datagrams between two guests over vrdma0: the MAD layer opens the port on the
+device's GSI QP, the IB CM's MADs travel as datagrams between the guests' QP1s, librdmacm's own tools connect over
+the guests' IP addresses (route and address resolved from eth0, as for any RoCE device), and user programs send
+datagrams on UD QPs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from vrdma.harness.daemon import vm_counters
 
 pytestmark = pytest.mark.vm
 
-RPING_PORT, CMATOSE_PORT, PERFTEST_PORT = 7174, 7471, 18515
+RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT = 7174, 7471, 7174, 18515
 
 
 def test_the_mad_layer_opens_the_port_on_qp1(two_guests: Cluster) -> None:
@@ -65,3 +66,29 @@ def test_perftest_connects_with_rdma_cm(two_guests: Cluster, tool: str) -> None:
     argv = [tool, "-R", "-d", "vrdma0", "-F"]
     _, client = verbs.client_server(vm0, vm1, argv, port=PERFTEST_PORT, rdma_cm=True)
     assert re.search(r"^\s*\d+\s+\d+\s+[\d.]+", client.stdout, re.MULTILINE), client.stdout
+
+
+def test_udaddy_resolves_and_exchanges_datagrams(two_guests: Cluster) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    server, client = verbs.client_server(vm0, vm1, ["udaddy"], port=UDADDY_PORT, rdma_cm=True,
+                                         client_argv=["udaddy", "-s", vm0.address])
+    assert "data transfers complete" in server.stdout and "return status 0" in client.stdout
+
+
+def test_ibv_ud_pingpong_checks_its_data(two_guests: Cluster) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    assert two_guests.backend is not None
+    gid = str(verbs.ipv4_gid_index(vm0, "vrdma0"))
+    errors = vm_counters(two_guests.backend, "vm0")["engine"]["error_cqes"]
+    # 1024 bytes: the path MTU of the guests' 1500-byte Ethernet link, which ibv_ud_pingpong holds a datagram to.
+    _, client = verbs.client_server(vm0, vm1, ["ibv_ud_pingpong", "-d", "vrdma0", "-g", gid, "-s", "1024", "-n",
+                                               "500", "-c"])
+    assert "500 iters in" in client.stdout, client.stdout
+    assert vm_counters(two_guests.backend, "vm0")["engine"]["error_cqes"] == errors
+
+
+@pytest.mark.parametrize("tool", ["ib_send_bw", "ib_send_lat"])
+def test_perftest_over_ud(two_guests: Cluster, tool: str) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    rows = verbs.perftest(vm0, vm1, tool, "vrdma0", verbs.ipv4_gid_index(vm0, "vrdma0"), extra=("-c", "UD"))
+    assert rows and rows[0]["#bytes"] <= 1024 and rows[0]["#iterations"] >= 1000, rows
