@@ -69,6 +69,7 @@
 #define VRDMA_CMD_CREATE_AH 21
 #define VRDMA_CMD_DESTROY_AH 22
 #define VRDMA_CMD_MODIFY_CQ 23
+#define VRDMA_CMD_QUERY_COUNTERS 24
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
@@ -314,6 +315,22 @@ struct vrdma_cmd_query_port {
 	struct vrdma_cmd_hdr hdr;
 	__u8 port;                /* 1: the device has one port */
 	__u8 reserved[7];
+};
+
+/* QUERY_COUNTERS (request: struct vrdma_cmd_query_port): the port's counters, kept by the device's data engine. */
+struct vrdma_resp_query_counters {
+	struct vrdma_resp_hdr hdr;
+	__le64 send_wqes;         /* send WQEs executed, successfully or not */
+	__le64 recv_wqes;         /* receive WQEs consumed */
+	__le64 cqes;
+	__le64 bytes;             /* payload moved into or out of this VM's memory */
+	__le64 error_cqes;
+	__le64 flushed;
+	__le64 rnr_waits;
+	__le64 cq_overflows;
+	__le64 qp_fatal;
+	__le64 events_dropped;
+	__le64 ud_dropped;        /* datagrams nobody took */
 };
 
 struct vrdma_resp_query_port {
@@ -650,6 +667,7 @@ VRDMA_ASSERT_SIZE(vrdma_cmd_query_device, 8);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_device, 120);
 VRDMA_ASSERT_SIZE(vrdma_cmd_query_port, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_port, 40);
+VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 96);
 VRDMA_ASSERT_SIZE(vrdma_event, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_add_gid, 32);
 VRDMA_ASSERT_SIZE(vrdma_cmd_del_gid, 16);

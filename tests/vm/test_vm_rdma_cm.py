@@ -44,6 +44,10 @@ def test_rping_verifies_1000_iterations(two_guests: Cluster) -> None:
     # completions are the receives flushed when the connection closed.
     assert after["send_wqes"] - before["send_wqes"] >= 2000
     assert after["error_cqes"] - before["error_cqes"] == after["flushed"] - before["flushed"]
+    # The guest sees the same counters as hw_counters of its port.
+    stats = vm1.run(["rdma", "statistic", "show", "link", "vrdma0/1"]).check("rdma statistic show").stdout
+    found = dict(re.findall(r"(\w+) (\d+)", stats.split("vrdma0/1", 1)[1]))
+    assert int(found["send_wqes"]) >= after["send_wqes"] - before["send_wqes"] and int(found["bytes"]) > 0, stats
 
 
 def test_ucmatose_connects_and_moves_data_on_four_connections(two_guests: Cluster) -> None:

@@ -73,11 +73,21 @@ PORT_SPEED_EDR = 32  # IB speed codes as the kernel's enum ib_port_speed: 25 Gb/
 PORT_WIDTH_4X = 2    # enum ib_port_width
 
 
-def _query_port(objs: DeviceObjects, request: Any, response: Any) -> None:
+def _port_request(request: Any, command: str) -> None:
     if request.port != 1:
         raise CommandFailed(Status.INVALID, f"port {request.port} does not exist (the device has port 1)")
     if any(request.reserved):
-        raise CommandFailed(Status.INVALID, "reserved bytes of QUERY_PORT are not zero")
+        raise CommandFailed(Status.INVALID, f"reserved bytes of {command} are not zero")
+
+
+def _query_counters(objs: DeviceObjects, request: Any, response: Any) -> None:
+    _port_request(request, "QUERY_COUNTERS")
+    for name, value in objs.engine_counters().items():
+        setattr(response, name, value)
+
+
+def _query_port(objs: DeviceObjects, request: Any, response: Any) -> None:
+    _port_request(request, "QUERY_PORT")
     response.state = abi.const("VRDMA_PORT_STATE_ACTIVE")
     response.max_mtu = 5       # IB_MTU_4096
     response.active_mtu = 3    # IB_MTU_1024, what a 1500-byte Ethernet link carries in RoCE
@@ -166,6 +176,7 @@ def _destroy(name: str, pick: Callable[[DeviceObjects], Callable[[int], None]]) 
 COMMANDS: dict[int, Command] = dict([
     _command("QUERY_DEVICE", "vrdma_cmd_query_device", "vrdma_resp_query_device", _query_device),
     _command("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port", _query_port),
+    _command("QUERY_COUNTERS", "vrdma_cmd_query_port", "vrdma_resp_query_counters", _query_counters),
     _command("ADD_GID", "vrdma_cmd_add_gid", "vrdma_resp_hdr", _add_gid),
     _command("DEL_GID", "vrdma_cmd_del_gid", "vrdma_resp_hdr", _del_gid),
     _command("ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext", _alloc_ucontext),

@@ -37,6 +37,7 @@ class CommandOpcode(IntEnum):
     CREATE_AH = 21
     DESTROY_AH = 22
     MODIFY_CQ = 23
+    QUERY_COUNTERS = 24
 
 
 class EventType(IntEnum):

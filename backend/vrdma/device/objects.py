@@ -37,6 +37,7 @@ class DeviceObjects:
                  set_alive: Callable[[int, bool], None], route: Callable[[bytes], int]) -> None:
         self.limits = limits
         self.identity = identity
+        self.seat = seat
         self.gids = GidTable(owner, limits.gid_table_len, seat)
         self.ucontexts = UserContexts(limits.doorbell_pages, set_alive)
         self.pds = ProtectionDomains(limits.max_pd, self.ucontexts)
@@ -46,6 +47,10 @@ class DeviceObjects:
                                         self.pds)
         self.qps = QueuePairs(owner, seat, limits, self.ucontexts, self.pds, self.cqs, self.srqs, self.gids, route)
         self.ahs = AddressHandles(limits.max_ah, self.pds, self.gids)
+
+    def engine_counters(self) -> dict[str, int]:
+        """The data engine's counters of this device (what QUERY_COUNTERS reports to the guest)."""
+        return self.seat.engine.counters(self.seat.index)
 
     def counts(self) -> dict[str, int]:
         return {"gid": len(self.gids), "ucontext": len(self.ucontexts), "pd": len(self.pds), "mr": len(self.mrs),

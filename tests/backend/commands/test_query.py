@@ -1,6 +1,8 @@
-"""QUERY_DEVICE and QUERY_PORT, and what the dispatcher refuses before any handler runs."""
+"""QUERY_DEVICE, QUERY_PORT and QUERY_COUNTERS, and what the dispatcher refuses before any handler runs."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from backend_process import BackendProcess
@@ -9,6 +11,7 @@ from command_helpers import Bystander, Vm, refused
 from vrdma.device import abi
 from vrdma.device.params import DEFAULT_LIMITS, query_fields
 from vrdma.device.status import Status
+from vrdma.engine.api import COUNTERS
 
 pytestmark = pytest.mark.backend
 
@@ -28,15 +31,33 @@ def test_query_port_reports_an_active_roce_port(vm0: Vm, bystander: Bystander) -
     assert port.gid_tbl_len == DEFAULT_LIMITS.gid_table_len and port.pkey_tbl_len == 1
 
 
+def test_query_counters_reports_the_engines_counters(vm0: Vm, bystander: Bystander,
+                                                    backend: BackendProcess) -> None:
+    # Every counter of the engine, by name, in the response struct (the guest's hw_counters follow it).
+    fields = [name for name, _ in abi.ffi.typeof("struct vrdma_resp_query_counters").fields]
+    assert fields == ["hdr", *COUNTERS]
+    _, cq, qp = vm0.verbs.loopback_qp(bytes.fromhex("00000000000000000000ffffa9fe6401"))
+    vm0.verbs.post_send(qp, abi.const("VRDMA_WR_SEND"), [], wr_id=1)  # no receive posted: RNR waits
+    deadline = time.monotonic() + 10
+    while not backend.counters("vm0")["engine"]["rnr_waits"]:
+        assert time.monotonic() < deadline, "the engine never ran the send"
+        time.sleep(0.001)  # the engine runs in the backend process
+    answer = vm0.call("QUERY_COUNTERS", "vrdma_cmd_query_port", "vrdma_resp_query_counters", port=1)
+    engine = backend.counters("vm0")["engine"]
+    assert answer.send_wqes >= 1 and answer.rnr_waits >= 1
+    assert all(getattr(answer, name) <= engine[name] for name in COUNTERS)  # counters only grow
+
+
+@pytest.mark.parametrize("command", ["QUERY_PORT", "QUERY_COUNTERS"])
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"port": 0}, Status.INVALID),
     ({"port": 2}, Status.INVALID),
     ({"port": 1, "reserved": [0, 0, 0, 0, 0, 0, 1]}, Status.INVALID),
 ])
-def test_query_port_of_no_port_is_refused(vm0: Vm, bystander: Bystander, fields: dict[str, object],
-                                          expected: Status) -> None:
-    assert refused(lambda: vm0.call("QUERY_PORT", "vrdma_cmd_query_port", "vrdma_resp_query_port",
-                                    **fields)) == expected
+def test_a_query_of_no_port_is_refused(vm0: Vm, bystander: Bystander, fields: dict[str, object],
+                                       expected: Status, command: str) -> None:
+    response = "vrdma_resp_query_port" if command == "QUERY_PORT" else "vrdma_resp_query_counters"
+    assert refused(lambda: vm0.call(command, "vrdma_cmd_query_port", response, **fields)) == expected
 
 
 def test_dispatcher_refusals_are_counted_and_answer_with_the_request_header(vm0: Vm, bystander: Bystander,
