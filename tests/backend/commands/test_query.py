@@ -36,7 +36,7 @@ def test_query_counters_reports_the_engines_counters(vm0: Vm, bystander: Bystand
     # Every counter of the engine, by name, in the response struct (the guest's hw_counters follow it).
     fields = [name for name, _ in abi.ffi.typeof("struct vrdma_resp_query_counters").fields]
     assert fields == ["hdr", *COUNTERS]
-    _, cq, qp = vm0.verbs.loopback_qp(bytes.fromhex("00000000000000000000ffffa9fe6401"))
+    _, _, qp = vm0.verbs.loopback_qp(bytes.fromhex("00000000000000000000ffffa9fe6401"))
     vm0.verbs.post_send(qp, abi.const("VRDMA_WR_SEND"), [], wr_id=1)  # no receive posted: RNR waits
     deadline = time.monotonic() + 10
     while not backend.counters("vm0")["engine"]["rnr_waits"]:
