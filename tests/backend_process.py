@@ -196,6 +196,18 @@ def two_vms(backend: BackendProcess, make_side: Callable[[Frontend, BackendProce
 PATTERN_SIZE = 16 << 10
 
 
+def wait_cqes(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> list[Any]:
+    """Exactly ``count`` completions from a CQ in simulated guest memory, polled until they arrived."""
+    found: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(found) < count:
+        found += verbs.poll_cq(cq)
+        assert time.monotonic() < deadline, f"{len(found)} of {count} completions arrived"
+        time.sleep(0.001)  # the engine runs in the backend process: poll what it wrote
+    assert len(found) == count, f"{len(found)} completions, expected {count}"
+    return found
+
+
 def pattern(size: int) -> bytes:
     block = hashlib.sha256(b"bystander").digest()
     return (block * (size // len(block) + 1))[:size]

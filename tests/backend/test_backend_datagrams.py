@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, two_vms
+from backend_process import BackendProcess, two_vms, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
@@ -65,16 +64,6 @@ def make_side(fe: Frontend, backend: BackendProcess, name: str) -> UdSide:
 def pair(backend: BackendProcess) -> Iterator[tuple[UdSide, UdSide]]:
     with two_vms(backend, make_side, GID, connect=False) as sides:
         yield sides
-
-
-def wait_cqes(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> list[Any]:
-    found: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(found) < count:
-        found += verbs.poll_cq(cq)
-        assert time.monotonic() < deadline, f"{len(found)} of {count} completions arrived"
-        time.sleep(0.001)  # the engine runs in the backend process: poll its output
-    return found
 
 
 def no_cqe(verbs: SimVerbs, cq: SimCq) -> None:

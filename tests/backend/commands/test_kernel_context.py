@@ -7,16 +7,13 @@ vrdma.testing.verbs in kernel mode; the bystander vm1 is checked after each test
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import pytest
-from backend_process import BackendProcess, pattern
+from backend_process import BackendProcess, pattern, wait_cqes
 from command_helpers import GID, Bystander, Vm, refused
 
 from vrdma.device import abi
 from vrdma.device.status import Status
-from vrdma.testing.verbs import SimCq, SimVerbs
+from vrdma.testing.verbs import SimVerbs
 
 pytestmark = pytest.mark.backend
 
@@ -30,16 +27,6 @@ def kernel_verbs(backend: BackendProcess, vm: Vm) -> SimVerbs:
     return SimVerbs(vm.fe, backend.directory / f"{vm.name}.doorbell", kernel=True)
 
 
-def completions(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> list[Any]:
-    found: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(found) < count:
-        found += verbs.poll_cq(cq)
-        assert time.monotonic() < deadline, f"{len(found)} of {count} completions arrived"
-        time.sleep(0.001)  # the engine runs in the backend process: poll its output
-    return found
-
-
 def test_kernel_queues_move_guest_ram_named_by_the_local_dma_lkey(backend: BackendProcess, vm0: Vm,
                                                                   bystander: Bystander) -> None:
     kernel = kernel_verbs(backend, vm0)
@@ -49,7 +36,7 @@ def test_kernel_queues_move_guest_ram_named_by_the_local_dma_lkey(backend: Backe
     kernel.memory.write(dst.gpa, b"\xa5" * SIZE)
     kernel.post_recv(qp, [(dst.gpa, SIZE, LOCAL_DMA_LKEY)], wr_id=2)
     kernel.post_send(qp, SEND, [(src.gpa, SIZE, LOCAL_DMA_LKEY)], wr_id=1)
-    cqes = completions(kernel, cq, 2)
+    cqes = wait_cqes(kernel, cq, 2)
     assert sorted((int(c.wr_id), int(c.status)) for c in cqes) == [(1, WC["SUCCESS"]), (2, WC["SUCCESS"])]
     assert kernel.memory.read(dst.gpa, SIZE) == pattern(SIZE)
     # The kernel's queues took their doorbell slots from page 1, not from the user context's page.
@@ -62,7 +49,7 @@ def test_a_user_queue_cannot_use_the_local_dma_lkey(backend: BackendProcess, vm0
     _, cq, qp = user.loopback_qp(GID["vm0"])
     buf = user.alloc(4096)
     user.post_send(qp, SEND, [(buf.gpa, 64, LOCAL_DMA_LKEY)], wr_id=7)
-    (cqe,) = completions(user, cq, 1)
+    (cqe,) = wait_cqes(user, cq, 1)
     assert (int(cqe.wr_id), int(cqe.status)) == (7, WC["LOC_PROT_ERR"])
     assert backend.counters("vm0")["engine"]["bytes"] == 0
 
@@ -76,7 +63,7 @@ def test_the_local_dma_lkey_reaches_only_guest_ram(backend: BackendProcess, vm0:
                     "wrapping 64 bits": ((1 << 64) - 64, 128)}[case]
     _, cq, qp = kernel.loopback_qp(GID["vm0"])
     kernel.post_send(qp, SEND, [(addr, length, LOCAL_DMA_LKEY)], wr_id=9)
-    (cqe,) = completions(kernel, cq, 1)
+    (cqe,) = wait_cqes(kernel, cq, 1)
     assert (int(cqe.wr_id), int(cqe.status)) == (9, WC["LOC_PROT_ERR"])
 
 

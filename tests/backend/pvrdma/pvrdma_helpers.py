@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
-from backend_process import BackendProcess, SimSide, query_device, start_side
+from backend_process import BackendProcess, SimSide, query_device, start_side, wait_cqes
 
 from vrdma.device import abi
 from vrdma.device.rings import CQE, RECV_WQE, SEND_WQE
@@ -128,17 +128,6 @@ def connected_qp(side: Side, peer: Side, peer_qp: SimQp, cq: SimCq | None = None
     qp = side.verbs.create_qp(side.pd, cq or side.cq, cq or side.cq, **kw)
     side.verbs.connect(qp, peer_qp.qpn, GID[peer.name])
     return qp
-
-
-def wait_cqes(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> list[Any]:
-    found: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(found) < count:
-        found += verbs.poll_cq(cq)
-        assert time.monotonic() < deadline, f"{len(found)} of {count} completions arrived"
-        time.sleep(0.001)  # the engine runs in the backend process: poll what it wrote
-    assert len(found) == count, f"{len(found)} completions, expected {count}"
-    return found
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
