@@ -31,11 +31,24 @@ def dwarf_layouts(module: Path, names: set[str]) -> dict[str, tuple[int, dict[st
                 name = die.attributes["DW_AT_name"].value.decode()
                 if name not in names or name in layouts or "DW_AT_byte_size" not in die.attributes:
                     continue
-                members = {child.attributes["DW_AT_name"].value.decode():
-                           child.attributes["DW_AT_data_member_location"].value
-                           for child in die.iter_children() if child.tag == "DW_TAG_member"}
-                layouts[name] = (die.attributes["DW_AT_byte_size"].value, members)
+                layouts[name] = (die.attributes["DW_AT_byte_size"].value, members_of(die))
     return layouts
+
+
+def members_of(die: Any, base: int = 0) -> dict[str, int]:
+    """{member: offset} of a struct or union DIE, with the members of an anonymous struct or union among them (as
+    cffi lists them: C11 makes their members the outer struct's)."""
+    members: dict[str, int] = {}
+    for child in die.iter_children():
+        if child.tag != "DW_TAG_member":
+            continue
+        location = child.attributes.get("DW_AT_data_member_location")
+        offset = base + (location.value if location is not None else 0)  # a union's members have none: 0
+        if "DW_AT_name" in child.attributes:
+            members[child.attributes["DW_AT_name"].value.decode()] = offset
+        else:
+            members.update(members_of(child.get_DIE_from_attribute("DW_AT_type"), offset))
+    return members
 
 
 def cffi_layout(header: abi.LoadedHeader, name: str) -> tuple[int, dict[str, int]]:

@@ -89,4 +89,4 @@ def test_backend_restart_under_traffic_fails_programs_and_brings_vrdma0_back(gue
     result = verbs.rc_pingpong(server, client, DEVICE, gid, iterations=1000, extra=("-c",))
     assert result.iterations == 1000
     counters = vm_counters(backend, "vm0")
-    assert counters["objects"]["qp"] == 0 and counters["objects"]["ucontext"] == 0
+    assert counters["objects"]["qp"] == verbs.MAD_OBJECTS["qp"] and counters["objects"]["ucontext"] == 0

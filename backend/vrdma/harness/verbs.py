@@ -44,6 +44,11 @@ def ipv4_gid_index(vm: Vm, device: str, port: int = 1) -> int:
     raise AgentError(f"{device} in {vm.name} has no RoCE v2 IPv4 GID; GID table:\n{listed}")
 
 
+# What the guest kernel's MAD layer holds on a registered vrdma0 for as long as the port is open: its PD, its CQ
+# and QP1 (the GSI QP). A guest with nothing else open has these objects in the backend, and only these.
+MAD_OBJECTS = {"pd": 1, "cq": 1, "qp": 1}
+
+
 def wait_listening(vm: Vm, port: int, timeout: float = 60.0, server_pid: int | None = None,
                    rdma_cm: bool = False) -> None:
     """Wait until a TCP port is listening in the guest (a server started in the background is ready), or with
