@@ -11,10 +11,11 @@ import ipaddress
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, two_vms, wait_cqes
+from backend_process import BackendProcess, pattern, two_vms, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
@@ -22,7 +23,8 @@ from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
 
 pytestmark = pytest.mark.backend
 
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
+GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last)
+       for name, last in (("vm0", "01"), ("vm1", "02"), ("vm2", "03"))}
 LINK_LOCAL = bytes.fromhex("fe800000000000005054" + "00fffe767200")
 QKEY = 0x11223344
 GSI_QKEY = abi.const("VRDMA_GSI_QKEY")
@@ -184,3 +186,55 @@ def test_gsi_datagrams_reach_qp1_with_the_senders_real_source(pair: tuple[UdSide
     header = b.kernel.memory.read(kbuf.gpa + 4096, GRH)
     assert got.status == WC["SUCCESS"] and got.src_qp == a.qp.qpn != 1
     assert header[20 + 12:20 + 16] == GID["vm0"][12:]
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[tuple[BackendProcess, UdSide, UdSide, UdSide]]:
+    """vm0 (the sender), vm1 (the receiver) and vm2 (a bystander) on one backend."""
+    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
+        yield (backend, make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1"),
+               make_side(fe2, backend, "vm2"))
+    assert backend.stop() == 0, backend.log_text()
+
+
+def test_malformed_and_unwanted_datagrams_touch_no_bystander(
+        trio: tuple[BackendProcess, UdSide, UdSide, UdSide]) -> None:
+    """vm0 sends everything a broken or hostile guest could: datagrams nobody takes (a flood with no receives
+    posted, unknown QPNs and GIDs, wrong Q_Keys, QP1 with a user Q_Key), then sends that are its own errors (a
+    source GID it does not have, an oversize payload, an RDMA WRITE on a UD QP). vm1 takes nothing it did not
+    accept; vm2, served by the same backend, sees nothing at all: no completion, its memory and counters as they
+    were."""
+    backend, a, b, c = trio
+    c.verbs.memory.write(c.mr.addr, pattern(4096))
+    post_recv(c)
+    c.kernel.post_recv(c.gsi, [(c.kernel.alloc(4096).gpa, 4096, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=3)
+    bystander = backend.counters("vm2")
+    for _ in range(64):  # a flood at vm1, which posted no receive
+        send(a, GID["vm1"], b.qp.qpn, b"flood")
+    for dgid, qpn, qkey in ((GID["vm1"], b.qp.qpn ^ 0x100000, QKEY), (bytes(16), b.qp.qpn, QKEY),
+                            (GID["vm1"], b.qp.qpn, QKEY + 1), (GID["vm1"], 1, QKEY)):
+        assert send(a, dgid, qpn, b"unwanted", qkey=qkey).status == WC["SUCCESS"]
+    assert b.verbs.poll_cq(b.cq) == [] and b.kernel.poll_cq(b.kcq) == []
+    assert send(a, GID["vm1"], b.qp.qpn, b"x", sgid_index=7).status == WC["LOC_QP_OP_ERR"]
+    # Once in error, every further send of vm0's QP is flushed: nothing leaves it.
+    a.verbs.post_send(a.qp, abi.const("VRDMA_WR_RDMA_WRITE"), [(a.mr.addr, 8, a.mr.lkey)], wr_id=9)
+    (flushed,) = wait_cqes(a.verbs, a.cq, 1)
+    assert flushed.status == abi.const("VRDMA_WC_WR_FLUSH_ERR")
+    # vm2 saw nothing, and its memory is as it was.
+    assert c.verbs.poll_cq(c.cq) == [] and c.kernel.poll_cq(c.kcq) == []
+    assert c.verbs.memory.read(c.mr.addr, 4096) == pattern(4096)
+    after = backend.counters("vm2")
+    assert after["engine"] == bystander["engine"] and after["objects"] == bystander["objects"]
+    assert dropped(backend, "vm1") == 64 + 3  # the flood, and the three that found vm1 but not a taker
+
+
+def test_a_write_on_a_ud_qp_is_the_senders_error(pair: tuple[UdSide, UdSide]) -> None:
+    a, b = pair
+    post_recv(b)
+    a.verbs.post_send(a.qp, abi.const("VRDMA_WR_RDMA_WRITE"), [(a.mr.addr, 8, a.mr.lkey)], wr_id=9,
+                      remote_addr=b.mr.addr, rkey=b.mr.rkey)
+    (sent,) = wait_cqes(a.verbs, a.cq, 1)
+    assert sent.status == WC["LOC_QP_OP_ERR"]
+    no_cqe(b.verbs, b.cq)
+    assert b.verbs.memory.read(b.mr.addr, 8) == bytes(8)
