@@ -16,9 +16,8 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from vrdma.device import abi
+from vrdma.device.ucontext import FIRST_USER_PAGE
 from vrdma.engine.api import EngineLimits
-
-FIRST_USER_PAGE = abi.const("VRDMA_FIRST_USER_DOORBELL_PAGE")  # pages before it: the header and the kernel's
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vrdma.device.status import CommandFailed, Status
 from vrdma.device.table import ObjectTable
 from vrdma.device.ucontext import UserContexts
 
@@ -33,13 +32,6 @@ class ProtectionDomains(ObjectTable[Pd]):
         ctx = self.ucontexts.pool.get(pd.ucontext)
         if ctx is not None:
             ctx.pds.discard(handle)
-
-    def in_context(self, handle: int, ucontext: int) -> Pd:
-        """PD ``handle``, which a queue of context ``ucontext`` may use only if it is that context's."""
-        pd = self.get(handle)
-        if pd.ucontext != ucontext:
-            raise CommandFailed(Status.INVALID, f"PD {handle:#x} belongs to another context")
-        return pd
 
     def release(self, handle: int) -> None:
         """An object of PD ``handle`` went."""

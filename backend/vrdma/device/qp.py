@@ -90,14 +90,9 @@ class QueuePairs(EngineObjectTable[Qp]):
             raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {qp_type} (the device has RC, UD and GSI QPs)")
         if qp_type == QpType.GSI and (ctx is not self.ucontexts.kernel or self.gsi_taken()):
             raise CommandFailed(Status.INVALID, "the GSI QP is the kernel's, and the device has one")
-        cqs = [self.cqs.pool.get(int(req.send_cq)), self.cqs.pool.get(int(req.recv_cq))]
-        if None in cqs or any(cq.ucontext != int(req.ucontext) for cq in cqs if cq):
-            raise CommandFailed(Status.INVALID, "the QP's CQs do not exist in its context")
-        send_cq, recv_cq = cqs
-        assert send_cq is not None and recv_cq is not None
-        srq = self.srqs.get(int(req.srq)) if req.srq else None
-        if srq is not None and srq.ucontext != int(req.ucontext):
-            raise CommandFailed(Status.INVALID, "the QP's SRQ is of another context")
+        send_cq = self.cqs.in_context(int(req.send_cq), int(req.ucontext))
+        recv_cq = self.cqs.in_context(int(req.recv_cq), int(req.ucontext))
+        srq = self.srqs.in_context(int(req.srq), int(req.ucontext)) if req.srq else None
         limits = self.limits
         sq_depth, rq_depth = int(req.sq_depth), int(req.rq_depth)
         sq_stride, rq_stride = int(req.sq_stride), int(req.rq_stride)

@@ -30,6 +30,14 @@ class ObjectTable(Generic[T]):
             raise CommandFailed(Status.INVALID, f"no {self.what} {handle:#x}")
         return obj
 
+    def in_context(self, handle: int, ucontext: int) -> T:
+        """Object ``handle``, which a queue of context ``ucontext`` may use only if it is that context's (its
+        ``ucontext`` field: PDs, CQs, SRQs)."""
+        obj = self.get(handle)
+        if getattr(obj, "ucontext") != ucontext:  # noqa: B009 - any kind that belongs to a context
+            raise CommandFailed(Status.INVALID, f"{self.what} {handle:#x} belongs to another context")
+        return obj
+
     def check_room(self, plural: str | None = None) -> None:
         if self.pool.full():
             raise CommandFailed(Status.NO_RESOURCES, f"all {self.pool.limit} {plural or self.what + 's'} in use")

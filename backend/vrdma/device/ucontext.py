@@ -20,7 +20,7 @@ DB_SLOTS = abi.const("VRDMA_DB_SLOTS")
 DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
 KERNEL = 0  # the context handle of the guest kernel's own objects
 KERNEL_PAGE = abi.const("VRDMA_KERNEL_DOORBELL_PAGE")
-FIRST_USER_PAGE = abi.const("VRDMA_FIRST_USER_DOORBELL_PAGE")
+FIRST_USER_PAGE = abi.const("VRDMA_FIRST_USER_DOORBELL_PAGE")  # the pages before it: the header and the kernel's
 
 
 @dataclass
@@ -48,8 +48,7 @@ class UserContexts(ObjectTable[UserContext]):
         super().__init__("ucontext", "user context", doorbell_pages - FIRST_USER_PAGE)
         self.doorbell_pages = doorbell_pages
         self.set_alive = set_alive
-        self.kernel = UserContext(KERNEL_PAGE)
-        set_alive(KERNEL_PAGE, True)
+        self.kernel = self._new_kernel_context()
 
     def for_queue(self, handle: int, what: str) -> UserContext:
         """The context a queue is created in: a user context, or the kernel's (handle 0)."""
@@ -86,8 +85,11 @@ class UserContexts(ObjectTable[UserContext]):
     def clear(self) -> None:
         """Forget every user context; the kernel's starts afresh (the device zeroed its page)."""
         super().clear()
-        self.kernel = UserContext(KERNEL_PAGE)
+        self.kernel = self._new_kernel_context()
+
+    def _new_kernel_context(self) -> UserContext:
         self.set_alive(KERNEL_PAGE, True)
+        return UserContext(KERNEL_PAGE)
 
     def doorbell_pages_held(self) -> list[int]:
         return sorted(ctx.doorbell_page for ctx in self.pool.objects.values())

@@ -10,20 +10,6 @@
 
 #include "vre.h"
 
-/* Host address of one whole guest page, or NULL when the page is not entirely inside one RAM region. */
-static uint8_t *gpa_page(struct vre_device *d, uint64_t gpa)
-{
-	if (gpa & (PAGE_SIZE - 1))
-		return NULL;
-	for (uint32_t i = 0; i < d->nregions; i++) {
-		const struct vre_region *r = &d->regions[i];
-
-		if (gpa >= r->gpa && r->size >= PAGE_SIZE && gpa - r->gpa <= r->size - PAGE_SIZE)
-			return (uint8_t *)(uintptr_t)(r->hva + (gpa - r->gpa));
-	}
-	return NULL;
-}
-
 /*
  * Host address of the guest-physical range [gpa, gpa + len), or NULL unless the range lies inside one RAM region
  * (a region is mapped here in one piece, so the range is too). What the local DMA lkey reaches: the guest's RAM and
@@ -38,6 +24,12 @@ VRE_FN uint8_t *gpa_range(struct vre_device *d, uint64_t gpa, uint64_t len)
 			return (uint8_t *)(uintptr_t)(r->hva + (gpa - r->gpa));
 	}
 	return NULL;
+}
+
+/* Host address of one whole guest page, or NULL when the page is not entirely inside one RAM region. */
+static uint8_t *gpa_page(struct vre_device *d, uint64_t gpa)
+{
+	return gpa & (PAGE_SIZE - 1) ? NULL : gpa_range(d, gpa, PAGE_SIZE);
 }
 
 static void mem_free(struct vre_mem *m)
