@@ -210,6 +210,14 @@ int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init, struct i
 int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
 void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event);
 
+/* How a QP's rings are laid out in its buffer: the provider's choice for a user QP, the driver's for a kernel one. */
+struct vrdma_qp_layout {
+	u32 sq_depth, sq_stride, sq_offset, max_send_sge;
+	u32 rq_depth, rq_stride, rq_offset, max_recv_sge;
+};
+void vrdma_create_qp_cmd(struct vrdma_cmd_create_qp *cmd, struct ib_qp *ibqp, const struct ib_qp_init_attr *attr,
+			 u32 ucontext, const struct vrdma_qp_layout *layout);
+
 /* the kernel's own data path (vrdma_kqueue.c): kernel CQs and QPs, posted and polled with no command */
 int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr);
 int vrdma_kcq_destroy(struct vrdma_cq *cq);

@@ -186,9 +186,8 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 {
 	struct ib_qp *ibqp = &qp->ibqp;
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
-	struct vrdma_pd *pd = container_of(ibqp->pd, struct vrdma_pd, ibpd);
 	u32 max_sge = le32_to_cpu(dev->attr.max_sge), max_wr = le32_to_cpu(dev->attr.max_qp_wr);
-	struct vrdma_cmd_create_qp cmd = {};
+	struct vrdma_cmd_create_qp cmd;
 	struct vrdma_resp_create_qp resp;
 	struct ib_qp_cap *cap = &attr->cap;
 	struct vrdma_pbl pbl;
@@ -213,22 +212,11 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	ret = vrdma_kbuf_alloc(&qp->kbuf, size, &pbl);
 	if (ret)
 		return ret;
-	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_QP);
-	cmd.ucontext = 0;  /* the kernel's */
-	cmd.pd = cpu_to_le32(pd->handle);
-	cmd.send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
-	cmd.recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
-	cmd.qp_type = attr->qp_type;  /* the IB values (static_assert in vrdma_qp.c) */
-	cmd.sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
-	cmd.sq_depth = cpu_to_le32(qp->sq.depth);
-	cmd.rq_depth = cpu_to_le32(qp->rq.depth);
-	cmd.sq_stride = cpu_to_le32(qp->sq.stride);
-	cmd.rq_stride = cpu_to_le32(qp->rq.stride);
-	cmd.sq_offset = cpu_to_le32(qp->sq.offset);
-	cmd.rq_offset = cpu_to_le32(qp->rq.offset);
-	cmd.max_send_sge = cpu_to_le32(qp->sq.max_sge);
-	cmd.max_recv_sge = cpu_to_le32(qp->rq.max_sge);
-	cmd.max_inline_data = cpu_to_le32(cap->max_inline_data);
+	vrdma_create_qp_cmd(&cmd, ibqp, attr, 0 /* the kernel's */, &(struct vrdma_qp_layout){
+		.sq_depth = qp->sq.depth, .sq_stride = qp->sq.stride, .sq_offset = qp->sq.offset,
+		.max_send_sge = qp->sq.max_sge,
+		.rq_depth = qp->rq.depth, .rq_stride = qp->rq.stride, .rq_offset = qp->rq.offset,
+		.max_recv_sge = qp->rq.max_sge });
 	cmd.ring = pbl.desc;
 	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
 	vrdma_pbl_free(&pbl);

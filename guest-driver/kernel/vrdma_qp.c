@@ -17,12 +17,36 @@ static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC && IB_QPT
 	      IB_QPT_GSI == VRDMA_QPT_GSI, "QP states and types are the IB values");
 static_assert(IB_QP_DEST_QPN == VRDMA_QP_DEST_QPN && IB_QP_CAP == VRDMA_QP_CAP, "modify masks are the IB values");
 
+/* The CREATE_QP command of a QP of context @ucontext (0: the kernel's), its rings as @layout says (the ring's
+ * page list is the caller's to add). */
+void vrdma_create_qp_cmd(struct vrdma_cmd_create_qp *cmd, struct ib_qp *ibqp, const struct ib_qp_init_attr *attr,
+			 u32 ucontext, const struct vrdma_qp_layout *layout)
+{
+	memset(cmd, 0, sizeof(*cmd));
+	cmd->hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_QP);
+	cmd->ucontext = cpu_to_le32(ucontext);
+	cmd->pd = cpu_to_le32(container_of(ibqp->pd, struct vrdma_pd, ibpd)->handle);
+	cmd->send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
+	cmd->recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
+	cmd->srq = cpu_to_le32(attr->srq ? container_of(attr->srq, struct vrdma_srq, ibsrq)->handle : 0);
+	cmd->qp_type = attr->qp_type;  /* the IB values (static_assert above) */
+	cmd->sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
+	cmd->sq_depth = cpu_to_le32(layout->sq_depth);
+	cmd->rq_depth = cpu_to_le32(layout->rq_depth);
+	cmd->sq_stride = cpu_to_le32(layout->sq_stride);
+	cmd->rq_stride = cpu_to_le32(layout->rq_stride);
+	cmd->sq_offset = cpu_to_le32(layout->sq_offset);
+	cmd->rq_offset = cpu_to_le32(layout->rq_offset);
+	cmd->max_send_sge = cpu_to_le32(layout->max_send_sge);
+	cmd->max_recv_sge = cpu_to_le32(layout->max_recv_sge);
+	cmd->max_inline_data = cpu_to_le32(attr->cap.max_inline_data);
+}
+
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
-	struct vrdma_pd *pd = container_of(ibqp->pd, struct vrdma_pd, ibpd);
-	struct vrdma_cmd_create_qp cmd = {};
+	struct vrdma_cmd_create_qp cmd;
 	struct vrdma_resp_create_qp resp;
 	struct vrdma_create_qp_resp uresp = {};
 	struct vrdma_create_qp_cmd ucmd;
@@ -53,23 +77,11 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	ret = vrdma_pin(dev, ucmd.buf_addr, ucmd.buf_size, IB_ACCESS_LOCAL_WRITE, &qp->umem, &pbl);
 	if (ret)
 		return ret;
-	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_QP);
-	cmd.ucontext = cpu_to_le32(vrdma_ucontext_handle(udata));
-	cmd.pd = cpu_to_le32(pd->handle);
-	cmd.send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
-	cmd.recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
-	cmd.srq = cpu_to_le32(attr->srq ? container_of(attr->srq, struct vrdma_srq, ibsrq)->handle : 0);
-	cmd.qp_type = attr->qp_type;  /* the IB values (static_assert above) */
-	cmd.sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
-	cmd.sq_depth = cpu_to_le32(ucmd.sq_depth);
-	cmd.rq_depth = cpu_to_le32(ucmd.rq_depth);
-	cmd.sq_stride = cpu_to_le32(ucmd.sq_stride);
-	cmd.rq_stride = cpu_to_le32(ucmd.rq_stride);
-	cmd.sq_offset = cpu_to_le32(ucmd.sq_offset);
-	cmd.rq_offset = cpu_to_le32(ucmd.rq_offset);
-	cmd.max_send_sge = cpu_to_le32(cap->max_send_sge);
-	cmd.max_recv_sge = cpu_to_le32(attr->srq ? 0 : cap->max_recv_sge);
-	cmd.max_inline_data = cpu_to_le32(cap->max_inline_data);
+	vrdma_create_qp_cmd(&cmd, ibqp, attr, vrdma_ucontext_handle(udata), &(struct vrdma_qp_layout){
+		.sq_depth = ucmd.sq_depth, .sq_stride = ucmd.sq_stride, .sq_offset = ucmd.sq_offset,
+		.max_send_sge = cap->max_send_sge,
+		.rq_depth = ucmd.rq_depth, .rq_stride = ucmd.rq_stride, .rq_offset = ucmd.rq_offset,
+		.max_recv_sge = attr->srq ? 0 : cap->max_recv_sge });
 	cmd.ring = pbl.desc;
 	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(end, PAGE_SIZE));
 	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, qp->umem);
