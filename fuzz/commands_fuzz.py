@@ -56,7 +56,7 @@ MAX_COMMANDS = 32
 STATUSES = {abi.const(f"VRDMA_STATUS_{name}") for name in ("OK", "NOT_SUPPORTED", "INVALID", "BAD_LENGTH",
                                                           "NO_RESOURCES", "BUSY")}
 HANDLE_FIELDS = {"handle", "pd", "ucontext", "send_cq", "recv_cq", "srq", "dest_qp_num"}
-RETURNED_FIELDS = ("handle", "lkey", "rkey", "qpn", "doorbell_page", "db_slot")
+RETURNED_FIELDS = ("handle", "lkey", "rkey", "qpn", "doorbell_page", "db_index")
 MEMORY_TABLE = 15
 
 # Only the device's behaviour matters here, not its log lines (which would cost more than the commands).

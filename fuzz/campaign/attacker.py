@@ -286,7 +286,7 @@ class Attacker(CommandAttacks, MessageAttacks):
             doorbell = rng.getrandbits(32) if garbage else qp.sq.prod & 0xFFFFFFFF
             if garbage:
                 garbage_qps.append(qp)
-            s.verbs.ring(qp.sq.db_slot, doorbell)
+            s.verbs.ring(qp.sq.db, doorbell)
             self.counts.wqes += count
             posted.append({"qp": s.qps.index((qp, peer)), "wqes": [w.hex() for w in wqes], "doorbell": doorbell})
         self.record.append({"work requests": posted})

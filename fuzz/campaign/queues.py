@@ -35,9 +35,9 @@ def reconnect(fe: CampaignFrontend, verbs: SimVerbs, qps: list[tuple[SimQp, Peer
     for qp, peer in qps:
         # Doorbells to 0 first: the QP starts counting from 0 after RESET, and a stale (or garbage) producer index
         # would run old WQEs again (or break it once more) the moment it reaches RTS.
-        verbs.ring(qp.sq.db_slot, 0)
-        if qp.rq.db_slot:
-            verbs.ring(qp.rq.db_slot, 0)
+        verbs.ring(qp.sq.db, 0)
+        if qp.rq.db:
+            verbs.ring(qp.rq.db, 0)
         qp.sq.prod = qp.rq.prod = 0
         batch += connect_script(qp, peer, 0)
     ok = True
@@ -70,6 +70,6 @@ def post_receives(verbs: SimVerbs, ring: SimRing, count: int, sges: list[tuple[i
     """Write ``count`` receive WQEs (each wr_id its index) and ring the doorbell once."""
     for _ in range(count):
         verbs.put_wqe(ring, recv_wqe_bytes(sges, ring.prod))
-    verbs.ring(ring.db_slot, ring.prod)
+    verbs.ring(ring.db, ring.prod)
 
 

@@ -181,12 +181,12 @@ static void post(struct in *in, uint32_t dev, bool send)
 	for (uint32_t k = 0; k < count; k++)
 		(send ? put_send_wqe : put_recv_wqe)(in, vm, qp);
 	if (send) {
-		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.sq_db_slot, ring & 1 ? u32(in) : qp->sq_prod);
+		ring_doorbell(vm, qp->cfg.sq_db, ring & 1 ? u32(in) : qp->sq_prod);
 	} else if (qp->cfg.srq != VRE_NO_SRQ) {
 		srq = &vm->srqs[qp->cfg.srq];
-		ring_doorbell(vm, srq->db_page, srq->db_slot, ring & 1 ? u32(in) : srq->prod);
+		ring_doorbell(vm, srq->db, ring & 1 ? u32(in) : srq->prod);
 	} else {
-		ring_doorbell(vm, qp->cfg.db_page, qp->cfg.rq_db_slot, ring & 1 ? u32(in) : qp->rq_prod);
+		ring_doorbell(vm, qp->cfg.rq_db, ring & 1 ? u32(in) : qp->rq_prod);
 	}
 }
 
@@ -224,7 +224,7 @@ static void op_cq_consume(struct in *in, struct vre_engine *e, uint32_t dev)
 		memcpy(cons, &value, 4);
 	if (flags & 2) {
 		cq->arm_seq++;
-		ring_doorbell(vm, cq->db_page, cq->db_slot, cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT | (u8(in) & 3));
+		ring_doorbell(vm, cq->db, cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT | (u8(in) & 3));
 	}
 	if (flags & 4)
 		moderate(in, e, dev, u8(in) % (vm->lim.max_cq + 1));
@@ -259,7 +259,7 @@ static void op_doorbell(struct in *in, struct vre_engine *e, uint32_t dev)
 	uint32_t page = u8(in), slot = u16(in) % 1024, value = u32(in);
 
 	(void)e;
-	ring_doorbell(vm, vm->lim.doorbell_pages ? page % vm->lim.doorbell_pages : 0, slot, value);
+	ring_doorbell(vm, (vm->lim.doorbell_pages ? page % vm->lim.doorbell_pages : 0) * VRDMA_DB_SLOTS + slot, value);
 }
 
 static void take_events(struct vre_engine *e, uint32_t max)

@@ -94,14 +94,14 @@ struct mr_rec {
 struct cq_rec {
 	bool live;
 	uint32_t refs;
-	uint32_t entries, db_page, db_slot, arm_seq;
+	uint32_t entries, db, arm_seq;
 	struct ring_rec ring;
 };
 
 struct srq_rec {
 	bool live;
 	uint32_t refs;
-	uint32_t depth, stride, db_page, db_slot, prod;
+	uint32_t depth, stride, db, prod;
 	struct ring_rec ring;
 };
 
@@ -143,7 +143,8 @@ void forget_objects(struct vm *vm);
 void read_pages(struct in *in, struct vm *vm, uint64_t want, struct vre_pages_desc *desc, struct ring_rec *rec);
 void ring_write(struct vm *vm, const struct ring_rec *rec, uint64_t off, const void *data, uint64_t len);
 uint8_t *ring_word(struct vm *vm, const struct ring_rec *rec, uint64_t off);
-void ring_doorbell(struct vm *vm, uint32_t page, uint32_t slot, uint32_t value);
+void ring_doorbell(struct vm *vm, uint32_t index, uint32_t value);
+uint32_t draw_db(struct in *in, struct vm *vm, bool raw);
 uint64_t pages_for(uint64_t bytes);
 uint32_t key_for(struct in *in, uint32_t slot, uint32_t table, bool raw);
 void op_mr_create(struct in *in, struct vre_engine *e, uint32_t dev);

@@ -63,15 +63,13 @@ void op_cq_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	int ret;
 
 	c.entries = flags & 1 ? u32(in) : 1u << (u8(in) % 13);
-	c.db_page = flags & 2 ? u32(in) : 1 + u8(in) % (vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1);
-	c.db_slot = flags & 4 ? u32(in) : u16(in) % 1024;
+	c.db = draw_db(in, vm, flags & 2);
 	read_pages(in, vm, pages_for(PAGE + (uint64_t)c.entries * sizeof(struct vrdma_cqe)), &c.ring, &rec);
 	ret = vre_cq_create(e, dev, slot, &c);
 	CHECK(ret <= 0);
 	if (ret == 0) {
 		CHECK(slot < MAX_SLOTS && !vm->cqs[slot].live);
-		vm->cqs[slot] = (struct cq_rec){ .live = true, .entries = c.entries, .db_page = c.db_page,
-						 .db_slot = c.db_slot, .ring = rec };
+		vm->cqs[slot] = (struct cq_rec){ .live = true, .entries = c.entries, .db = c.db, .ring = rec };
 	}
 	if (flags & 8)
 		moderate(in, e, dev, slot);
@@ -104,15 +102,14 @@ void op_srq_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.stride = flags & 2 ? u32(in) : 1u << (5 + u8(in) % 8);
 	c.max_sge = u8(in) % (vm->lim.max_sge + 2);
 	c.limit = u8(in) % (c.depth ? c.depth : 1);
-	c.db_page = flags & 4 ? u32(in) : 1 + u8(in) % (vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1);
-	c.db_slot = flags & 8 ? u32(in) : u16(in) % 1024;
+	c.db = draw_db(in, vm, flags & 4);
 	read_pages(in, vm, pages_for(PAGE + (uint64_t)c.depth * c.stride), &c.ring, &rec);
 	ret = vre_srq_create(e, dev, slot, &c);
 	CHECK(ret <= 0);
 	if (ret == 0) {
 		CHECK(slot < MAX_SLOTS && !vm->srqs[slot].live);
 		vm->srqs[slot] = (struct srq_rec){ .live = true, .depth = c.depth, .stride = c.stride,
-						   .db_page = c.db_page, .db_slot = c.db_slot, .ring = rec };
+						   .db = c.db, .ring = rec };
 	}
 }
 
@@ -170,9 +167,10 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.sq_offset = flags & 32 ? u32(in) : PAGE;
 	c.rq_offset = c.srq != VRE_NO_SRQ ? 0 : flags & 64 ? u32(in) :
 		      (uint32_t)(c.sq_offset + pages_for((uint64_t)c.sq_depth * c.sq_stride) * PAGE);
-	c.db_page = flags & 128 ? u32(in) : 1 + u8(in) % (vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1);
-	c.sq_db_slot = flags & 256 ? u32(in) : u16(in) % 1024;
-	c.rq_db_slot = flags & 512 ? u32(in) : u16(in) % 1024;
+	c.sq_db = draw_db(in, vm, flags & 128);
+	/* Mostly in the send queue's page (as the device hands them out), sometimes anywhere. */
+	c.rq_db = flags & 512 ? draw_db(in, vm, flags & 256) :
+		  c.sq_db - VRDMA_DB_SLOT(c.sq_db) + u16(in) % VRDMA_DB_SLOTS;
 	c.flags = (flags & 0x800 ? VRE_QP_KERNEL : 0) | (flags & 0x1000 ? VRE_QP_UD : 0) |
 		  (flags & 0x2000 ? VRE_QP_GSI : 0);
 	if ((flags & 0x3000) == 0x3000 && !(flags & 1))

@@ -275,16 +275,27 @@ uint8_t *ring_word(struct vm *vm, const struct ring_rec *rec, uint64_t off)
 	return page < rec->npages ? host(vm, rec->gpa[page] + off % PAGE, 4) : NULL;
 }
 
-static volatile uint32_t *doorbell(struct vm *vm, uint32_t page, uint32_t slot)
+static volatile uint32_t *doorbell(struct vm *vm, uint32_t index)
 {
-	if (page >= vm->lim.doorbell_pages || slot >= VRDMA_DOORBELL_PAGE_SIZE / 4)
+	if (VRDMA_DB_PAGE(index) >= vm->lim.doorbell_pages)
 		return NULL;
-	return (volatile uint32_t *)(vm->doorbells + (size_t)page * VRDMA_DOORBELL_PAGE_SIZE) + slot;
+	return (volatile uint32_t *)vm->doorbells + index;
 }
 
-void ring_doorbell(struct vm *vm, uint32_t page, uint32_t slot, uint32_t value)
+/* A doorbell index as the fuzzer draws it: a page of the region (or any value) and a slot. */
+uint32_t draw_db(struct in *in, struct vm *vm, bool raw)
 {
-	volatile uint32_t *db = doorbell(vm, page, slot);
+	uint32_t page;
+
+	if (raw)
+		return u32(in);
+	page = 1 + u8(in) % (vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1);
+	return page * VRDMA_DB_SLOTS + u16(in) % VRDMA_DB_SLOTS;
+}
+
+void ring_doorbell(struct vm *vm, uint32_t index, uint32_t value)
+{
+	volatile uint32_t *db = doorbell(vm, index);
 
 	if (db)
 		__atomic_store_n(db, value, __ATOMIC_RELEASE);

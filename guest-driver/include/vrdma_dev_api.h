@@ -19,7 +19,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 3
+#define VRDMA_ABI_VERSION 4
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */
@@ -29,8 +29,10 @@
 #define VRDMA_NUM_QUEUES 3
 
 /*
- * Doorbell region (ivshmem-plain BAR2): page 0 is the header, page 1 the kernel's (the queues of context 0, the
- * guest kernel's own consumers; mapped into the kernel only), then one page per user context.
+ * Doorbell region (ivshmem-plain BAR2): page 0 is the header, page 1 the first of the kernel's (the queues of
+ * context 0, the guest kernel's own consumers; mapped into the kernel only), then the user contexts' pages. Every
+ * context starts with one page and is given more as its queues fill them; a page stays with its context until the
+ * context goes (so no process ever maps a page that another context's queues use).
  */
 #define VRDMA_DOORBELL_MAGIC 0x4c4c4542524f4456
 #define VRDMA_DOORBELL_PAGE_SIZE 4096
@@ -200,6 +202,12 @@
 #define VRDMA_DB_SLOTS 1024
 #define VRDMA_DB_SLOT_PARKED 0
 /*
+ * The device names a queue's slot by its doorbell index: page * VRDMA_DB_SLOTS + slot, the slot's 32-bit word
+ * in the region.
+ */
+#define VRDMA_DB_PAGE(index) ((index) / VRDMA_DB_SLOTS)
+#define VRDMA_DB_SLOT(index) ((index) % VRDMA_DB_SLOTS)
+/*
  * The last slot is the device's too: nonzero (VRDMA_DB_ALIVE) from the moment the context is allocated until the
  * device forgets it. The device clears it when the context goes, when the device is reset and when a restarted
  * backend finds the region; the kernel's disassociation of a dead device maps a zero page in its place. A provider
@@ -232,7 +240,7 @@ struct vrdma_config {
 	__le32 doorbell_page_size;
 	__le64 pairing_id;        /* also in the doorbell region header: pairs this device with its ivshmem device */
 	__le32 doorbell_pages;    /* pages in the doorbell region, header page included */
-	__le32 max_ucontext;      /* = doorbell_pages - 2 (VRDMA_FIRST_USER_DOORBELL_PAGE) */
+	__le32 max_ucontext;      /* at most doorbell_pages - 2 (VRDMA_FIRST_USER_DOORBELL_PAGE): a page each */
 	__u8 mac[6];              /* MAC of the paired virtio-net netdev */
 	__u8 reserved0[2];
 	__le32 max_qp;
@@ -362,7 +370,7 @@ struct vrdma_cmd_del_gid {
 	__le32 reserved;
 };
 
-/* A user context: the device gives it its own doorbell page. */
+/* A user context: the device gives it its own doorbell page (and more as its queues need them). */
 struct vrdma_cmd_alloc_ucontext {
 	struct vrdma_cmd_hdr hdr;
 };
@@ -370,7 +378,7 @@ struct vrdma_cmd_alloc_ucontext {
 struct vrdma_resp_alloc_ucontext {
 	struct vrdma_resp_hdr hdr;
 	__le32 handle;
-	__le32 doorbell_page;     /* page index in the doorbell region: 2 .. doorbell_pages - 1 */
+	__le32 doorbell_page;     /* its first page in the doorbell region: 2 .. doorbell_pages - 1 */
 };
 
 /* Deallocation of any object by handle (ucontext, PD, ...). */
@@ -427,7 +435,7 @@ struct vrdma_cmd_create_cq {
 struct vrdma_resp_create_cq {
 	struct vrdma_resp_hdr hdr;
 	__le32 handle;
-	__le32 db_slot;           /* arm slot in the context's doorbell page */
+	__le32 db_index;          /* its arm slot: a doorbell index (VRDMA_DB_PAGE, VRDMA_DB_SLOT) of a page of the context */
 };
 
 /* CQ moderation: one completion event per cq_count completions, or cq_period microseconds after the first. */
@@ -465,8 +473,8 @@ struct vrdma_resp_create_qp {
 	struct vrdma_resp_hdr hdr;
 	__le32 handle;
 	__le32 qpn;
-	__le32 sq_db_slot;
-	__le32 rq_db_slot;        /* 0 with an SRQ */
+	__le32 sq_db_index;       /* doorbell indexes, in pages of the context */
+	__le32 rq_db_index;       /* 0 with an SRQ */
 };
 
 struct vrdma_qp_attr {
@@ -528,7 +536,7 @@ struct vrdma_cmd_create_srq {
 struct vrdma_resp_create_srq {
 	struct vrdma_resp_hdr hdr;
 	__le32 handle;
-	__le32 db_slot;
+	__le32 db_index;
 };
 
 struct vrdma_cmd_modify_srq {

@@ -54,7 +54,7 @@ struct vrdma_dev {
 	/* The paired ivshmem device holding the doorbell region (BAR2). */
 	struct pci_dev *db_pdev;
 	void __iomem *db_header;
-	void __iomem *kdb;		/* the kernel's doorbell page (VRDMA_KERNEL_DOORBELL_PAGE) */
+	void __iomem *db_region;	/* the whole region: the kernel's queues' slots are in pages the device names */
 	struct xarray kqps;		/* the kernel's QPs by QPN: what a kernel CQE names */
 
 	struct vrdma_resp_query_device attr;
@@ -69,8 +69,8 @@ struct vrdma_user_mmap_entry {
 struct vrdma_ucontext {
 	struct ib_ucontext ibuc;
 	u32 handle;
-	u32 doorbell_page;
-	struct rdma_user_mmap_entry *doorbell_entry;
+	u32 doorbell_page;		/* its first page: the provider reads its alive slot */
+	struct xarray db_entries;	/* page -> rdma_user_mmap_entry: each page of the context, mapped on demand */
 };
 
 struct vrdma_pd {
@@ -101,7 +101,7 @@ struct vrdma_cq {
 	u32 entries;
 	u32 cons;
 	u32 arm_seq;
-	u32 db_slot;
+	u32 db_index;			/* of its arm slot */
 };
 
 struct vrdma_srq {
@@ -120,7 +120,7 @@ struct vrdma_kqueue {
 	u32 stride;
 	u32 offset;			/* of slot 0 in the QP's ring */
 	u32 max_sge;
-	u32 db_slot;
+	u32 db_index;			/* of its producer index */
 };
 
 struct vrdma_qp {
@@ -155,6 +155,7 @@ int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp,
 void vrdma_device_lost(struct vrdma_dev *dev, const char *why);
 
 int vrdma_doorbell_pair(struct vrdma_dev *dev);
+int vrdma_uctx_db_offset(struct vrdma_ucontext *uc, u32 index, u64 *offset);
 void vrdma_doorbell_unpair(struct vrdma_dev *dev);
 
 int vrdma_register_ib(struct vrdma_dev *dev);
@@ -182,6 +183,8 @@ int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *re
 		      struct vrdma_pbl *pbl, struct ib_umem *umem);
 int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
 		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct ib_umem *umem);
+int vrdma_unmake(struct vrdma_dev *dev, u16 destroy_opcode, u32 handle, struct ib_umem *umem, int err);
+int vrdma_udata_db(struct ib_udata *udata, __le32 index, __u32 *uindex, __u64 *offset);
 int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
 		    struct ib_umem *umem);
 

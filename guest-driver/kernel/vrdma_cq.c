@@ -46,7 +46,9 @@ int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, stru
 	cq->handle = le32_to_cpu(resp.handle);
 	ibcq->cqe = ucmd.entries;
 	uresp.cq_handle = cq->handle;
-	uresp.db_slot = le32_to_cpu(resp.db_slot);
+	ret = vrdma_udata_db(udata, resp.db_index, &uresp.db_index, &uresp.db_offset);
+	if (ret)
+		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_CQ, cq->handle, cq->umem, ret);
 	return vrdma_publish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, udata, &uresp,
 			     sizeof(uresp), cq->umem);
 }

@@ -56,10 +56,9 @@ int vrdma_doorbell_pair(struct vrdma_dev *dev)
 				pci_dev_put(pdev);
 				return -EINVAL;
 			}
-			dev->kdb = pci_iomap_range(pdev, IVSHMEM_BAR,
-						   VRDMA_KERNEL_DOORBELL_PAGE * VRDMA_DOORBELL_PAGE_SIZE,
-						   VRDMA_DOORBELL_PAGE_SIZE);
-			if (!dev->kdb) {
+			/* The kernel's queues take slots in whichever pages the device gives context 0. */
+			dev->db_region = pci_iomap_range(pdev, IVSHMEM_BAR, 0, (unsigned long)pages * VRDMA_DOORBELL_PAGE_SIZE);
+			if (!dev->db_region) {
 				vrdma_doorbell_release(pdev, header);
 				pci_dev_put(pdev);
 				return -ENOMEM;
@@ -79,8 +78,8 @@ void vrdma_doorbell_unpair(struct vrdma_dev *dev)
 {
 	if (!dev->db_pdev)
 		return;
-	pci_iounmap(dev->db_pdev, dev->kdb);
-	dev->kdb = NULL;
+	pci_iounmap(dev->db_pdev, dev->db_region);
+	dev->db_region = NULL;
 	vrdma_doorbell_release(dev->db_pdev, dev->db_header);
 	pci_dev_put(dev->db_pdev);
 	dev->db_pdev = NULL;

@@ -29,15 +29,27 @@ static_assert(IB_WC_RECV == VRDMA_WC_OP_RECV && IB_WC_RECV_RDMA_WITH_IMM == VRDM
 static_assert(RDMA_NETWORK_ROCE_V1 == VRDMA_NETWORK_ROCE_V1 && RDMA_NETWORK_IPV4 == VRDMA_NETWORK_IPV4 &&
 	      RDMA_NETWORK_IPV6 == VRDMA_NETWORK_IPV6, "network header types are the kernel's");
 
-static void __iomem *vrdma_kdb_slot(struct vrdma_dev *dev, u32 slot)
+static void __iomem *vrdma_kdb(struct vrdma_dev *dev, u32 index)
 {
-	return dev->kdb + sizeof(u32) * slot;
+	return dev->db_region + sizeof(u32) * index;
 }
 
-/* A doorbell slot the device handed out must be one of the queues' (not the parked or the alive slot). */
-static bool vrdma_kdb_slot_ok(u32 slot)
+/* The parked slot of the page holding doorbell index `index`. */
+static void __iomem *vrdma_kdb_parked(struct vrdma_dev *dev, u32 index)
 {
-	return slot > VRDMA_DB_SLOT_PARKED && slot < VRDMA_DB_SLOT_ALIVE;
+	return vrdma_kdb(dev, index - VRDMA_DB_SLOT(index) + VRDMA_DB_SLOT_PARKED);
+}
+
+/*
+ * A doorbell index the device handed out must be a queue's slot (not a parked or alive slot) of a page past the
+ * header, inside the region.
+ */
+static bool vrdma_kdb_ok(struct vrdma_dev *dev, u32 index)
+{
+	u32 slot = VRDMA_DB_SLOT(index);
+
+	return VRDMA_DB_PAGE(index) >= VRDMA_KERNEL_DOORBELL_PAGE && VRDMA_DB_PAGE(index) < dev->doorbell_pages &&
+	       slot > VRDMA_DB_SLOT_PARKED && slot < VRDMA_DB_SLOT_ALIVE;
 }
 
 /* -- CQs ------------------------------------------------------------------------------------------------------ */
@@ -67,9 +79,9 @@ int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr)
 	if (ret)
 		goto err_free;
 	cq->handle = le32_to_cpu(resp.handle);
-	cq->db_slot = le32_to_cpu(resp.db_slot);
-	if (!vrdma_kdb_slot_ok(cq->db_slot)) {
-		dev_err(&dev->vdev->dev, "device gave CQ %#x doorbell slot %u\n", cq->handle, cq->db_slot);
+	cq->db_index = le32_to_cpu(resp.db_index);
+	if (!vrdma_kdb_ok(dev, cq->db_index)) {
+		dev_err(&dev->vdev->dev, "device gave CQ %#x doorbell index %u\n", cq->handle, cq->db_index);
 		vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->handle);
 		ret = -EIO;
 		goto err_free;
@@ -158,7 +170,7 @@ int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags)
 
 	spin_lock_irqsave(&cq->lock, irqflags);
 	cq->arm_seq++;
-	writel(cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT | kind, vrdma_kdb_slot(dev, cq->db_slot));
+	writel(cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT | kind, vrdma_kdb(dev, cq->db_index));
 	if (flags & IB_CQ_REPORT_MISSED_EVENTS) {
 		mb();  /* the arm before the look: a completion after it raises an event, one before it is seen here */
 		missed = le32_to_cpu(READ_ONCE(hdr->prod)) != cq->cons;
@@ -223,11 +235,11 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	if (ret)
 		goto err_free;
 	qp->handle = le32_to_cpu(resp.handle);
-	qp->sq.db_slot = le32_to_cpu(resp.sq_db_slot);
-	qp->rq.db_slot = le32_to_cpu(resp.rq_db_slot);
-	if (!vrdma_kdb_slot_ok(qp->sq.db_slot) || !vrdma_kdb_slot_ok(qp->rq.db_slot)) {
-		dev_err(&dev->vdev->dev, "device gave QP %#x doorbell slots %u and %u\n", qp->handle, qp->sq.db_slot,
-			qp->rq.db_slot);
+	qp->sq.db_index = le32_to_cpu(resp.sq_db_index);
+	qp->rq.db_index = le32_to_cpu(resp.rq_db_index);
+	if (!vrdma_kdb_ok(dev, qp->sq.db_index) || !vrdma_kdb_ok(dev, qp->rq.db_index)) {
+		dev_err(&dev->vdev->dev, "device gave QP %#x doorbell indexes %u and %u\n", qp->handle,
+			qp->sq.db_index, qp->rq.db_index);
 		ret = -EIO;
 		goto err_destroy;
 	}
@@ -371,9 +383,9 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const 
 	}
 	if (q->prod != posted) {
 		/* writel orders the WQEs' stores before it; then, as libvrdma does, wake a parked engine. */
-		writel(q->prod, vrdma_kdb_slot(dev, q->db_slot));
+		writel(q->prod, vrdma_kdb(dev, q->db_index));
 		mb();
-		if (readl(vrdma_kdb_slot(dev, VRDMA_DB_SLOT_PARKED)))
+		if (readl(vrdma_kdb_parked(dev, q->db_index)))
 			virtqueue_notify(dev->wake_vq);
 	}
 	spin_unlock_irqrestore(&q->lock, flags);
@@ -416,7 +428,7 @@ int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const 
 		q->prod++;
 	}
 	if (q->prod != posted)
-		writel(q->prod, vrdma_kdb_slot(dev, q->db_slot));  /* the device reads receive queues when it needs one */
+		writel(q->prod, vrdma_kdb(dev, q->db_index));  /* the device reads receive queues when it needs one */
 	spin_unlock_irqrestore(&q->lock, flags);
 	if (ret)
 		*bad_wr = wr;

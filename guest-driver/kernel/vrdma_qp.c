@@ -96,8 +96,11 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	cap->max_recv_wr = ucmd.rq_depth;
 	qp->cap = *cap;
 	uresp.qpn = ibqp->qp_num;
-	uresp.sq_db_slot = le32_to_cpu(resp.sq_db_slot);
-	uresp.rq_db_slot = le32_to_cpu(resp.rq_db_slot);
+	ret = vrdma_udata_db(udata, resp.sq_db_index, &uresp.sq_db_index, &uresp.sq_db_offset);
+	if (!ret && !attr->srq)
+		ret = vrdma_udata_db(udata, resp.rq_db_index, &uresp.rq_db_index, &uresp.rq_db_offset);
+	if (ret)
+		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_QP, qp->handle, qp->umem, ret);
 	uresp.max_inline_data = cap->max_inline_data;
 	return vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, udata, &uresp,
 			     sizeof(uresp), qp->umem);

@@ -51,7 +51,9 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct
 	srq->depth = ucmd.depth;
 	attr->attr.max_wr = ucmd.depth;
 	uresp.srq_handle = srq->handle;
-	uresp.db_slot = le32_to_cpu(resp.db_slot);
+	ret = vrdma_udata_db(udata, resp.db_index, &uresp.db_index, &uresp.db_offset);
+	if (ret)
+		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_SRQ, srq->handle, srq->umem, ret);
 	return vrdma_publish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, udata, &uresp,
 			     sizeof(uresp), srq->umem);
 }

@@ -206,9 +206,15 @@ int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *ob
 err_erase:
 	xa_erase_irq(xa, handle);
 err_destroy:
+	return vrdma_unmake(dev, destroy_opcode, handle, umem, ret);
+}
+
+/* An object made in the device that cannot be handed out after all: destroyed, its ring unpinned; returns err. */
+int vrdma_unmake(struct vrdma_dev *dev, u16 destroy_opcode, u32 handle, struct ib_umem *umem, int err)
+{
 	vrdma_destroy_handle(dev, destroy_opcode, handle);
 	ib_umem_release(umem);
-	return ret;
+	return err;
 }
 
 /*

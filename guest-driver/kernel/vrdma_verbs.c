@@ -134,6 +134,74 @@ int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 handle)
 	return vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
 }
 
+/*
+ * The mmap() offset of the doorbell page holding doorbell index `index`, a page of this context (the device
+ * names it in a create response): each page gets one mmap entry, the first time a queue names it, and keeps it
+ * until the context goes. The device only names pages it gave this context; the index is checked to be a
+ * queue's slot of a user page all the same.
+ */
+int vrdma_uctx_db_offset(struct vrdma_ucontext *uc, u32 index, u64 *offset)
+{
+	struct vrdma_dev *dev = to_vdev(uc->ibuc.device);
+	u32 page = VRDMA_DB_PAGE(index), slot = VRDMA_DB_SLOT(index);
+	struct vrdma_user_mmap_entry *entry;
+	struct rdma_user_mmap_entry *found;
+	int ret;
+
+	if (page < VRDMA_FIRST_USER_DOORBELL_PAGE || page >= dev->doorbell_pages || slot == VRDMA_DB_SLOT_PARKED ||
+	    slot == VRDMA_DB_SLOT_ALIVE) {
+		dev_err(&dev->vdev->dev, "device gave user context %#x doorbell index %u (region has %u pages)\n",
+			uc->handle, index, dev->doorbell_pages);
+		return -EIO;
+	}
+	found = xa_load(&uc->db_entries, page);
+	if (found) {
+		*offset = rdma_user_mmap_get_offset(found);
+		return 0;
+	}
+	entry = kzalloc(sizeof(*entry), GFP_KERNEL);
+	if (!entry)
+		return -ENOMEM;
+	entry->address = pci_resource_start(dev->db_pdev, 2) + (phys_addr_t)page * PAGE_SIZE;
+	ret = rdma_user_mmap_entry_insert(&uc->ibuc, &entry->rdma_entry, PAGE_SIZE);
+	if (ret) {
+		kfree(entry);
+		return ret;
+	}
+	/* Two queues created at once may both find the page new: the first entry stays, the second goes. */
+	found = xa_cmpxchg(&uc->db_entries, page, NULL, &entry->rdma_entry, GFP_KERNEL);
+	if (xa_is_err(found)) {
+		rdma_user_mmap_entry_remove(&entry->rdma_entry);
+		return xa_err(found);
+	}
+	if (found) {
+		rdma_user_mmap_entry_remove(&entry->rdma_entry);
+		*offset = rdma_user_mmap_get_offset(found);
+		return 0;
+	}
+	*offset = rdma_user_mmap_get_offset(&entry->rdma_entry);
+	return 0;
+}
+
+/* A doorbell index of a create response, for the provider: the index and the mmap() offset of its page. */
+int vrdma_udata_db(struct ib_udata *udata, __le32 index, __u32 *uindex, __u64 *offset)
+{
+	struct vrdma_ucontext *uc = rdma_udata_to_drv_context(udata, struct vrdma_ucontext, ibuc);
+
+	*uindex = le32_to_cpu(index);
+	return vrdma_uctx_db_offset(uc, *uindex, offset);
+}
+
+static void vrdma_uctx_db_entries_remove(struct vrdma_ucontext *uc)
+{
+	struct rdma_user_mmap_entry *entry;
+	unsigned long page;
+
+	xa_for_each(&uc->db_entries, page, entry)
+		rdma_user_mmap_entry_remove(entry);
+	xa_destroy(&uc->db_entries);
+}
+
 static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibuc->device);
@@ -141,7 +209,6 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata
 	struct vrdma_cmd_alloc_ucontext cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_ALLOC_UCONTEXT) };
 	struct vrdma_resp_alloc_ucontext resp;
 	struct vrdma_alloc_ucontext_resp uresp = {};
-	struct vrdma_user_mmap_entry *entry;
 	int ret;
 
 	if (udata->outlen < sizeof(uresp))
@@ -151,35 +218,22 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata
 		return ret;
 	uc->handle = le32_to_cpu(resp.handle);
 	uc->doorbell_page = le32_to_cpu(resp.doorbell_page);
-	/* The device picks the page; it must lie inside the region and be neither the header nor the kernel's. */
-	if (uc->doorbell_page < VRDMA_FIRST_USER_DOORBELL_PAGE || uc->doorbell_page >= dev->doorbell_pages) {
-		dev_err(&dev->vdev->dev, "device gave doorbell page %u (region has %u)\n", uc->doorbell_page,
-			dev->doorbell_pages);
-		ret = -EIO;
+	xa_init(&uc->db_entries);
+	/* Its first page is mapped as any other (the device picked it; the offset checks it is a user page). */
+	ret = vrdma_uctx_db_offset(uc, uc->doorbell_page * VRDMA_DB_SLOTS + VRDMA_DB_SLOT_PARKED + 1,
+				   &uresp.doorbell_offset);
+	if (ret)
 		goto err_dealloc;
-	}
-	entry = kzalloc(sizeof(*entry), GFP_KERNEL);
-	if (!entry) {
-		ret = -ENOMEM;
-		goto err_dealloc;
-	}
-	entry->address = pci_resource_start(dev->db_pdev, 2) + (phys_addr_t)uc->doorbell_page * PAGE_SIZE;
-	ret = rdma_user_mmap_entry_insert(ibuc, &entry->rdma_entry, PAGE_SIZE);
-	if (ret) {
-		kfree(entry);
-		goto err_dealloc;
-	}
-	uc->doorbell_entry = &entry->rdma_entry;
 	uresp.doorbell_page = uc->doorbell_page;
 	uresp.doorbell_page_size = PAGE_SIZE;
-	uresp.doorbell_offset = rdma_user_mmap_get_offset(uc->doorbell_entry);
+	uresp.doorbell_pages = dev->doorbell_pages;
 	ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
 	if (ret)
-		goto err_entry;
+		goto err_entries;
 	return 0;
 
-err_entry:
-	rdma_user_mmap_entry_remove(uc->doorbell_entry);
+err_entries:
+	vrdma_uctx_db_entries_remove(uc);
 err_dealloc:
 	vrdma_destroy_handle(dev, VRDMA_CMD_DEALLOC_UCONTEXT, uc->handle);
 	return ret;
@@ -189,7 +243,7 @@ static void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
 	struct vrdma_ucontext *uc = container_of(ibuc, struct vrdma_ucontext, ibuc);
 
-	rdma_user_mmap_entry_remove(uc->doorbell_entry);
+	vrdma_uctx_db_entries_remove(uc);
 	vrdma_destroy_handle(to_vdev(ibuc->device), VRDMA_CMD_DEALLOC_UCONTEXT, uc->handle);
 }
 

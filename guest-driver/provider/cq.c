@@ -29,12 +29,12 @@ struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_
 				&resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	if (resp.db_slot == VRDMA_DB_SLOT_PARKED || resp.db_slot >= VRDMA_DB_SLOTS) {
+	cq->db = vrdma_db_map(to_vctx(context), resp.db_index, resp.db_offset);
+	if (!cq->db) {
+		ret = errno;
 		ibv_cmd_destroy_cq(&cq->vcq.cq);
-		ret = EPROTO;
 		goto err_free;
 	}
-	cq->db_slot = resp.db_slot;
 	return &cq->vcq.cq;
 
 err_free:
@@ -166,11 +166,10 @@ int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
-	struct vrdma_context *ctx = to_vctx(ibcq->context);
 
 	pthread_spin_lock(&cq->lock);
 	cq->arm_seq++;
-	ring_doorbell(ctx, cq->db_slot, (cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT) |
+	ring_doorbell(cq->db, (cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT) |
 		      (solicited_only ? VRDMA_CQ_ARM_SOLICITED : VRDMA_CQ_ARM_NEXT));
 	pthread_spin_unlock(&cq->lock);
 	return 0;

@@ -15,12 +15,53 @@
  */
 #include "ring.h"
 
+/*
+ * The slot of doorbell index `index` (a create response's), its page mapped from mmap offset `offset` if no
+ * queue of this context named that page before; NULL with errno set if the index is not a queue's slot of the
+ * region or the mapping fails. Pages stay mapped until the context goes (the device never takes one back).
+ */
+volatile uint32_t *vrdma_db_map(struct vrdma_context *ctx, uint32_t index, uint64_t offset)
+{
+	uint32_t page = VRDMA_DB_PAGE(index), slot = VRDMA_DB_SLOT(index);
+	volatile uint32_t *mapped;
+	void *addr;
+
+	if (page < VRDMA_FIRST_USER_DOORBELL_PAGE || page >= ctx->doorbell_pages || slot == VRDMA_DB_SLOT_PARKED ||
+	    slot == VRDMA_DB_SLOT_ALIVE || offset % ctx->doorbell_size) {
+		verbs_err(&ctx->ibv_ctx, "vrdma: kernel gave doorbell index %u at offset %#llx: not usable\n", index,
+			  (unsigned long long)offset);
+		errno = EPROTO;
+		return NULL;
+	}
+	pthread_mutex_lock(&ctx->db_lock);
+	mapped = ctx->db_pages[page];
+	if (!mapped) {
+		addr = mmap(NULL, ctx->doorbell_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+			    ctx->ibv_ctx.context.cmd_fd, (off_t)offset);
+		if (addr == MAP_FAILED) {
+			int err = errno;
+
+			pthread_mutex_unlock(&ctx->db_lock);
+			verbs_err(&ctx->ibv_ctx, "vrdma: mapping doorbell page %u failed: %s\n", page, strerror(err));
+			errno = err;
+			return NULL;
+		}
+		mapped = ctx->db_pages[page] = addr;
+	}
+	pthread_mutex_unlock(&ctx->db_lock);
+	return mapped + slot;
+}
+
 static void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
 
-	if (ctx->doorbell)
-		munmap((void *)ctx->doorbell, ctx->doorbell_size);
+	for (uint32_t page = 0; ctx->db_pages && page < ctx->doorbell_pages; page++) {
+		if (ctx->db_pages[page])
+			munmap((void *)ctx->db_pages[page], ctx->doorbell_size);
+	}
+	free(ctx->db_pages);
+	pthread_mutex_destroy(&ctx->db_lock);
 	pthread_mutex_destroy(&ctx->qps_lock);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
@@ -60,10 +101,11 @@ static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_al
 {
 	long page_size = sysconf(_SC_PAGESIZE);
 
-	if (resp->doorbell_page < VRDMA_FIRST_USER_DOORBELL_PAGE || page_size <= 0 || resp->doorbell_page_size != (uint32_t)page_size ||
+	if (resp->doorbell_page < VRDMA_FIRST_USER_DOORBELL_PAGE || resp->doorbell_page >= resp->doorbell_pages ||
+	    resp->doorbell_pages > 65536 || page_size <= 0 || resp->doorbell_page_size != (uint32_t)page_size ||
 	    resp->doorbell_offset % (uint64_t)page_size != 0) {
-		verbs_err(&ctx->ibv_ctx, "vrdma: kernel gave doorbell page %u, size %u, offset %#llx: not usable\n",
-			  resp->doorbell_page, resp->doorbell_page_size,
+		verbs_err(&ctx->ibv_ctx, "vrdma: kernel gave doorbell page %u of %u, size %u, offset %#llx: not usable\n",
+			  resp->doorbell_page, resp->doorbell_pages, resp->doorbell_page_size,
 			  (unsigned long long)resp->doorbell_offset);
 		return EPROTO;
 	}
@@ -73,6 +115,7 @@ static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_al
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int cmd_fd, void *private_data)
 {
 	struct vrdma_context *ctx;
+	volatile uint32_t *first;
 	struct uvrdma_get_context cmd = {};
 	struct uvrdma_get_context_resp resp = {};
 	int ret;
@@ -81,6 +124,7 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int c
 	if (!ctx)
 		return NULL;
 	pthread_mutex_init(&ctx->qps_lock, NULL);
+	pthread_mutex_init(&ctx->db_lock, NULL);
 	ret = ibv_cmd_get_context(&ctx->ibv_ctx, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
@@ -89,20 +133,26 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int c
 		goto err_free;
 	ctx->doorbell_page = resp.doorbell_page;
 	ctx->doorbell_size = resp.doorbell_page_size;
-	ctx->doorbell = mmap(NULL, ctx->doorbell_size, PROT_READ | PROT_WRITE, MAP_SHARED, cmd_fd,
-			     (off_t)resp.doorbell_offset);
-	if (ctx->doorbell == MAP_FAILED) {
-		ret = errno;
-		ctx->doorbell = NULL;
-		verbs_err(&ctx->ibv_ctx, "vrdma: mapping doorbell page %u failed: %s\n", ctx->doorbell_page,
-			  strerror(ret));
+	ctx->doorbell_pages = resp.doorbell_pages;
+	ctx->db_pages = calloc(ctx->doorbell_pages, sizeof(*ctx->db_pages));
+	if (!ctx->db_pages) {
+		ret = ENOMEM;
 		goto err_free;
 	}
+	/* The first page, mapped as any other (its first queue slot names it); ctx->doorbell is its start. */
+	first = vrdma_db_map(ctx, ctx->doorbell_page * VRDMA_DB_SLOTS + VRDMA_DB_SLOT_PARKED + 1, resp.doorbell_offset);
+	if (!first) {
+		ret = errno;
+		goto err_free;
+	}
+	ctx->doorbell = first - (VRDMA_DB_SLOT_PARKED + 1);
 	verbs_set_ops(&ctx->ibv_ctx, &vrdma_ctx_ops);
 	return &ctx->ibv_ctx;
 
 err_free:
 	/* Closing the context's file (done by the caller on failure) releases what the kernel allocated. */
+	free(ctx->db_pages);
+	pthread_mutex_destroy(&ctx->db_lock);
 	pthread_mutex_destroy(&ctx->qps_lock);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);

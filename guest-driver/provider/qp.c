@@ -6,28 +6,34 @@
 static void wake_if_parked(struct vrdma_context *ctx, struct vrdma_qp *qp)
 {
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (!__atomic_load_n(&ctx->doorbell[VRDMA_DB_SLOT_PARKED], __ATOMIC_ACQUIRE))
+	if (!__atomic_load_n(qp->sq.parked, __ATOMIC_ACQUIRE))
 		return;
 	qp->wake_cmd.qp_handle = qp->vqp.qp.handle;
 	if (write(ctx->ibv_ctx.context.cmd_fd, &qp->wake_cmd, sizeof(qp->wake_cmd)) != sizeof(qp->wake_cmd))
 		verbs_err(&ctx->ibv_ctx, "vrdma: waking the device failed: %s\n", strerror(errno));
 }
 
-static void queue_init(struct vrdma_queue *q, uint8_t *base, uint32_t depth, uint32_t stride, uint32_t max_sge,
-		       uint32_t db_slot)
+/*
+ * A queue's ring and doorbell: index `db` of the page at mmap offset `db_offset` (none for the receive queue of a
+ * QP with an SRQ: `has_db` false). 0 on success, else errno.
+ */
+static int queue_init(struct vrdma_context *ctx, struct vrdma_queue *q, uint8_t *base, uint32_t depth,
+		      uint32_t stride, uint32_t max_sge, bool has_db, uint32_t db, uint64_t db_offset)
 {
 	q->base = base;
 	q->depth = depth;
 	q->stride = stride;
 	q->max_sge = max_sge;
-	q->db_slot = db_slot;
 	q->prod = 0;
+	q->db = q->parked = NULL;
 	pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
-}
-
-static bool slot_ok(uint32_t slot)
-{
-	return slot != VRDMA_DB_SLOT_PARKED && slot < VRDMA_DB_SLOTS;
+	if (!has_db)
+		return 0;
+	q->db = vrdma_db_map(ctx, db, db_offset);
+	if (!q->db)
+		return errno;
+	q->parked = q->db - VRDMA_DB_SLOT(db) + VRDMA_DB_SLOT_PARKED;
+	return 0;
 }
 
 /*
@@ -79,7 +85,7 @@ static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, vola
 	if (ret)
 		*bad_wr = wr;
 	/* Receives are taken when a send arrives: no need to wake a parked engine for them. */
-	ring_doorbell(ctx, q->db_slot, q->prod);
+	ring_doorbell(q->db, q->prod);
 	pthread_spin_unlock(&q->lock);
 	return ret;
 }
@@ -135,15 +141,15 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	ret = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	if (!slot_ok(resp.sq_db_slot) || (!attr->srq && !slot_ok(resp.rq_db_slot))) {
+	ret = queue_init(ctx, &qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride,
+			 cap->max_send_sge, true, resp.sq_db_index, resp.sq_db_offset);
+	if (!ret)
+		ret = queue_init(ctx, &qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth,
+				 rq_stride, cap->max_recv_sge, !attr->srq, resp.rq_db_index, resp.rq_db_offset);
+	if (ret) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
-		ret = EPROTO;
 		goto err_free;
 	}
-	queue_init(&qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride, cap->max_send_sge,
-		   resp.sq_db_slot);
-	queue_init(&qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth, rq_stride,
-		   cap->max_recv_sge, resp.rq_db_slot);
 	qp->max_inline = cap->max_inline_data;
 	cap->max_send_wr = sq_depth;
 	cap->max_recv_wr = rq_depth;
@@ -192,7 +198,6 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
-	struct vrdma_context *ctx = to_vctx(ibqp->context);
 	struct ibv_modify_qp cmd = {};
 	int ret;
 
@@ -203,12 +208,12 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask
 		/* Emptied queues: both sides count from zero again. */
 		pthread_spin_lock(&qp->sq.lock);
 		qp->sq.prod = 0;
-		ring_doorbell(ctx, qp->sq.db_slot, 0);
+		ring_doorbell(qp->sq.db, 0);
 		pthread_spin_unlock(&qp->sq.lock);
 		if (!ibqp->srq) {
 			pthread_spin_lock(&qp->rq.lock);
 			qp->rq.prod = 0;
-			ring_doorbell(ctx, qp->rq.db_slot, 0);
+			ring_doorbell(qp->rq.db, 0);
 			pthread_spin_unlock(&qp->rq.lock);
 		}
 	}
@@ -343,7 +348,7 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 	if (ret)
 		*bad_wr = wr;
 	if (posted) {
-		ring_doorbell(ctx, q->db_slot, q->prod);
+		ring_doorbell(q->db, q->prod);
 		wake_if_parked(ctx, qp);
 	}
 	pthread_spin_unlock(&q->lock);
@@ -395,13 +400,12 @@ struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *at
 	ret = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	if (!slot_ok(resp.db_slot)) {
+	ret = queue_init(to_vctx(pd->context), &srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride,
+			 attr->attr.max_sge, true, resp.db_index, resp.db_offset);
+	if (ret) {
 		ibv_cmd_destroy_srq(&srq->vsrq.srq);
-		ret = EPROTO;
 		goto err_free;
 	}
-	queue_init(&srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride, attr->attr.max_sge,
-		   resp.db_slot);
 	return &srq->vsrq.srq;
 
 err_free:

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /*
- * The rings and the doorbell page as libvrdma sees them: a producer index stored into the context's doorbell page
+ * The rings and the doorbell page as libvrdma sees them: a producer index stored into the queue's slot of a doorbell page
  * (release order: the WQE is visible first), and whether the device still knows the context.
  */
 #ifndef VRDMA_PROVIDER_RING_H
@@ -8,9 +8,9 @@
 
 #include "vrdma.h"
 
-static inline void ring_doorbell(struct vrdma_context *ctx, uint32_t slot, uint32_t value)
+static inline void ring_doorbell(volatile uint32_t *db, uint32_t value)
 {
-	__atomic_store_n(&ctx->doorbell[slot], value, __ATOMIC_RELEASE);
+	__atomic_store_n(db, value, __ATOMIC_RELEASE);
 }
 
 

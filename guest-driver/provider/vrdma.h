@@ -31,9 +31,16 @@ struct vrdma_device {
 
 struct vrdma_context {
 	struct verbs_context ibv_ctx;
-	uint32_t doorbell_page;   /* index of this context's page in the device's doorbell region */
+	uint32_t doorbell_page;   /* index of this context's first page in the device's doorbell region */
 	size_t doorbell_size;
 	volatile uint32_t *doorbell;  /* that page, mapped from the uverbs file; only this process maps it */
+	/*
+	 * Every page of the context, by page index (doorbell_pages of them, most NULL): the device gives a context
+	 * another page when its queues fill the ones it has, and a create response names it; mapped then, once.
+	 */
+	uint32_t doorbell_pages;
+	volatile uint32_t **db_pages;
+	pthread_mutex_t db_lock;
 	pthread_mutex_t qps_lock;
 	struct vrdma_qp *qps;     /* every QP of the context (flushed when the device loses the context) */
 };
@@ -56,7 +63,7 @@ struct vrdma_cq {
 	uint32_t entries;
 	uint32_t cons;
 	uint32_t arm_seq;
-	uint32_t db_slot;
+	volatile uint32_t *db;    /* its arm slot */
 };
 
 struct vrdma_queue {
@@ -64,7 +71,8 @@ struct vrdma_queue {
 	uint32_t depth;           /* a power of two */
 	uint32_t stride;
 	uint32_t prod;            /* WQEs posted (free-running) */
-	uint32_t db_slot;
+	volatile uint32_t *db;    /* its slot in a doorbell page of the context */
+	volatile uint32_t *parked; /* that page's parked slot */
 	uint32_t max_sge;
 	pthread_spinlock_t lock;
 };
@@ -141,6 +149,7 @@ size_t page_align(size_t size);
 int buf_alloc(struct vrdma_buf *buf, size_t size);
 void buf_free(struct vrdma_buf *buf);
 void *vrdma_abandon(struct vrdma_buf *buf, void *obj, int err);
+volatile uint32_t *vrdma_db_map(struct vrdma_context *ctx, uint32_t index, uint64_t offset);
 int vrdma_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
 				 struct ibv_device_attr_ex *attr, size_t attr_size);
 int vrdma_query_port(struct ibv_context *context, uint8_t port, struct ibv_port_attr *attr);

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, query_device, start_side, two_vms
+from backend_process import BackendProcess, connect_sides, query_device, start_side, two_vms
 from backend_process import SimSide as Side
 
 from vrdma.device import abi
@@ -74,6 +74,46 @@ def test_send_lands_in_the_posted_receive(pair: tuple[Side, Side]) -> None:
                                                                                       len(payload))
     assert received.qp_num == a.qp.qpn and received.src_qp == b.qp.qpn
     assert read(a, 0, len(payload)) == payload
+
+
+def test_queues_in_a_second_doorbell_page_carry_traffic_and_wake_a_parked_engine(backend: BackendProcess) -> None:
+    """A context whose first doorbell page is full gets a second one: CQs and a QP whose slots are there work as in
+    the first, and the engine keeps the parked slot of that page too (a send rung there while it is parked wakes
+    it)."""
+    with two_vms(backend, make_side, GID, connect=False) as (a, b):
+        slots = abi.const("VRDMA_DB_SLOTS")
+        ring = b.verbs.page_list(b.verbs.alloc(2 * 4096))  # one ring the filler CQs share: none ever completes
+        fillers = []
+        while True:
+            cq = b.verbs.call("VRDMA_CMD_CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
+                              ucontext=b.verbs.ucontext, entries=1, ring=ring)
+            if int(cq.db_index) // slots != b.verbs.doorbell_page:
+                break
+            fillers.append(int(cq.handle))
+        assert len(fillers) == abi.const("VRDMA_DB_SLOT_ALIVE") - 1 - 3  # b's CQ, QP (2) and the fillers
+        second_page = int(cq.db_index) // slots
+        assert backend.counters("vm1")["doorbell_pages"] == sorted([b.verbs.doorbell_page, second_page])
+        b.cq = b.verbs.create_cq(64)
+        b.qp = b.verbs.create_qp(b.pd, b.cq, b.cq)
+        assert b.cq.db // slots == b.qp.sq.db // slots == b.qp.rq.db // slots == second_page
+        connect_sides(a, GID["vm0"], b, GID["vm1"])
+        deadline = time.monotonic() + 10
+        while not b.verbs.parked(b.qp.sq.db):  # the engine parks when idle, and flags every page with queues
+            assert time.monotonic() < deadline, "the engine never parked, or left the second page unflagged"
+            time.sleep(0.001)
+        a.verbs.post_recv(a.qp, [(a.mr.addr, 4096, a.mr.lkey)], wr_id=1)
+        b.verbs.post_recv(b.qp, [(b.mr.addr, 4096, b.mr.lkey)], wr_id=2)
+        write(b, 0, b"second page" * 100)
+        b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 1100, b.mr.lkey)], wr_id=3)
+        (sent,) = wait_cqes(b, 1)
+        (received,) = wait_cqes(a, 1)
+        assert (sent.wr_id, sent.status, received.status, received.byte_len) == (3, WC["SUCCESS"], WC["SUCCESS"], 1100)
+        assert read(a, 0, 1100) == b"second page" * 100
+        write(a, 0, b"and back")
+        a.verbs.post_send(a.qp, WR["SEND"], [(a.mr.addr, 8, a.mr.lkey)], wr_id=4)
+        wait_cqes(a, 1)
+        (back,) = wait_cqes(b, 1)
+        assert (back.wr_id, back.status, read(b, 0, 8)) == (2, WC["SUCCESS"], b"and back")
 
 
 def test_scatter_gather_inline_and_immediate(pair: tuple[Side, Side]) -> None:
@@ -223,7 +263,7 @@ def test_cq_overflow_is_an_error_never_an_overwrite(backend: BackendProcess, pai
 
 def test_garbage_producer_index_fails_only_that_qp(backend: BackendProcess, pair: tuple[Side, Side]) -> None:
     a, b = pair
-    b.verbs.ring(b.qp.sq.db_slot, 0x7FFF0000)  # far more WQEs than the ring holds
+    b.verbs.ring(b.qp.sq.db, 0x7FFF0000)  # far more WQEs than the ring holds
     deadline = time.monotonic() + 10
     while backend.counters("vm1")["engine"]["qp_fatal"] < 1:
         assert time.monotonic() < deadline

@@ -41,8 +41,8 @@ def command(fd, cmd, body, resp_size):
 
 
 def get_context(fd):
-    raw = command(fd, CMD_GET_CONTEXT, b"", 8 + 16)  # core resp, then struct vrdma_alloc_ucontext_resp
-    _async_fd, _vectors, page, page_size, offset = struct.unpack("<IIIIQ", raw)
+    raw = command(fd, CMD_GET_CONTEXT, b"", 8 + 24)  # core resp, then struct vrdma_alloc_ucontext_resp
+    _async_fd, _vectors, page, page_size, offset, _pages, _ = struct.unpack("<IIIIQII", raw)
     return page, page_size, offset
 
 

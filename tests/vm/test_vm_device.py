@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from vrdma.device import abi
+from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
 from vrdma.harness.vm import Products
@@ -98,8 +99,9 @@ def test_guest_driver_binds_pairs_and_queries_the_device(guest: Cluster) -> None
     """vrdma.ko (loaded at boot) bound the device, found its doorbell region and ran QUERY_DEVICE/QUERY_PORT."""
     dmesg = guest[0].run(["dmesg"]).check("dmesg").stdout
     assert "vrdma virtio" in dmesg and "doorbell region: " in dmesg, dmesg
-    assert f"vrdma device: max_qp 1024 max_cq 1024 max_mr 4096 max_pd 1024, port state 4, MAC {guest[0].identity.mac}" \
-        in dmesg, dmesg
+    limits = DEFAULT_LIMITS
+    assert f"vrdma device: max_qp {limits.max_qp} max_cq {limits.max_cq} max_mr {limits.max_mr} max_pd " \
+           f"{limits.max_pd}, port state 4, MAC {guest[0].identity.mac}" in dmesg, dmesg
     bound = guest[0].run(["ls", "/sys/bus/virtio/drivers/vrdma/"]).check("vrdma driver in sysfs").stdout.split()
     assert any(name.startswith("virtio") for name in bound), bound
     assert "control" in connection(guest)["queues_started"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from vrdma.device.objects import OBJECT_KINDS
+from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.harness import verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import admin, vm_counters
@@ -72,7 +73,7 @@ def test_rmmod_leaves_nothing_behind_in_the_backend(guest: Cluster) -> None:
 def test_driver_reloads_cleanly(guest: Cluster) -> None:
     assert bound(guest)
     dmesg = reload_driver(guest)
-    assert "vrdma device: max_qp 1024" in dmesg and bound(guest)
+    assert f"vrdma device: max_qp {DEFAULT_LIMITS.max_qp}" in dmesg and bound(guest)
 
 
 @pytest.mark.parametrize(("fault", "logged", "errno"), [
@@ -88,7 +89,7 @@ def test_bad_response_is_logged_refused_and_survived(guest: Cluster, fault: str,
     assert "probe of virtio" in dmesg and f"failed with error {errno}" in dmesg, dmesg
     assert not bound(guest)
     assert guest[0].run(["true"]).exit_status == 0  # the guest keeps running
-    assert "vrdma device: max_qp 1024" in reload_driver(guest)  # and a good device binds again
+    assert f"vrdma device: max_qp {DEFAULT_LIMITS.max_qp}" in reload_driver(guest)  # and a good device binds again
     assert bound(guest)
 
 

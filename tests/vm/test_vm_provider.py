@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.harness import verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import admin, vm_counters
@@ -63,7 +64,8 @@ def test_pyverbs_queries_what_the_backend_advertises(guest: Cluster) -> None:
     assert guest.backend is not None
     device = vm_counters(guest.backend, "vm0")
     assert attrs["phys_port_cnt"] == 1 and attrs["fw_ver"] == "0.0.1"
-    assert attrs["max_qp"] == 1024 and attrs["port_state"] == 4 and attrs["link_layer"] == 2  # ACTIVE, Ethernet
+    assert attrs["max_qp"] == DEFAULT_LIMITS.max_qp and attrs["max_cq"] == DEFAULT_LIMITS.max_cq
+    assert attrs["port_state"] == 4 and attrs["link_layer"] == 2  # ACTIVE, Ethernet
     assert attrs["gid_tbl_len"] >= len(device["gids"])
 
 

@@ -93,8 +93,7 @@ def native_backend() -> list[Metric]:
         db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))
         queue = nffi.new("struct nat_queue *", {
             "base": mem_b + qpb.sq.base, "ring_hdr": mem_b + qpb.buf.gpa,
-            "doorbell_page": db_b + vb.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE"),
-            "depth": qpb.sq.depth, "stride": qpb.sq.stride, "prod": qpb.sq.prod, "db_slot": qpb.sq.db_slot,
+            "doorbells": db_b, "depth": qpb.sq.depth, "stride": qpb.sq.stride, "prod": qpb.sq.prod, "db": qpb.sq.db,
             "wake_fd": fb.queues[abi.const("VRDMA_QUEUE_WAKE")].kick})
         cq = nffi.new("struct nat_cq *", {"hdr": mem_b + cqb.buf.gpa, "cqes": mem_b + cqb.buf.gpa + 4096,
                                           "entries": cqb.entries, "cons": cqb.cons})

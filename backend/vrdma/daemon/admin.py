@@ -25,6 +25,7 @@ from vrdma.vhost_user.loop import EventLoop
 log = logging.getLogger(__name__)
 
 MAX_REQUEST = 4096
+MAX_REPLY = 16 << 20  # counters of many VMs, each listing its doorbell pages (up to 1022)
 
 
 class Served(Protocol):
@@ -92,15 +93,15 @@ class AdminSocket:
         self.path.unlink(missing_ok=True)
 
 
-def _read_line(conn: socket.socket) -> bytes:
+def _read_line(conn: socket.socket, limit: int = MAX_REQUEST, what: str = "request") -> bytes:
     data = b""
     while b"\n" not in data:
-        chunk = conn.recv(MAX_REQUEST)
+        chunk = conn.recv(65536)
         if not chunk:
             break
         data += chunk
-        if len(data) > MAX_REQUEST:
-            raise ValueError(f"request longer than {MAX_REQUEST} bytes")
+        if len(data) > limit:
+            raise ValueError(f"{what} longer than {limit} bytes")
     return data.split(b"\n", 1)[0]
 
 
@@ -110,5 +111,5 @@ def ask(path: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str,
         sock.settimeout(timeout)
         sock.connect(str(path))
         sock.sendall(json.dumps(request).encode() + b"\n")
-        reply: dict[str, Any] = json.loads(_read_line(sock))
+        reply: dict[str, Any] = json.loads(_read_line(sock, MAX_REPLY, "reply"))
     return reply

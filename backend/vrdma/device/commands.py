@@ -125,7 +125,7 @@ def _reg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
 
 
 def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
-    response.handle, response.db_slot = objs.cqs.create(request)
+    response.handle, response.db_index = objs.cqs.create(request)
 
 
 def _modify_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -133,7 +133,7 @@ def _modify_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
 
 
 def _create_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
-    response.handle, response.qpn, response.sq_db_slot, response.rq_db_slot = objs.qps.create(request)
+    response.handle, response.qpn, response.sq_db_index, response.rq_db_index = objs.qps.create(request)
 
 
 def _modify_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -146,7 +146,7 @@ def _query_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
 
 
 def _create_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
-    response.handle, response.db_slot = objs.srqs.create(request)
+    response.handle, response.db_index = objs.srqs.create(request)
 
 
 def _modify_srq(objs: DeviceObjects, request: Any, response: Any) -> None:

@@ -18,7 +18,7 @@ class Cq:
     ucontext: int
     slot: int
     entries: int
-    db_slot: int
+    db: int  # doorbell index of its arm slot
     refs: int = 0
 
 
@@ -35,15 +35,14 @@ class CompletionQueues(EngineObjectTable[Cq]):
             raise CommandFailed(Status.INVALID, f"CQ of {entries} entries (a power of two up to {self.max_cqe})")
         pages = rings.page_list(req.ring, rings.cq_ring_pages(entries), "the CQ ring")
         self.check_room()
-        db_slot = ctx.take_slot()
-        cq = Cq(int(req.ucontext), 0, entries, db_slot)
+        dbs = self.ucontexts.take_dbs(ctx, 1)
+        cq = Cq(int(req.ucontext), 0, entries, dbs[0])
         handle = self.add(cq)
-        config: CqConfig = {"handle": handle, "entries": entries, "db_page": ctx.doorbell_page, "db_slot": db_slot,
-                             "ring": pages}
+        config: CqConfig = {"handle": handle, "entries": entries, "db": cq.db, "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_cq, cq.slot, config,
-                              undo=lambda: ctx.slots.give(db_slot))
+                              undo=lambda: self.ucontexts.give_dbs(ctx, dbs))
         self.ucontexts.queue_created(ctx)
-        return handle, db_slot
+        return handle, cq.db
 
     def moderate(self, handle: int, count: int, period_us: int) -> None:
         """CQ moderation: one completion event per ``count`` completions or ``period_us`` after the first."""
@@ -54,4 +53,4 @@ class CompletionQueues(EngineObjectTable[Cq]):
     def destroy(self, handle: int) -> None:
         cq = self.remove_unused(handle, "QPs")
         self.seat.engine.destroy_cq(self.seat.index, cq.slot)
-        self.ucontexts.queue_destroyed(cq.ucontext, [cq.db_slot])
+        self.ucontexts.queue_destroyed(cq.ucontext, [cq.db])

@@ -28,11 +28,13 @@ def _limit(default: int, *, config: bool = False, query: bool = False, engine: s
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    max_qp: int = _limit(1024, config=True, query=True, engine="max_qp")
+    # Tens of thousands of QPs and CQs, as RoCE HCAs offer (one QP per peer is how MPI and UCX jobs scale); the
+    # engine's tables are arrays of pointers sized by these (powers of two), 256 KiB each at 32768.
+    max_qp: int = _limit(32768, config=True, query=True, engine="max_qp")
     max_qp_wr: int = _limit(4096, config=True, query=True, engine="max_qp_wr")
     max_sge: int = _limit(16, config=True, query=True, engine="max_sge")
     max_inline_data: int = _limit(256, config=True, query=True, engine="max_inline")
-    max_cq: int = _limit(1024, config=True, query=True, engine="max_cq")
+    max_cq: int = _limit(32768, config=True, query=True, engine="max_cq")
     max_cqe: int = _limit(65536, config=True, query=True, engine="max_cqe")
     max_mr: int = _limit(4096, config=True, query=True, engine="max_mr")
     # Two levels of page-list pages: 512 * 512 pages of 4 KiB (the engine gets it in pages: engine_limits).
@@ -40,14 +42,16 @@ class DeviceLimits:
     # Pages translated for all of one VM's MRs and rings together (an HCA's translation-table size): 16 GiB
     # registered at once. Each costs the backend 16 bytes whatever page it names, so this bounds a VM at 64 MiB.
     max_translated_pages: int = _limit(1 << 22, engine="max_pages_total")
-    max_pd: int = _limit(1024, config=True, query=True)
-    max_srq: int = _limit(256, config=True, query=True, engine="max_srq")
+    max_pd: int = _limit(32768, config=True, query=True)
+    max_srq: int = _limit(8192, config=True, query=True, engine="max_srq")
     max_srq_wr: int = _limit(4096, config=True, query=True, engine="max_srq_wr")
     max_srq_sge: int = _limit(16, query=True)
-    max_ah: int = _limit(1024, config=True, query=True)
+    max_ah: int = _limit(32768, config=True, query=True)
     max_qp_rd_atom: int = _limit(16, query=True)  # also QUERY_DEVICE's max_qp_init_rd_atom (query_fields)
-    # Header page + 63 user-context pages; a power of two for ivshmem.
-    doorbell_pages: int = _limit(64, config=True, engine="doorbell_pages")
+    # The header page, then pages of 1022 queue slots each, handed to contexts as they need them (a context takes
+    # one, and another whenever its queues fill those it has). 4 MiB, a power of two for ivshmem: room for 1022
+    # processes, or for every queue the limits above allow (2 max_qp + max_cq + max_srq slots need 137 pages).
+    doorbell_pages: int = _limit(1024, config=True, engine="doorbell_pages")
     gid_table_len: int = _limit(16)
     max_msg_size: int = _limit(1 << 31, engine="max_msg_size")
     page_size_cap: int = _limit(4 * KIB, query=True)

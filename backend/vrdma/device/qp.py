@@ -59,7 +59,7 @@ class Qp:
     recv_cq: int
     srq: int
     caps: dict[str, int]
-    db_slots: list[int]
+    dbs: list[int]  # doorbell indexes: its send queue's, then its receive queue's unless it has an SRQ
     attr: dict[str, Any] = field(default_factory=dict)
     qp_type: int = QpType.RC
 
@@ -111,36 +111,30 @@ class QueuePairs(EngineObjectTable[Qp]):
         pages = rings.page_list(req.ring, rings.qp_ring_pages(sq_offset, sq_depth, sq_stride, rq_offset, rq_depth,
                                                               rq_stride), "the QP rings")
         self.check_room()
-        db_slots: list[int] = []
-        try:
-            for _ in range(1 if srq else 2):  # a loop, not a comprehension: a slot taken is in db_slots at once
-                db_slots.append(ctx.take_slot())
-        except CommandFailed:
-            ctx.give_slots(db_slots)
-            raise
+        dbs = self.ucontexts.take_dbs(ctx, 1 if srq else 2)
         caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if srq is None else 0,
                 "max_send_sge": send_sge, "max_recv_sge": recv_sge, "max_inline_data": inline}
         qp = Qp(int(req.ucontext), int(req.pd), 0, 0, int(req.send_cq), int(req.recv_cq), int(req.srq), caps,
-                db_slots, {"qp_state": qp_states.RESET}, qp_type)
+                dbs, {"qp_state": qp_states.RESET}, qp_type)
         handle = self.add(qp)
         qp.qpn = GSI_QPN if qp_type == QpType.GSI else self._qpn(qp.slot)
-        rq_db_slot = db_slots[1] if len(db_slots) > 1 else 0
+        rq_db = dbs[1] if len(dbs) > 1 else 0
         config: QpConfig = {
             "handle": handle, "qpn": qp.qpn, "pd": int(req.pd), "sq_sig_all": int(req.sq_sig_all),
             "send_cq": send_cq.slot, "recv_cq": recv_cq.slot, "srq": srq.slot if srq else NO_SRQ,
             "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
             "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge, "max_recv_sge": recv_sge,
-            "max_inline": inline, "db_page": ctx.doorbell_page, "sq_db_slot": db_slots[0], "rq_db_slot": rq_db_slot,
+            "max_inline": inline, "sq_db": dbs[0], "rq_db": rq_db,
             "flags": (QP_KERNEL if ctx is self.ucontexts.kernel else 0) | TYPES[qp_type][1], "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config,
-                              undo=lambda: ctx.give_slots(db_slots))
+                              undo=lambda: self.ucontexts.give_dbs(ctx, dbs))
         pd.refs += 1
         send_cq.refs += 1
         recv_cq.refs += 1
         if srq is not None:
             srq.refs += 1
         self.ucontexts.queue_created(ctx)
-        return handle, qp.qpn, db_slots[0], rq_db_slot
+        return handle, qp.qpn, dbs[0], rq_db
 
     def gsi_taken(self) -> bool:
         return any(qp.qp_type == QpType.GSI for qp in self.pool.objects.values())
@@ -235,4 +229,4 @@ class QueuePairs(EngineObjectTable[Qp]):
             self.cqs.get(cq_handle).refs -= 1
         if qp.srq:
             self.srqs.get(qp.srq).refs -= 1
-        self.ucontexts.queue_destroyed(qp.ucontext, qp.db_slots)
+        self.ucontexts.queue_destroyed(qp.ucontext, qp.dbs)

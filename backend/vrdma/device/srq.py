@@ -24,7 +24,7 @@ class Srq:
     slot: int
     depth: int
     max_sge: int
-    db_slot: int
+    db: int  # doorbell index of its producer index
     refs: int = 0
 
 
@@ -49,17 +49,16 @@ class SharedReceiveQueues(EngineObjectTable[Srq]):
             raise CommandFailed(Status.INVALID, f"SRQ limit {limit} is not below its depth {depth}")
         pages = rings.page_list(req.ring, rings.srq_ring_pages(depth, stride), "the SRQ ring")
         self.check_room()
-        db_slot = ctx.take_slot()
-        srq = Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, db_slot)
+        dbs = self.ucontexts.take_dbs(ctx, 1)
+        srq = Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, dbs[0])
         handle = self.add(srq)
         config: SrqConfig = {"handle": handle, "pd": int(req.pd), "depth": depth, "stride": stride,
-                              "max_sge": max_sge, "limit": limit, "db_page": ctx.doorbell_page, "db_slot": db_slot,
-                              "ring": pages}
+                              "max_sge": max_sge, "limit": limit, "db": srq.db, "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_srq, srq.slot, config,
-                              undo=lambda: ctx.slots.give(db_slot))
+                              undo=lambda: self.ucontexts.give_dbs(ctx, dbs))
         pd.refs += 1
         self.ucontexts.queue_created(ctx)
-        return handle, db_slot
+        return handle, srq.db
 
     def modify(self, req: Any) -> None:
         srq = self.get(int(req.handle))
@@ -82,4 +81,4 @@ class SharedReceiveQueues(EngineObjectTable[Srq]):
         srq = self.remove_unused(handle, "QPs")
         self.seat.engine.destroy_srq(self.seat.index, srq.slot)
         self.pds.release(srq.pd)
-        self.ucontexts.queue_destroyed(srq.ucontext, [srq.db_slot])
+        self.ucontexts.queue_destroyed(srq.ucontext, [srq.db])

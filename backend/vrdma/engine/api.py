@@ -68,8 +68,7 @@ class MrConfig(TypedDict):
 class CqConfig(TypedDict):
     handle: int
     entries: int
-    db_page: int
-    db_slot: int
+    db: int  # doorbell index: page * VRDMA_DB_SLOTS + slot
     ring: PagesDesc
 
 
@@ -80,8 +79,7 @@ class SrqConfig(TypedDict):
     stride: int
     max_sge: int
     limit: int
-    db_page: int
-    db_slot: int
+    db: int
     ring: PagesDesc
 
 
@@ -102,9 +100,8 @@ class QpConfig(TypedDict):
     max_send_sge: int
     max_recv_sge: int
     max_inline: int
-    db_page: int
-    sq_db_slot: int
-    rq_db_slot: int
+    sq_db: int
+    rq_db: int  # 0 with an SRQ
     flags: int
     ring: PagesDesc
 

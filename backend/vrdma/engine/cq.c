@@ -93,14 +93,13 @@ int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 		return vre_fail(e, EINVAL, "CQ slot %u unusable", slot);
 	if (!cq_ring_fits(c->entries, d->lim.max_cqe, c->ring.npages))
 		return vre_fail(e, EINVAL, "CQ of %u entries does not fit %u pages", c->entries, c->ring.npages);
-	if (!vre_db_slot(d, c->db_page, c->db_slot))
-		return vre_fail(e, EINVAL, "CQ doorbell slot %u:%u unusable", c->db_page, c->db_slot);
+	if (!vre_db_slot(d, c->db))
+		return vre_fail(e, EINVAL, "CQ doorbell index %u unusable", c->db);
 	cq = obj_new(e, d, sizeof(*cq), offsetof(struct vre_cq, ring), &c->ring, "a CQ", &err);
 	if (!cq)
 		return err;
 	cq->cfg = *c;
-	cq->arm = vre_db_slot(d, c->db_page, c->db_slot);
-	store_release(cq->arm, 0);
+	cq->arm = vre_db_claim(e, d, c->db);
 	memset(mem_at(&cq->ring, 0), 0, sizeof(struct vrdma_cq_ring_hdr));
 	d->cqs[slot] = cq;
 	return 0;

@@ -47,12 +47,39 @@ VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, ui
 	e->ev_tail++;
 }
 
-/* A slot of a user context's doorbell page: never page 0 (the header), the parked slot or past the page. */
-VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot)
+static volatile uint32_t *db_word(struct vre_device *d, uint32_t page, uint32_t slot)
 {
-	if (page == 0 || page >= d->lim.doorbell_pages || slot == VRDMA_DB_SLOT_PARKED || slot >= DB_WORDS)
-		return NULL;
 	return (volatile uint32_t *)(d->doorbells + (size_t)page * VRDMA_DOORBELL_PAGE_SIZE) + slot;
+}
+
+/*
+ * The slot a doorbell index names: never in page 0 (the header), never a page's parked or alive slot, never past
+ * the region.
+ */
+VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index)
+{
+	uint32_t page = VRDMA_DB_PAGE(index), slot = VRDMA_DB_SLOT(index);
+
+	if (page == 0 || page >= d->lim.doorbell_pages || slot == VRDMA_DB_SLOT_PARKED || slot == VRDMA_DB_SLOT_ALIVE)
+		return NULL;
+	return db_word(d, page, slot);
+}
+
+/*
+ * A queue takes its slot (already checked by vre_db_slot): zero, and its page joins the pages whose parked slot
+ * the engine keeps (set at once if the engine is parked now). Parking then writes the pages that have queues,
+ * not the whole region, which is mostly unused.
+ */
+VRE_FN volatile uint32_t *vre_db_claim(struct vre_engine *e, struct vre_device *d, uint32_t index)
+{
+	uint32_t page = VRDMA_DB_PAGE(index);
+	volatile uint32_t *slot = vre_db_slot(d, index);
+
+	store_release(slot, 0);
+	d->db_pages_used[page / 64] |= 1ULL << (page % 64);
+	if (e->parked)
+		store_release(db_word(d, page, VRDMA_DB_SLOT_PARKED), 1);
+	return slot;
 }
 
 VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
@@ -60,9 +87,11 @@ VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
 	for (uint32_t i = 0; i < e->ndevices; i++) {
 		struct vre_device *d = &e->devices[i];
 
-		for (uint32_t p = 1; d->open && p < d->lim.doorbell_pages; p++)
-			store_release((volatile uint32_t *)(d->doorbells + (size_t)p * VRDMA_DOORBELL_PAGE_SIZE) +
-				      VRDMA_DB_SLOT_PARKED, value);
+		for (uint32_t w = 0; d->open && w < DIV_ROUND_UP(d->lim.doorbell_pages, 64); w++) {
+			for (uint64_t bits = d->db_pages_used[w]; bits; bits &= bits - 1)
+				store_release(db_word(d, w * 64 + (uint32_t)__builtin_ctzll(bits), VRDMA_DB_SLOT_PARKED),
+					      value);
+		}
 	}
 }
 
@@ -105,6 +134,7 @@ static void free_tables(struct vre_device *d)
 	free(d->srqs);
 	free(d->qps);
 	free(d->active);
+	free(d->db_pages_used);
 	memset(d, 0, sizeof(*d));
 }
 
@@ -131,7 +161,8 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	d->srqs = calloc(limits->max_srq, sizeof(*d->srqs));
 	d->qps = calloc(limits->max_qp, sizeof(*d->qps));
 	d->active = calloc(limits->max_qp, sizeof(*d->active));
-	if (!d->mrs || !d->cqs || !d->srqs || !d->qps || !d->active) {
+	d->db_pages_used = calloc(DIV_ROUND_UP(limits->doorbell_pages, 64), sizeof(*d->db_pages_used));
+	if (!d->mrs || !d->cqs || !d->srqs || !d->qps || !d->active || !d->db_pages_used) {
 		free_tables(d);
 		return vre_fail(e, ENOMEM, "no memory for device %u", dev);
 	}

@@ -73,8 +73,7 @@ struct vre_mr_config {
 struct vre_cq_config {
 	uint32_t handle;
 	uint32_t entries;
-	uint32_t db_page;
-	uint32_t db_slot;
+	uint32_t db;              /* doorbell index (VRDMA_DB_PAGE, VRDMA_DB_SLOT) */
 	struct vre_pages_desc ring;
 };
 
@@ -85,8 +84,7 @@ struct vre_srq_config {
 	uint32_t stride;
 	uint32_t max_sge;
 	uint32_t limit;
-	uint32_t db_page;
-	uint32_t db_slot;
+	uint32_t db;
 	struct vre_pages_desc ring;
 };
 
@@ -107,9 +105,8 @@ struct vre_qp_config {
 	uint32_t max_send_sge;
 	uint32_t max_recv_sge;
 	uint32_t max_inline;
-	uint32_t db_page;
-	uint32_t sq_db_slot;
-	uint32_t rq_db_slot;
+	uint32_t sq_db;           /* doorbell indexes; rq_db unused with an SRQ */
+	uint32_t rq_db;
 	uint32_t flags;           /* VRE_QP_* */
 	struct vre_pages_desc ring;
 };

@@ -63,17 +63,14 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	if (c->ring.npages > max_pages)
 		return vre_fail(e, EINVAL, "QP ring of %u pages: its header and queues need %llu", c->ring.npages,
 				(unsigned long long)max_pages);
-	if (!vre_db_slot(d, c->db_page, c->sq_db_slot) || (own_rq && !vre_db_slot(d, c->db_page, c->rq_db_slot)))
-		return vre_fail(e, EINVAL, "QP doorbell slots unusable");
+	if (!vre_db_slot(d, c->sq_db) || (own_rq && (!vre_db_slot(d, c->rq_db) || c->rq_db == c->sq_db)))
+		return vre_fail(e, EINVAL, "QP doorbell indexes %u and %u unusable", c->sq_db, c->rq_db);
 	qp = obj_new(e, d, sizeof(*qp), offsetof(struct vre_qp, ring), &c->ring, "a QP", &err);
 	if (!qp)
 		return err;
 	qp->cfg = *c;
-	qp->sq_db = vre_db_slot(d, c->db_page, c->sq_db_slot);
-	qp->rq_db = own_rq ? vre_db_slot(d, c->db_page, c->rq_db_slot) : NULL;
-	store_release(qp->sq_db, 0);
-	if (qp->rq_db)
-		store_release(qp->rq_db, 0);
+	qp->sq_db = vre_db_claim(e, d, c->sq_db);
+	qp->rq_db = own_rq ? vre_db_claim(e, d, c->rq_db) : NULL;
 	memset(mem_at(&qp->ring, 0), 0, sizeof(struct vrdma_qp_ring_hdr));
 	qp->attr.state = VRDMA_QPS_RESET;
 	qp->attr.dest_dev = VRE_NO_DEVICE;

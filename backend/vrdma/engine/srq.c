@@ -17,14 +17,13 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 	    !srq_ring_fits(c->depth, c->stride, c->ring.npages))
 		return vre_fail(e, EINVAL, "SRQ layout (depth %u, stride %u, %u SGEs, %u pages) is not usable",
 				c->depth, c->stride, c->max_sge, c->ring.npages);
-	if (!vre_db_slot(d, c->db_page, c->db_slot))
-		return vre_fail(e, EINVAL, "SRQ doorbell slot %u:%u unusable", c->db_page, c->db_slot);
+	if (!vre_db_slot(d, c->db))
+		return vre_fail(e, EINVAL, "SRQ doorbell index %u unusable", c->db);
 	srq = obj_new(e, d, sizeof(*srq), offsetof(struct vre_srq, ring), &c->ring, "an SRQ", &err);
 	if (!srq)
 		return err;
 	srq->cfg = *c;
-	srq->db = vre_db_slot(d, c->db_page, c->db_slot);
-	store_release(srq->db, 0);
+	srq->db = vre_db_claim(e, d, c->db);
 	srq->limit = c->limit;
 	memset(mem_at(&srq->ring, 0), 0, sizeof(struct vrdma_srq_ring_hdr));
 	d->srqs[slot] = srq;

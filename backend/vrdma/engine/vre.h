@@ -31,7 +31,6 @@
 #define PAGE_SHIFT VRDMA_PAGE_SHIFT
 #define EVENT_RING 4096
 #define MAX_REGIONS 64
-#define DB_WORDS (VRDMA_DOORBELL_PAGE_SIZE / 4)
 #define RNR_INFINITE 7
 #define MAX_WQE_SGES (VRDMA_PAGE_SIZE / sizeof(struct vrdma_sge))
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
@@ -107,6 +106,7 @@ struct vre_device {
 	bool open;
 	struct vre_device_limits lim;
 	uint8_t *doorbells;
+	uint64_t *db_pages_used;  /* bitmap: pages some queue took a slot of (their parked slot is kept) */
 	struct vre_region regions[MAX_REGIONS];
 	uint32_t nregions;
 	struct vre_mr **mrs;
@@ -233,7 +233,8 @@ VRE_TABLE(qp)
 VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 VRE_FN int64_t vre_monotonic_ns(void);
 VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
-VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t page, uint32_t slot);
+VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index);
+VRE_FN volatile uint32_t *vre_db_claim(struct vre_engine *e, struct vre_device *d, uint32_t index);
 VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
 
 /* -- mem.c ------------------------------------------------------------------------------------------------- */

@@ -31,7 +31,7 @@ int64_t nat_now(void)
 
 static volatile uint32_t *slot(const struct nat_queue *q, uint32_t index)
 {
-	return (volatile uint32_t *)(uintptr_t)q->doorbell_page + index;
+	return (volatile uint32_t *)(uintptr_t)q->doorbells + index;
 }
 
 /* Write one WRITE WQE and ring; wake the device if its engine is parked (what libvrdma's post_send does). */
@@ -52,9 +52,9 @@ static void post_write(struct nat_queue *q, const struct nat_write *w, int signa
 	sge->length = w->len;
 	sge->lkey = w->lkey;
 	q->prod++;
-	__atomic_store_n(slot(q, q->db_slot), q->prod, __ATOMIC_RELEASE);
+	__atomic_store_n(slot(q, q->db), q->prod, __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (__atomic_load_n(slot(q, VRDMA_DB_SLOT_PARKED), __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(slot(q, q->db - VRDMA_DB_SLOT(q->db) + VRDMA_DB_SLOT_PARKED), __ATOMIC_ACQUIRE))
 		eventfd_write(q->wake_fd, 1);
 }
 

@@ -9,11 +9,11 @@
 struct nat_queue {
 	uint64_t base;            /* host address of the send queue's first WQE */
 	uint64_t ring_hdr;        /* host address of the QP's ring header page */
-	uint64_t doorbell_page;   /* host address of the context's doorbell page */
+	uint64_t doorbells;       /* host address of the doorbell region */
 	uint32_t depth;
 	uint32_t stride;
 	uint32_t prod;
-	uint32_t db_slot;
+	uint32_t db;              /* the send queue's doorbell index */
 	int wake_fd;              /* the wake virtqueue's kick eventfd */
 	uint32_t reserved;
 };

@@ -81,7 +81,7 @@ class SimMr:
 class SimCq:
     handle: int
     entries: int
-    db_slot: int
+    db: int  # doorbell index of its arm slot
     buf: Buffer
     cons: int = 0
     arm_seq: int = 0
@@ -90,12 +90,13 @@ class SimCq:
 @dataclass
 class SimRing:
     """One work queue as the guest posts to it: ``depth`` WQE slots of ``stride`` bytes from guest address ``base``,
-    the doorbell slot the producer index goes to, and that index (free-running, as the device reads it)."""
+    the doorbell index of the slot the producer index goes to, and that index (free-running, as the device reads
+    it)."""
 
     base: int
     depth: int
     stride: int
-    db_slot: int
+    db: int
     prod: int = 0
 
     def slot_gpa(self, index: int) -> int:
@@ -171,12 +172,15 @@ class SimVerbs:
         self.memory.write(directory, struct.pack(f"<{len(lists)}Q", *lists))
         return {"addr": directory, "npages": count, "levels": 2}
 
-    def ring(self, slot: int, value: int) -> None:
-        offset = self.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE") + 4 * slot
-        self.doorbells[offset:offset + 4] = U32.pack(value & 0xFFFFFFFF)
+    def ring(self, db: int, value: int) -> None:
+        """Store ``value`` into the slot of doorbell index ``db`` (the region's 32-bit word ``db``)."""
+        self.doorbells[4 * db:4 * db + 4] = U32.pack(value & 0xFFFFFFFF)
 
-    def parked(self) -> bool:
-        offset = self.doorbell_page * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
+    def parked(self, db: int | None = None) -> bool:
+        """Whether the device's engine is parked, as the parked slot of the page of doorbell index ``db`` says
+        (by default the context's first page)."""
+        page = self.doorbell_page if db is None else db // abi.const("VRDMA_DB_SLOTS")
+        offset = page * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
         return bool(U32.unpack(self.doorbells[offset:offset + 4])[0])
 
     # -- objects ------------------------------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class SimVerbs:
         self.memory.write(buf.gpa + PAGE, SENTINEL * (entries * CQE_SIZE))
         resp = self.call("VRDMA_CMD_CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq",
                          ucontext=self.ucontext, entries=entries, ring=self.page_list(buf))
-        return SimCq(int(resp.handle), entries, int(resp.db_slot), buf)
+        return SimCq(int(resp.handle), entries, int(resp.db_index), buf)
 
     def create_srq(self, pd: int, depth: int = 16, max_sge: int = 4, limit: int = 0) -> SimSrq:
         stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32)
@@ -210,11 +214,11 @@ class SimVerbs:
         resp = self.call("VRDMA_CMD_CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
                          ucontext=self.ucontext, pd=pd, depth=depth, stride=stride, max_sge=max_sge,
                          srq_limit=limit, ring=self.page_list(buf))
-        return SimSrq(int(resp.handle), buf, SimRing(buf.gpa + PAGE, depth, stride, int(resp.db_slot)))
+        return SimSrq(int(resp.handle), buf, SimRing(buf.gpa + PAGE, depth, stride, int(resp.db_index)))
 
     def post_srq_recv(self, srq: SimSrq, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
         self.put_wqe(srq.ring, recv_wqe_bytes(sges, wr_id))
-        self.ring(srq.ring.db_slot, srq.ring.prod)
+        self.ring(srq.ring.db, srq.ring.prod)
 
     def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
                   max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None,
@@ -234,8 +238,8 @@ class SimVerbs:
                          max_recv_sge=max_sge if srq is None else 0, max_inline_data=max_inline,
                          ring=self.page_list(buf))
         return SimQp(int(resp.handle), int(resp.qpn), buf,
-                     SimRing(buf.gpa + sq_offset, depth, sq_stride, int(resp.sq_db_slot)),
-                     SimRing(buf.gpa + rq_offset, rq_depth, rq_stride, int(resp.rq_db_slot)))
+                     SimRing(buf.gpa + sq_offset, depth, sq_stride, int(resp.sq_db_index)),
+                     SimRing(buf.gpa + rq_offset, rq_depth, rq_stride, int(resp.rq_db_index)))
 
     def modify_qp(self, qp: SimQp, mask: int, **attr: Any) -> None:
         self.call("VRDMA_CMD_MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", handle=qp.handle,
@@ -306,13 +310,13 @@ class SimVerbs:
 
     def ring_send(self, qp: SimQp) -> None:
         """Store the send queue's producer index; wake the device if its engine is parked (as libvrdma does)."""
-        self.ring(qp.sq.db_slot, qp.sq.prod)
-        if self.parked():
+        self.ring(qp.sq.db, qp.sq.prod)
+        if self.parked(qp.sq.db):
             self.fe.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
 
     def post_recv(self, qp: SimQp, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
         self.put_wqe(qp.rq, recv_wqe_bytes(sges, wr_id))
-        self.ring(qp.rq.db_slot, qp.rq.prod)
+        self.ring(qp.rq.db, qp.rq.prod)
 
     def put_wqe(self, ring: SimRing, wqe: bytes) -> None:
         """Write a WQE (any bytes, at most a slot) into the ring's next slot and count it; ring no doorbell."""
@@ -353,4 +357,4 @@ class SimVerbs:
     def arm_cq(self, cq: SimCq, solicited: bool = False) -> None:
         cq.arm_seq += 1
         kind = abi.const("VRDMA_CQ_ARM_SOLICITED") if solicited else abi.const("VRDMA_CQ_ARM_NEXT")
-        self.ring(cq.db_slot, (cq.arm_seq << abi.const("VRDMA_CQ_ARM_SEQ_SHIFT")) | kind)
+        self.ring(cq.db, (cq.arm_seq << abi.const("VRDMA_CQ_ARM_SEQ_SHIFT")) | kind)

@@ -26,11 +26,12 @@ def create(vm: Vm, entries: int, npages: int | None = None, **overrides: object)
 def test_cqs_take_distinct_doorbell_slots_and_give_them_back(vm0: Vm, bystander: Bystander,
                                                             backend: BackendProcess) -> None:
     cqs = [vm0.verbs.create_cq(16) for _ in range(3)]
-    assert len({cq.db_slot for cq in cqs}) == 3 and all(0 < cq.db_slot < abi.const("VRDMA_DB_SLOT_ALIVE")
-                                                         for cq in cqs)
+    page = min(cq.db for cq in cqs) // abi.const("VRDMA_DB_SLOTS")
+    assert len({cq.db for cq in cqs}) == 3 and page == vm0.verbs.doorbell_page
+    assert all(0 < cq.db - page * abi.const("VRDMA_DB_SLOTS") < abi.const("VRDMA_DB_SLOT_ALIVE") for cq in cqs)
     vm0.call("MODIFY_CQ", "vrdma_cmd_modify_cq", handle=cqs[0].handle, cq_count=8, cq_period=100)
     vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=cqs[1].handle)
-    assert vm0.verbs.create_cq(16).db_slot == cqs[1].db_slot
+    assert vm0.verbs.create_cq(16).db == cqs[1].db
     assert backend.counters("vm0")["objects"]["cq"] == 3
 
 

@@ -41,7 +41,7 @@ def test_kernel_queues_move_guest_ram_named_by_the_local_dma_lkey(backend: Backe
     assert kernel.memory.read(dst.gpa, SIZE) == pattern(SIZE)
     # The kernel's queues took their doorbell slots from page 1, not from the user context's page.
     assert backend.counters("vm0")["doorbell_pages"] == [vm0.verbs.doorbell_page]
-    assert qp.sq.db_slot and kernel.doorbell_page == abi.const("VRDMA_KERNEL_DOORBELL_PAGE")
+    assert qp.sq.db and kernel.doorbell_page == abi.const("VRDMA_KERNEL_DOORBELL_PAGE")
 
 
 def test_a_user_queue_cannot_use_the_local_dma_lkey(backend: BackendProcess, vm0: Vm, bystander: Bystander) -> None:

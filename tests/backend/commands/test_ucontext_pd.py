@@ -40,6 +40,28 @@ def test_doorbell_pages_run_out_with_no_resources(vm0: Vm, bystander: Bystander)
     assert refused(lambda: alloc_ucontext(vm0)) == Status.NO_RESOURCES
 
 
+def test_a_context_takes_doorbell_pages_as_its_queues_need_them_and_gives_all_back(
+        vm0: Vm, bystander: Bystander, backend: BackendProcess) -> None:
+    slots, per_page = abi.const("VRDMA_DB_SLOTS"), abi.const("VRDMA_DB_SLOT_ALIVE") - 1
+    ring = vm0.verbs.page_list(vm0.verbs.alloc(2 * 4096))  # one ring every CQ here shares: none completes
+    cqs = [vm0.call("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", ucontext=vm0.verbs.ucontext,
+                    entries=1, ring=ring) for _ in range(2 * per_page + 1)]
+    pages = sorted({int(cq.db_index) // slots for cq in cqs})
+    assert len(pages) == 3 and pages[0] == vm0.verbs.doorbell_page
+    assert len({int(cq.db_index) for cq in cqs}) == len(cqs)
+    assert all(0 < int(cq.db_index) % slots < abi.const("VRDMA_DB_SLOT_ALIVE") for cq in cqs)
+    assert backend.counters("vm0")["doorbell_pages"] == pages
+    other_page = alloc_ucontext(vm0)[1]  # the next free page, not one of the three
+    assert other_page not in pages
+    assert refused(lambda: vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy",
+                                    handle=vm0.verbs.ucontext)) == Status.BUSY
+    for cq in cqs:
+        vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=cq.handle)
+    vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", handle=vm0.verbs.ucontext)
+    assert backend.counters("vm0")["doorbell_pages"] == [other_page]
+    assert alloc_ucontext(vm0)[1] == min(pages)  # the lowest free page comes first
+
+
 def test_a_context_with_a_pd_and_a_pd_with_an_mr_are_busy(vm0: Vm, bystander: Bystander) -> None:
     pd = vm0.verbs.alloc_pd()
     mr = vm0.verbs.reg_mr(pd, 4096)

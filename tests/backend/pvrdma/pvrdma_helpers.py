@@ -173,7 +173,7 @@ def put_recv_wqe(verbs: SimVerbs, qp: SimQp, srq: Any, wqe: bytes, producer: int
     whatever it is, as that queue's producer index."""
     ring = srq.ring if srq is not None else qp.rq
     verbs.memory.write(ring.slot_gpa(0), wqe)
-    verbs.ring(ring.db_slot, producer)
+    verbs.ring(ring.db, producer)
 
 
 def events_ready(verbs: SimVerbs) -> None:

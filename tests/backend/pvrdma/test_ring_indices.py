@@ -34,7 +34,7 @@ def test_garbage_send_producer_index_runs_nothing(backend: BackendProcess, pair:
     for i in range(qp.sq.depth):
         v.post_send(qp, WR["RDMA_WRITE"], [(attacker.mr.addr, 64, attacker.mr.lkey)], wr_id=i, ring=False,
                     remote_addr=victim.mr.addr + 64 * i, rkey=victim.mr.rkey)
-    v.ring(qp.sq.db_slot, producer)
+    v.ring(qp.sq.db, producer)
     v.fe.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
     wait_for(lambda: engine(backend, "vm1")["qp_fatal"] == 1, "QP_FATAL")
     assert [(e.type, e.handle) for e in v.wait_events()] == [(EVENT["QP_FATAL"], qp.handle)]
@@ -90,12 +90,12 @@ def test_garbage_receive_index_flushes_at_most_one_ring(backend: BackendProcess,
     if how == "QP moved to the error state":
         qp = v.create_qp(attacker.pd, cq, cq)
         v.modify_qp(qp, abi.const("VRDMA_QP_STATE"), qp_state=QPS_ERR)
-        v.ring(qp.rq.db_slot, 0x7FFF0000)
+        v.ring(qp.rq.db, 0x7FFF0000)
     else:
         qp = v.create_qp(attacker.pd, cq, cq)
         peer = connected_qp(victim, attacker, qp)
         v.connect(qp, peer.qpn, GID[victim.name])
-        v.ring(qp.rq.db_slot, 0x7FFF0000)
+        v.ring(qp.rq.db, 0x7FFF0000)
         victim.verbs.post_send(peer, WR["SEND"], [(victim.mr.addr, 8, victim.mr.lkey)], wr_id=7)
         assert wait_cqes(victim.verbs, victim.cq, 1)[0].status == WC["REM_OP_ERR"]
     for i in range(20):
