@@ -172,7 +172,7 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.rq_db = flags & 512 ? draw_db(in, vm, flags & 256) :
 		  c.sq_db - VRDMA_DB_SLOT(c.sq_db) + u16(in) % VRDMA_DB_SLOTS;
 	c.flags = (flags & 0x800 ? VRE_QP_KERNEL : 0) | (flags & 0x1000 ? VRE_QP_UD : 0) |
-		  (flags & 0x2000 ? VRE_QP_GSI : 0);
+		  (flags & 0x2000 ? VRE_QP_GSI : 0) | (flags & 0x4000 ? VRE_QP_UC : 0);
 	if ((flags & 0x3000) == 0x3000 && !(flags & 1))
 		c.qpn = VRDMA_GSI_QPN;  /* the device's QP1 (the engine takes it in any free slot) */
 	end = (uint64_t)c.sq_offset + (uint64_t)c.sq_depth * c.sq_stride;

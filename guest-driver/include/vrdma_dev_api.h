@@ -114,6 +114,7 @@
 /* QP types and states, modify masks (the InfiniBand values) */
 #define VRDMA_QPT_GSI 1           /* QP1 of the port: datagrams of the MAD layer (the IB CM's among them) */
 #define VRDMA_QPT_RC 2
+#define VRDMA_QPT_UC 3            /* SEND and RDMA WRITE (with immediate) without acknowledgement */
 #define VRDMA_QPT_UD 4
 #define VRDMA_GSI_QPN 1
 #define VRDMA_GSI_QKEY 0x80010000
@@ -339,6 +340,7 @@ struct vrdma_resp_query_counters {
 	__le64 qp_fatal;
 	__le64 events_dropped;
 	__le64 ud_dropped;        /* datagrams nobody took */
+	__le64 uc_dropped;        /* UC messages lost (no destination ready, no receive, a bad rkey or receive) */
 };
 
 struct vrdma_resp_query_port {
@@ -453,7 +455,7 @@ struct vrdma_cmd_create_qp {
 	__le32 send_cq;
 	__le32 recv_cq;
 	__le32 srq;               /* 0: the QP has its own receive queue */
-	__u8 qp_type;             /* VRDMA_QPT_RC, _UD, _GSI (the kernel's, one per device: QPN 1) */
+	__u8 qp_type;             /* VRDMA_QPT_RC, _UC, _UD, _GSI (the kernel's, one per device: QPN 1) */
 	__u8 sq_sig_all;
 	__u8 reserved0[2];
 	__le32 sq_depth;
@@ -675,7 +677,7 @@ VRDMA_ASSERT_SIZE(vrdma_cmd_query_device, 8);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_device, 120);
 VRDMA_ASSERT_SIZE(vrdma_cmd_query_port, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_port, 40);
-VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 96);
+VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 104);
 VRDMA_ASSERT_SIZE(vrdma_event, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_add_gid, 32);
 VRDMA_ASSERT_SIZE(vrdma_cmd_del_gid, 16);

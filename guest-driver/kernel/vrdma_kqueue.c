@@ -206,9 +206,9 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	size_t size;
 	int ret;
 
-	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UD && attr->qp_type != IB_QPT_GSI) ||
-	    attr->srq || attr->create_flags)
-		return -EOPNOTSUPP;  /* kernel RC, UD and GSI QPs with receive queues of their own */
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
+	     attr->qp_type != IB_QPT_GSI) || attr->srq || attr->create_flags)
+		return -EOPNOTSUPP;  /* kernel RC, UC, UD and GSI QPs with receive queues of their own */
 	if (cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
 	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
 		return -EINVAL;
@@ -304,7 +304,10 @@ static int vrdma_kqp_write_send(struct vrdma_qp *qp, const struct ib_send_wr *wr
 	u32 i, len = 0;
 
 	memset(wqe, 0, sizeof(*wqe));
-	if (qp->ibqp.qp_type != IB_QPT_RC) {
+	if (qp->ibqp.qp_type == IB_QPT_UC && wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM &&
+	    wr->opcode != IB_WR_RDMA_WRITE && wr->opcode != IB_WR_RDMA_WRITE_WITH_IMM)
+		return -EINVAL;  /* UC has no responses: no READ, no atomics */
+	if (qp->ibqp.qp_type == IB_QPT_UD || qp->ibqp.qp_type == IB_QPT_GSI) {
 		/* A datagram: its address vector goes with it (the device routes by it; no AH is a device object). */
 		if (wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM)
 			return -EINVAL;

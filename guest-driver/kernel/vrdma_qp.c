@@ -13,7 +13,8 @@
 
 #define VRDMA_QP_ATTR_MASK 0x1fffff	/* IB_QP_STATE .. IB_QP_DEST_QPN: the attributes the device knows */
 
-static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC && IB_QPT_UD == VRDMA_QPT_UD &&
+static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC && IB_QPT_UC == VRDMA_QPT_UC &&
+	      IB_QPT_UD == VRDMA_QPT_UD &&
 	      IB_QPT_GSI == VRDMA_QPT_GSI, "QP states and types are the IB values");
 static_assert(IB_QP_DEST_QPN == VRDMA_QP_DEST_QPN && IB_QP_CAP == VRDMA_QP_CAP, "modify masks are the IB values");
 
@@ -57,7 +58,8 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 
 	if (!udata)
 		return vrdma_kqp_create(qp, attr);  /* a kernel consumer's */
-	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UD) || attr->create_flags)
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD) ||
+	    attr->create_flags)
 		return -EOPNOTSUPP;  /* RC and UD QPs: no UC/XRC yet, and the GSI QP is the kernel's */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)

@@ -318,7 +318,7 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 static const struct rdma_stat_desc vrdma_counter_descs[] = {
 	{ .name = "send_wqes" }, { .name = "recv_wqes" }, { .name = "cqes" }, { .name = "bytes" },
 	{ .name = "error_cqes" }, { .name = "flushed" }, { .name = "rnr_waits" }, { .name = "cq_overflows" },
-	{ .name = "qp_fatal" }, { .name = "events_dropped" }, { .name = "ud_dropped" },
+	{ .name = "qp_fatal" }, { .name = "events_dropped" }, { .name = "ud_dropped" }, { .name = "uc_dropped" },
 };
 static_assert(sizeof(struct vrdma_resp_query_counters) ==
 	      sizeof(struct vrdma_resp_hdr) + ARRAY_SIZE(vrdma_counter_descs) * sizeof(__le64),

@@ -100,7 +100,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	struct vrdma_qp *qp;
 	int ret;
 
-	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) {
+	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -252,17 +252,20 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	return 0;
 }
 
-static bool opcode_ok(enum ibv_wr_opcode op)
+/* The opcodes a QP of type `type` posts: UD sends, UC sends and writes (it has no responses), RC all of them. */
+static bool opcode_ok(enum ibv_qp_type type, enum ibv_wr_opcode op)
 {
 	switch (op) {
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_IMM:
+		return true;
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return type != IBV_QPT_UD;
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		return true;
+		return type == IBV_QPT_RC;
 	default:
 		return false;
 	}
@@ -290,9 +293,8 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 			ret = ENOMEM;
 			break;
 		}
-		if (!opcode_ok(wr->opcode) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge ||
-		    (ibqp->qp_type == IBV_QPT_UD && (!wr->wr.ud.ah || (wr->opcode != IBV_WR_SEND &&
-								     wr->opcode != IBV_WR_SEND_WITH_IMM)))) {
+		if (!opcode_ok(ibqp->qp_type, wr->opcode) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge ||
+		    (ibqp->qp_type == IBV_QPT_UD && !wr->wr.ud.ah)) {
 			ret = EINVAL;
 			break;
 		}

@@ -1,7 +1,7 @@
 """The RDMA connection manager and datagrams between two guests over vrdma0: the MAD layer opens the port on the
 device's GSI QP, the IB CM's MADs travel as datagrams between the guests' QP1s, librdmacm's own tools connect over
 the guests' IP addresses (route and address resolved from eth0, as for any RoCE device), and user programs send
-datagrams on UD QPs."""
+datagrams on UD QPs and messages on UC QPs."""
 
 from __future__ import annotations
 
@@ -79,16 +79,40 @@ def test_udaddy_resolves_and_exchanges_datagrams(two_guests: Cluster) -> None:
     assert "data transfers complete" in server.stdout and "return status 0" in client.stdout
 
 
-def test_ibv_ud_pingpong_checks_its_data(two_guests: Cluster) -> None:
+@pytest.mark.parametrize(("mtu", "size"), [(1500, 1024), (verbs.JUMBO_MTU, None), (verbs.JUMBO_MTU, 4096)],
+                         ids=["1500 B link, 1 KiB", "jumbo link, defaults", "jumbo link, 4 KiB"])
+def test_ibv_ud_pingpong_checks_its_data(two_guests: Cluster, mtu: int, size: int | None) -> None:
+    """ibv_ud_pingpong holds a datagram to the port's active MTU, which follows eth0's: 1024 bytes on a 1500-byte
+    link, its default (2048) and 4096 on a jumbo one."""
     vm0, vm1 = two_guests[0], two_guests[1]
     assert two_guests.backend is not None
     gid = str(verbs.ipv4_gid_index(vm0, "vrdma0"))
     errors = vm_counters(two_guests.backend, "vm0")["engine"]["error_cqes"]
-    # 1024 bytes: the path MTU of the guests' 1500-byte Ethernet link, which ibv_ud_pingpong holds a datagram to.
-    _, client = verbs.client_server(vm0, vm1, ["ibv_ud_pingpong", "-d", "vrdma0", "-g", gid, "-s", "1024", "-n",
-                                               "500", "-c"])
+    with verbs.link_mtu([vm0, vm1], mtu):
+        _, client = verbs.client_server(vm0, vm1, ["ibv_ud_pingpong", "-d", "vrdma0", "-g", gid, "-n", "500", "-c",
+                                                   *(["-s", str(size)] if size else [])])
     assert "500 iters in" in client.stdout, client.stdout
     assert vm_counters(two_guests.backend, "vm0")["engine"]["error_cqes"] == errors
+
+
+@pytest.mark.parametrize("size", [4096, 1 << 20], ids=["defaults", "1 MiB"])
+def test_ibv_uc_pingpong_checks_its_data(two_guests: Cluster, size: int) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    assert two_guests.backend is not None
+    gid = str(verbs.ipv4_gid_index(vm0, "vrdma0"))
+    before = vm_counters(two_guests.backend, "vm0")["engine"]
+    _, client = verbs.client_server(vm0, vm1, ["ibv_uc_pingpong", "-d", "vrdma0", "-g", gid, "-s", str(size), "-n",
+                                               "200", "-c"])
+    assert "200 iters in" in client.stdout, client.stdout
+    after = vm_counters(two_guests.backend, "vm0")["engine"]
+    assert after["error_cqes"] == before["error_cqes"] and after["bytes"] - before["bytes"] >= 200 * size
+
+
+def test_perftest_writes_over_uc(two_guests: Cluster) -> None:
+    vm0, vm1 = two_guests[0], two_guests[1]
+    rows = verbs.perftest(vm0, vm1, "ib_write_bw", "vrdma0", verbs.ipv4_gid_index(vm0, "vrdma0"), extra=("-c", "UC"))
+    assert rows and rows[0]["#iterations"] >= 1000, rows
+    assert next(value for name, value in rows[0].items() if name.startswith("BW average")) > 0, rows
 
 
 @pytest.mark.parametrize("tool", ["ib_send_bw", "ib_send_lat"])

@@ -41,6 +41,10 @@ def ratios(results: list[Metric]) -> list[Metric]:
     ratio("vrdma_write_bw_1mib_vs_rxe", "vrdma_write_bw_1mib_gbps", "rxe_write_bw_1mib_gbps")
     ratio("vrdma_write_lat_vs_rxe", "vrdma_write_lat_small_us", "rxe_write_lat_small_us")
     ratio("vrdma_send_lat_vs_rxe", "vrdma_send_lat_small_us", "rxe_send_lat_small_us")
+    ratio("vrdma_ud_send_lat_vs_rxe", "vrdma_ud_send_lat_small_us", "rxe_ud_send_lat_small_us")
+    ratio("vrdma_ud_send_bw_4k_vs_rxe", "vrdma_ud_send_bw_4k_gbps", "rxe_ud_send_bw_4k_gbps")
+    ratio("vrdma_qp_create_vs_rxe", "vrdma_qp_create_per_s", "rxe_qp_create_per_s")
+    ratio("vrdma_cm_connect_vs_rxe", "vrdma_cm_connect_per_s", "rxe_cm_connect_per_s")
     ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
     return out
 
@@ -55,7 +59,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     results += native_backend()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
-    log.info("vrdma and rxe side by side in two guests (%s)", ", ".join(BW_TOOLS + LAT_TOOLS + ["ibv_reg_mr"]))
+    log.info("vrdma and rxe side by side in two guests (%s)",
+             ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime"]))
     guest_results, sweeps = guests_vs_rxe()
     results += guest_results
     results += ratios(results)

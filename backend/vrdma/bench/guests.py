@@ -1,6 +1,7 @@
 """Guests: vrdma and rxe side by side in the same two guests, and the backend's CPU while guests idle.
 
-- perftest bandwidth and latency, ibv_reg_mr of 1 GiB, for vrdma0 and rxe0 in the same run;
+- perftest bandwidth and latency (RC, and UD on a jumbo link), QP creation rate, ibv_reg_mr of 1 GiB, for vrdma0
+  and rxe0 in the same run;
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
   with psutil over 10 s once the engine had time to park.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import statistics
 import tempfile
 import threading
@@ -30,6 +32,14 @@ BW_ITERATIONS = {"vrdma0": 5000, "rxe0": 20}  # perftest's default on vrdma: ~0.
 LAT_TOOLS = ["ib_write_lat", "ib_send_lat"]
 LAT_ITERATIONS = 300
 REG_MR_SCRIPT = Path(__file__).parents[1] / "harness" / "guest" / "reg_mr.py"
+QP_SCALE_SCRIPT = Path(__file__).parents[1] / "harness" / "guest" / "qp_scale.py"
+UD_ITERATIONS = {"vrdma0": 20000, "rxe0": 2000}
+QP_CREATES = 1000
+CM_CONNECTIONS = 100
+CMTIME_PORT = 7471
+# cmtime's table for its test with QPs: "full connect" runs from the first rdma_create_id to the last connection
+# established; its second figure is that total, in microseconds.
+FULL_CONNECT = re.compile(r"^qp_conn\s+(\d+)\n.*?^full connect\s+\d+\s+(\d+)", flags=re.M | re.S)
 GUEST_MEMORY_MIB = 3072  # room for a 1 GiB registration next to the guest's own RAM disk
 
 
@@ -45,9 +55,12 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
             Cluster(2, Path(tmp), memory_mib=GUEST_MEMORY_MIB) as guests:
         server, client = guests[0], guests[1]
+        accel = guests.accel.upper()
+        # rdma_cm picks the device by IP address, and vrdma0 and rxe0 would share eth0's: each is measured alone
+        # (vrdma0 before rxe0 exists, rxe0 once vrdma is unloaded, at the end).
+        results.append(cm_connect_rate(server, client, "vrdma0", accel))
         for vm in guests:
             verbs.add_rxe(vm, "rxe0")
-        accel = guests.accel.upper()
         for device in ("vrdma0", "rxe0"):
             name = device.rstrip("0")
             gid = verbs.ipv4_gid_index(server, device)
@@ -88,11 +101,57 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
                 label = tool.removeprefix("ib_").removesuffix("_lat")
                 results.append(Metric(f"{name}_{label}_lat_small_us", round(row["t_typical[usec]"], 1), "us",
                                       f"vrdma bench ({tool} 2 B, two {accel} guests)"))
+            results += datagrams_and_setup(server, client, device, gid, accel)
             reg = client.run(["python3", "-c", REG_MR_SCRIPT.read_text(), device, str(GIB), "3"], timeout=600)
             reg.check(f"ibv_reg_mr of 1 GiB on {device}")
             results.append(Metric(f"{name}_reg_mr_1gib_ms", round(json.loads(reg.stdout)["median_ms"], 1), "ms",
                                   f"vrdma bench (ibv_reg_mr 1 GiB in a {accel} guest)"))
+        for vm in guests:
+            vm.run(["rmmod", "vrdma"]).check("rmmod vrdma (rxe0 alone on eth0 for rdma_cm)")
+        results.append(cm_connect_rate(server, client, "rxe0", accel))
     return results, sweeps
+
+
+def cm_connect_rate(server: Any, client: Any, device: str, accel: str) -> Metric:
+    """rdma_cm connection set-up rate: cmtime (rdma-core) connects CM_CONNECTIONS RC QPs from one guest to the
+    other (address and route resolution, QP creation and transitions, the CM's REQ/REP/RTU), the only RDMA device
+    on eth0 being ``device``."""
+    from vrdma.harness import verbs
+
+    count = str(CM_CONNECTIONS)
+    _, result = verbs.client_server(server, client, ["cmtime", "-b", server.address, "-c", count],
+                                    port=CMTIME_PORT, rdma_cm=True,
+                                    client_argv=["cmtime", "-s", server.address, "-c", count], timeout=600)
+    found = FULL_CONNECT.search(result.stdout)
+    if found is None or int(found.group(1)) != CM_CONNECTIONS or not int(found.group(2)):
+        raise RuntimeError(f"cmtime on {device} printed no connection time:\n{result.stdout}")
+    per_s = CM_CONNECTIONS / (int(found.group(2)) / 1e6)
+    return Metric(f"{device.rstrip('0')}_cm_connect_per_s", round(per_s, 1), "connections/s",
+                  f"vrdma bench (cmtime -c {count}, two {accel} guests)")
+
+
+def datagrams_and_setup(server: Any, client: Any, device: str, gid: int, accel: str) -> list[Metric]:
+    """UD send latency and 4 KiB bandwidth (on a jumbo link, so a 4 KiB datagram fits the path MTU), and how fast
+    one process creates QPs and moves them to INIT (what MPI and UCX do once per peer)."""
+    from vrdma.harness import verbs
+
+    name = device.rstrip("0")
+    results = []
+    with verbs.link_mtu([server, client]):
+        row = verbs.perftest(server, client, "ib_send_lat", device, gid,
+                             ("-c", "UD", "-n", str(LAT_ITERATIONS)))[-1]
+        results.append(Metric(f"{name}_ud_send_lat_small_us", round(row["t_typical[usec]"], 1), "us",
+                              f"vrdma bench (ib_send_lat -c UD 2 B, two {accel} guests)"))
+        row = verbs.perftest(server, client, "ib_send_bw", device, gid,
+                             ("-c", "UD", "-s", "4096", "-n", str(UD_ITERATIONS[device])))[-1]
+        results.append(Metric(f"{name}_ud_send_bw_4k_gbps", round(row["BW average[MiB/sec]"] * MIB / 1e9, 3),
+                              "GB/s", f"vrdma bench (ib_send_bw -c UD -s 4096, two {accel} guests, MTU 9000)"))
+    rate = client.run(["python3", "-c", QP_SCALE_SCRIPT.read_text(), "rate", device, str(QP_CREATES)], timeout=900)
+    rate.check(f"{QP_CREATES} QPs created on {device}")
+    results.append(Metric(f"{name}_qp_create_per_s", round(json.loads(rate.stdout)["per_s"]), "QPs/s",
+                          f"vrdma bench ({QP_CREATES} RC QPs created and moved to INIT by one process, {accel} "
+                          f"guest)"))
+    return results
 
 
 class CpuSampler:

@@ -62,6 +62,7 @@ class Access(IntFlag):
 class QpType(IntEnum):
     GSI = 1
     RC = 2
+    UC = 3
     UD = 4
 
 

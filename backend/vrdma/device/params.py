@@ -31,7 +31,7 @@ class DeviceLimits:
     # Tens of thousands of QPs and CQs, as RoCE HCAs offer (one QP per peer is how MPI and UCX jobs scale); the
     # engine's tables are arrays of pointers sized by these (powers of two), 256 KiB each at 32768.
     max_qp: int = _limit(32768, config=True, query=True, engine="max_qp")
-    max_qp_wr: int = _limit(4096, config=True, query=True, engine="max_qp_wr")
+    max_qp_wr: int = _limit(32768, config=True, query=True, engine="max_qp_wr")  # as mlx5 HCAs report
     max_sge: int = _limit(16, config=True, query=True, engine="max_sge")
     max_inline_data: int = _limit(256, config=True, query=True, engine="max_inline")
     max_cq: int = _limit(32768, config=True, query=True, engine="max_cq")
@@ -44,7 +44,7 @@ class DeviceLimits:
     max_translated_pages: int = _limit(1 << 22, engine="max_pages_total")
     max_pd: int = _limit(32768, config=True, query=True)
     max_srq: int = _limit(8192, config=True, query=True, engine="max_srq")
-    max_srq_wr: int = _limit(4096, config=True, query=True, engine="max_srq_wr")
+    max_srq_wr: int = _limit(32768, config=True, query=True, engine="max_srq_wr")
     max_srq_sge: int = _limit(16, query=True)
     max_ah: int = _limit(32768, config=True, query=True)
     max_qp_rd_atom: int = _limit(16, query=True)  # also QUERY_DEVICE's max_qp_init_rd_atom (query_fields)

@@ -24,7 +24,7 @@ from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.status import CommandFailed, Status
 from vrdma.device.table import EngineObjectTable
 from vrdma.device.ucontext import UserContexts
-from vrdma.engine.api import NO_DEVICE, NO_SRQ, QP_GSI, QP_KERNEL, QP_UD, QpConfig
+from vrdma.engine.api import NO_DEVICE, NO_SRQ, QP_GSI, QP_KERNEL, QP_UC, QP_UD, QpConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ GSI_QPN = abi.const("VRDMA_GSI_QPN")
 # The state table and the engine flags of each QP type.
 TYPES: dict[int, tuple[dict[tuple[int, int], tuple[int, int]], int]] = {
     QpType.RC: (qp_states.TRANSITIONS, 0),
+    QpType.UC: (qp_states.UC_TRANSITIONS, QP_UC),
     QpType.UD: (qp_states.UD_TRANSITIONS, QP_UD),
     QpType.GSI: (qp_states.GSI_TRANSITIONS, QP_UD | QP_GSI),
 }
@@ -87,7 +88,7 @@ class QueuePairs(EngineObjectTable[Qp]):
             raise CommandFailed(Status.INVALID, "reserved fields of CREATE_QP are not zero")
         qp_type = int(req.qp_type)
         if qp_type not in TYPES:
-            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {qp_type} (the device has RC, UD and GSI QPs)")
+            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {qp_type} (the device has RC, UC, UD and GSI QPs)")
         if qp_type == QpType.GSI and (ctx is not self.ucontexts.kernel or self.gsi_taken()):
             raise CommandFailed(Status.INVALID, "the GSI QP is the kernel's, and the device has one")
         send_cq = self.cqs.in_context(int(req.send_cq), int(req.ucontext))
@@ -182,7 +183,7 @@ class QueuePairs(EngineObjectTable[Qp]):
                 "dest_qpn": stored["dest_qp_num"], "min_rnr_timer": stored["min_rnr_timer"],
                 "rnr_retry": stored["rnr_retry"], "retry_cnt": stored["retry_cnt"], "timeout": stored["timeout"],
                 "qkey": stored["qkey"]})
-        if target == qp_states.RTR and qp.qp_type == QpType.RC:
+        if target == qp_states.RTR and qp.qp_type in (QpType.RC, QpType.UC):
             log.info("%s: QP %#x -> QP %#x on %s", self.owner, qp.qpn, stored["dest_qp_num"],
                      "an unknown GID" if dest_dev == NO_DEVICE else f"device {dest_dev}")
 

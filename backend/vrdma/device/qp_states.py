@@ -1,4 +1,4 @@
-"""The queue pair state machines of the InfiniBand specification (modify_qp), as tables: RC, UD and GSI.
+"""The queue pair state machines of the InfiniBand specification (modify_qp), as tables: RC, UC, UD and GSI.
 
 For each (current state, next state) a guest may ask for: the attributes it must give and those it may give.
 Anything else in the mask is refused, as a real HCA's firmware (and the kernel's ib_modify_qp_is_ok) refuses it:
@@ -64,10 +64,22 @@ UD_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
     (SQD, RTS): (_m("STATE"), _m("CUR_STATE", "QKEY")),
     (SQD, SQD): (0, _m("PKEY_INDEX", "QKEY")),
 }
+# UC queue pairs: a path and a destination as RC, but nothing of acknowledgements (no timeout, retries, RNR timer,
+# or reads and atomics in flight).
+UC_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
+    (RESET, INIT): (_m("STATE", "PKEY_INDEX", "PORT", "ACCESS_FLAGS"), 0),
+    (INIT, INIT): (0, _m("PKEY_INDEX", "PORT", "ACCESS_FLAGS")),
+    (INIT, RTR): (_m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN"), _m("ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX")),
+    (RTR, RTS): (_m("STATE", "SQ_PSN"), _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "PATH_MIG_STATE")),
+    (RTS, RTS): (0, _m("CUR_STATE", "ACCESS_FLAGS", "ALT_PATH", "PATH_MIG_STATE")),
+    (RTS, SQD): (_m("STATE"), _m("EN_SQD_ASYNC_NOTIFY")),
+    (SQD, RTS): (_m("STATE"), _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "PATH_MIG_STATE")),
+    (SQD, SQD): (0, _m("AV", "ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX", "PATH_MIG_STATE")),
+}
 # ... and for the GSI queue pair (QP1), which belongs to its port: no port to give.
 GSI_TRANSITIONS = {**UD_TRANSITIONS, (RESET, INIT): (_m("STATE", "PKEY_INDEX", "QKEY"), 0),
                    (INIT, INIT): (0, _m("PKEY_INDEX", "QKEY"))}
-for _table in (TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
+for _table in (TRANSITIONS, UC_TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
     for _state in (RESET, INIT, RTR, RTS, SQD, SQE, ERR):
         _table[(_state, RESET)] = (_m("STATE"), 0)
         _table[(_state, ERR)] = (_m("STATE"), 0)

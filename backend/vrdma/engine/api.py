@@ -21,10 +21,11 @@ NO_SRQ = -1
 QP_KERNEL = 1
 QP_UD = 2
 QP_GSI = 4
+QP_UC = 8
 MAX_GIDS = 64
 # The engine's per-device counters (struct vre_counters), in order.
 COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
-            "qp_fatal", "events_dropped", "ud_dropped")
+            "qp_fatal", "events_dropped", "ud_dropped", "uc_dropped")
 
 
 class EngineLimits(TypedDict):

@@ -24,6 +24,7 @@
 #define VRE_QP_KERNEL 1           /* a queue of the guest kernel: the local DMA lkey works */
 #define VRE_QP_UD 2               /* datagrams: SEND with an address vector in the WQE, routed by GID and QPN */
 #define VRE_QP_GSI 4              /* the device's QP1 (with VRE_QP_UD): found by QPN 1 */
+#define VRE_QP_UC 8               /* unreliable connected: SEND and WRITE (with immediate), nothing acknowledged */
 #define VRE_MAX_GIDS 64           /* a device's GID table, at most */
 
 struct vre_engine;
@@ -145,6 +146,8 @@ struct vre_counters {
 	uint64_t events_dropped;
 	uint64_t ud_dropped;      /* datagrams this device sent that nobody took (no such GID or QP, wrong Q_Key, no
 				   * receive posted), and datagrams for it it could not take: as UD defines, silently */
+	uint64_t uc_dropped;      /* UC messages lost, sent by this device or for it: no destination ready, no receive
+				   * posted, a bad rkey or receive (UC has no acknowledgement: the sender succeeds) */
 };
 
 struct vre_engine *vre_engine_new(uint32_t max_devices);

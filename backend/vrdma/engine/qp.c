@@ -44,6 +44,9 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 
 	bool gsi = c->flags & VRE_QP_GSI;
 
+	if ((c->flags & ~(VRE_QP_KERNEL | VRE_QP_UD | VRE_QP_GSI | VRE_QP_UC)) ||
+	    ((c->flags & VRE_QP_UC) && (c->flags & VRE_QP_UD)))
+		return vre_fail(e, EINVAL, "QP flags %#x: no such QP type", c->flags);
 	if (!qp_slot_free(d, slot) || (gsi ? c->qpn != VRDMA_GSI_QPN || d->gsi >= 0 || !(c->flags & VRE_QP_UD) :
 				       (c->qpn & (d->lim.max_qp - 1)) != slot || c->qpn == VRDMA_GSI_QPN))
 		return vre_fail(e, EINVAL, "QP slot %u (QPN %#x) unusable", slot, c->qpn);

@@ -83,8 +83,11 @@ static uint8_t local_data(struct vre_request *r)
 
 	if (!r->op || (is_inline && (r->op->flags & OP_READS)))
 		return VRDMA_WC_LOC_QP_OP_ERR;
-	/* A datagram QP sends, with or without immediate data, and does nothing else. */
+	/* A datagram QP sends, with or without immediate data, and does nothing else; a UC QP neither reads nor
+	 * does atomics (they need a response, which UC has not). */
 	if ((r->qp->cfg.flags & VRE_QP_UD) && (r->op->flags & ~(OP_RECV | OP_IMM | OP_PAYLOAD)))
+		return VRDMA_WC_LOC_QP_OP_ERR;
+	if ((r->qp->cfg.flags & VRE_QP_UC) && (r->op->flags & (OP_READS | OP_ATOMIC)))
 		return VRDMA_WC_LOC_QP_OP_ERR;
 	if (is_inline) {
 		if (h->inline_len > r->qp->cfg.max_inline)
@@ -124,10 +127,19 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		return EXEC_DONE;
 	}
 
-	/* The destination: without one (unknown GID, QP gone, not ready to receive) the requester retries in vain. */
+	/*
+	 * The destination: without one (unknown GID, QP gone, not ready to receive, or of another transport, which
+	 * drops what it cannot parse) the requester retries in vain.
+	 */
 	dqp = qp->attr.dest_dev == VRE_NO_DEVICE ? NULL : qp_by_qpn(e, qp->attr.dest_dev, qp->attr.dest_qpn);
 	dd = dqp ? &e->devices[qp->attr.dest_dev] : NULL;
-	if (!dqp || dqp->attr.state < VRDMA_QPS_RTR || dqp->attr.state == VRDMA_QPS_ERR || !dqp->ring.valid) {
+	if (!dqp || dqp->attr.state < VRDMA_QPS_RTR || dqp->attr.state == VRDMA_QPS_ERR || !dqp->ring.valid ||
+	    (dqp->cfg.flags & (VRE_QP_UD | VRE_QP_UC)) != (qp->cfg.flags & (VRE_QP_UD | VRE_QP_UC))) {
+		if (qp->cfg.flags & VRE_QP_UC) {
+			d->counters.uc_dropped++;  /* sent into the void: UC has no acknowledgement to miss */
+			complete_send(e, d, qp, &w->hdr, VRDMA_WC_SUCCESS, (uint32_t)r.len);
+			return EXEC_DONE;
+		}
 		/*
 		 * Nobody answers (yet: the peer may still be on its way to RTR). A real requester times out after
 		 * 4.096 us * 2^timeout and retries retry_cnt times; so does this one (timeout 0: wait forever).
@@ -158,6 +170,10 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		return EXEC_DONE;
 	case RESP_LOCAL_ERROR:
 		goto local_error;
+	case RESP_DROPPED:
+		d->counters.uc_dropped++;
+		dd->counters.uc_dropped++;
+		break;
 	case RESP_DONE:
 		break;
 	}

@@ -4,7 +4,8 @@
  * memory is checked here (rkey, PD, bounds, the MR's and the QP's access rights) before a byte moves; a SEND or a
  * WRITE with immediate consumes a receive WQE whose SGEs are checked like the requester's; atomics act on 8 aligned
  * bytes. A failure completes the request with the status a real responder's NAK would give, and moves the QPs the
- * InfiniBand specification moves to the error state.
+ * InfiniBand specification moves to the error state. A UC responder sends no NAK: what it cannot take is dropped
+ * (a receive it consumed completes with the error), and both QPs carry on.
  */
 #include "vre.h"
 
@@ -35,11 +36,14 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 	const struct vrdma_send_wqe *h = &r->w->hdr;
 	uint32_t rmax_sge = 0, nremote = 0;
 	enum take taken = take_recv(e, dd, dqp, &s->rwqe, &rmax_sge);
+	bool uc = dqp->cfg.flags & VRE_QP_UC;
 
 	if (taken == TAKE_EMPTY)
-		return RESP_RNR;
+		return uc ? RESP_DROPPED : RESP_RNR;  /* UC: no RNR NAK, the message is lost */
 	if (taken == TAKE_BROKEN) {
 		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_FATAL);
+		if (uc)
+			return RESP_DROPPED;
 		complete_send(e, r->d, r->qp, h, VRDMA_WC_REM_OP_ERR, 0);
 		qp_to_error(e, r->d, r->qp, 0);
 		return RESP_FAILED;
@@ -63,6 +67,8 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 		rcqe.status = rstatus;
 		rcqe.byte_len = 0;
 		cq_push(e, dd, dd->cqs[dqp->cfg.recv_cq], &rcqe, false);
+		if (uc)
+			return RESP_DROPPED;
 		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_REQ_ERR);
 		complete_send(e, r->d, r->qp, h, rstatus == VRDMA_WC_LOC_LEN_ERR ? VRDMA_WC_REM_INV_REQ_ERR :
 			      VRDMA_WC_REM_OP_ERR, 0);
@@ -117,6 +123,8 @@ VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, str
 	/* Remote memory: the responder checks the rkey (a zero-length transfer names none; an atomic always does). */
 	if ((flags & OP_ATOMIC) || ((flags & OP_REMOTE) && r->len)) {
 		rmr = remote_mr(dd, dqp, r->w->hdr.rkey, r->w->hdr.remote_addr, r->len, r->op->remote_access, &roff);
+		if (!rmr && (dqp->cfg.flags & VRE_QP_UC))
+			return RESP_DROPPED;  /* nothing is written, and a UC requester never learns it */
 		if (!rmr) {
 			/* Remote access error: nothing is read or written; both ends go to the error state. */
 			complete_send(r->e, r->d, r->qp, &r->w->hdr, VRDMA_WC_REM_ACCESS_ERR, 0);

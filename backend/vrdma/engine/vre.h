@@ -320,8 +320,9 @@ struct vre_request {
 };
 
 /* RESP_FAILED: the responder completed the request with its error; RESP_LOCAL_ERROR: the requester completes it
- * with *status and goes to the error state alone. */
-enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR };
+ * with *status and goes to the error state alone; RESP_DROPPED: an unreliable (UC) message the responder could
+ * not take is lost, as if on the wire, and the requester completes it successfully. */
+enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR, RESP_DROPPED };
 
 VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_sge *sge, uint32_t n,
 			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from vrdma.harness.agent import ExecResult
@@ -18,6 +20,23 @@ def add_rxe(vm: Vm, device: str = "rxe0", netdev: str = "eth0") -> None:
     """Create a software RoCE device on a guest netdev (the kernel's rxe driver)."""
     vm.run(["rdma", "link", "add", device, "type", "rxe", "netdev", netdev], timeout=60).check(
         f"rdma link add {device} in {vm.name}")
+
+
+JUMBO_MTU = 9000  # what RoCE fabrics run: room for a 4096-byte path MTU (datagrams of 4 KiB)
+
+
+@contextlib.contextmanager
+def link_mtu(vms: Sequence[Vm], mtu: int = JUMBO_MTU, netdev: str = "eth0") -> Iterator[None]:
+    """The guests' link at ``mtu`` for the block, then back to what it was. A RoCE port's active MTU follows its
+    netdev's (vrdma and rxe alike): 1500 gives 1024-byte paths and datagrams, 9000 gives 4096."""
+    before = [int(vm.run(["cat", f"/sys/class/net/{netdev}/mtu"]).check("netdev MTU").stdout) for vm in vms]
+    try:
+        for vm in vms:
+            vm.run(["ip", "link", "set", netdev, "mtu", str(mtu)]).check(f"ip link set {netdev} mtu {mtu}")
+        yield
+    finally:
+        for vm, old in zip(vms, before, strict=True):
+            vm.run(["ip", "link", "set", netdev, "mtu", str(old)]).check(f"ip link set {netdev} mtu {old}")
 
 
 def ipv4_gid_index(vm: Vm, device: str, port: int = 1) -> int:

@@ -223,7 +223,7 @@ class SimVerbs:
     def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
                   max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None,
                   qp_type: str = "RC") -> SimQp:
-        """An RC, UD or GSI QP (``qp_type``) with rings for ``depth`` WQEs."""
+        """An RC, UC, UD or GSI QP (``qp_type``) with rings for ``depth`` WQEs."""
         sq_stride = _pow2_at_least(SEND_WQE + max(max_sge * SGE, max_inline), 64)
         rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32) if srq is None else 0
         rq_depth = depth if srq is None else 0
@@ -241,24 +241,32 @@ class SimVerbs:
                      SimRing(buf.gpa + sq_offset, depth, sq_stride, int(resp.sq_db_index)),
                      SimRing(buf.gpa + rq_offset, rq_depth, rq_stride, int(resp.rq_db_index)))
 
+    def query_qp(self, qp: SimQp) -> Any:
+        """QUERY_QP's attributes (struct vrdma_qp_attr): the state is the device's, as it is now."""
+        return self.call("VRDMA_CMD_QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", handle=qp.handle).attr
+
     def modify_qp(self, qp: SimQp, mask: int, **attr: Any) -> None:
         self.call("VRDMA_CMD_MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", handle=qp.handle,
                   attr_mask=mask, attr=attr)
 
     def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
-                access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1) -> None:
-        """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it."""
+                access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False) -> None:
+        """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it (``uc``: ibv_uc_pingpong, which gives
+        none of the attributes of acknowledgements)."""
         def m(*names: str) -> int:
             return sum(abi.const(f"VRDMA_QP_{n}") for n in names)
 
         self.modify_qp(qp, m("STATE", "PKEY_INDEX", "PORT", "ACCESS_FLAGS"), qp_state=1, pkey_index=0, port_num=1,
                        qp_access_flags=access)
-        self.modify_qp(qp, m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN", "MAX_DEST_RD_ATOMIC",
-                             "MIN_RNR_TIMER"), qp_state=2, path_mtu=3, dest_qp_num=dest_qpn, rq_psn=0,
-                       max_dest_rd_atomic=1, min_rnr_timer=min_rnr_timer, dgid=list(dgid), sgid_index=sgid_index,
-                       hop_limit=1)
-        self.modify_qp(qp, m("STATE", "SQ_PSN", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC"),
-                       qp_state=3, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=rnr_retry, max_rd_atomic=1)
+        rtr = m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN")
+        rts = m("STATE", "SQ_PSN")
+        if not uc:
+            rtr |= m("MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER")
+            rts |= m("TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC")
+        self.modify_qp(qp, rtr, qp_state=2, path_mtu=3, dest_qp_num=dest_qpn, rq_psn=0, max_dest_rd_atomic=1,
+                       min_rnr_timer=min_rnr_timer, dgid=list(dgid), sgid_index=sgid_index, hop_limit=1)
+        self.modify_qp(qp, rts, qp_state=3, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=rnr_retry,
+                       max_rd_atomic=1)
 
     def ud_ready(self, qp: SimQp, qkey: int, gsi: bool = False) -> None:
         """RESET -> INIT -> RTR -> RTS for a UD QP (or the GSI QP, which has no port to give)."""

@@ -60,7 +60,7 @@ def test_a_qp_walks_to_rts_and_reports_its_attributes(vm0: Vm, bystander: Bystan
 
 
 @pytest.mark.parametrize(("case", "expected"), [
-    ("UC type", Status.NOT_SUPPORTED),
+    ("XRC initiator type", Status.NOT_SUPPORTED), ("no such type", Status.NOT_SUPPORTED),
     ("GSI QP of a user context", Status.INVALID), ("send depth past max_qp_wr", Status.INVALID),
     ("send SGEs past the device's", Status.INVALID), ("inline data past the device's", Status.INVALID),
     ("send stride smaller than a WQE", Status.INVALID), ("receive depth not a power of two", Status.INVALID),
@@ -80,7 +80,8 @@ def test_bad_qp_is_refused(vm0: Vm, bystander: Bystander, case: str, expected: S
         fields["srq"] = vm0.verbs.create_srq(pd).handle
     else:
         fields.update({
-            "UC type": {"qp_type": 3},  # IB_QPT_UC: not a type the device has (yet)
+            "XRC initiator type": {"qp_type": 9},  # IB_QPT_XRC_INI: not a type the device has (yet)
+            "no such type": {"qp_type": 0xFF},
             "GSI QP of a user context": {"qp_type": abi.const("VRDMA_QPT_GSI")},  # QP1 is the kernel's
             "send depth past max_qp_wr": {"sq_depth": DEFAULT_LIMITS.max_qp_wr * 2},
             "send SGEs past the device's": {"max_send_sge": DEFAULT_LIMITS.max_sge + 1, "sq_stride": PAGE},

@@ -77,7 +77,7 @@ EVENT = {name: abi.const(f"VRDMA_EVENT_{name}") for name in ("PORT_ACTIVE", "QP_
 QPS_ERR = abi.const("VRDMA_QPS_ERR")
 SIGNALED = abi.const("VRDMA_SEND_SIGNALED")
 RESP_HDR = abi.sizeof("vrdma_resp_hdr")
-LIMITS = {"max_sge": 16, "max_cqe": 65536, "max_qp_wr": 4096, "max_mr_size": 1 << 30, "max_msg_size": 1 << 31,
+LIMITS = {"max_sge": 16, "max_cqe": 65536, "max_qp_wr": 32768, "max_mr_size": 1 << 30, "max_msg_size": 1 << 31,
           "max_translated_pages": 1 << 22}
 MR_SIZE = 64 << 10
 SENTINEL = 0xA5  # what the device must not have written over

@@ -1,0 +1,63 @@
+"""Scale in one guest, as MPI and UCX jobs use a device (a QP per peer): one process creates, connects and destroys
+10,000 RC QPs with traffic on every one, and a process that creates QPs until the device's limit gets ENOMEM there
+(not EIO), with every QP it made given back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vrdma.device.params import DEFAULT_LIMITS
+from vrdma.harness import verbs
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import vm_counters
+from vrdma.harness.vm import Products
+
+pytestmark = pytest.mark.vm
+
+QP_SCALE = (Path(verbs.__file__).parent / "guest" / "qp_scale.py").read_text()
+MANY = 10_000
+
+
+@pytest.fixture(scope="module")
+def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(1, tmp_path_factory.mktemp("scale"), products=products) as cluster:
+        yield cluster
+
+
+def qp_scale(guest: Cluster, *args: str, timeout: float = 900) -> dict[str, Any]:
+    result = guest[0].run(["python3", "-c", QP_SCALE, *args], timeout=timeout).check("qp_scale " + " ".join(args))
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def test_one_process_creates_connects_and_destroys_ten_thousand_rc_qps(guest: Cluster) -> None:
+    assert guest.backend is not None
+    before = vm_counters(guest.backend, "vm0")
+    index = verbs.ipv4_gid_index(guest[0], "vrdma0")
+    result = qp_scale(guest, "connect", "vrdma0", str(index), str(MANY))
+    assert result["distinct_qpn"] == MANY and result["completions"] == 2 * MANY, result
+    assert result["failed"] == [] and result["wrong_data"] == [], result
+    after = vm_counters(guest.backend, "vm0")
+    # Twenty thousand queues needed about twenty doorbell pages; the process took them and gave them all back.
+    assert after["objects"] == before["objects"] and after["doorbell_pages"] == before["doorbell_pages"] == []
+    assert after["by_opcode"]["CREATE_QP"] - before["by_opcode"]["CREATE_QP"] == MANY
+    assert after["engine"]["error_cqes"] == before["engine"]["error_cqes"]
+    print(f"{MANY} RC QPs: created and moved to INIT in {result['create_s']:.1f} s, connected in "
+          f"{result['connect_s']:.1f} s, traffic in {result['traffic_s']:.1f} s, destroyed in "
+          f"{result['destroy_s']:.1f} s")
+
+
+def test_creating_qps_until_the_device_limit_ends_in_enomem(guest: Cluster) -> None:
+    assert guest.backend is not None
+    before = vm_counters(guest.backend, "vm0")
+    result = qp_scale(guest, "exhaust", "vrdma0")
+    # Every QP the device has room for (the kernel's QP1 holds one), then ENOMEM: the device's limit, not a
+    # doorbell page or an I/O error.
+    assert result == {**result, "errno": "ENOMEM", "created": DEFAULT_LIMITS.max_qp - before["objects"]["qp"]}
+    after = vm_counters(guest.backend, "vm0")
+    assert after["objects"] == before["objects"] and after["doorbell_pages"] == []
+    print(f"{result['created']} RC QPs created in {result['create_s']:.1f} s, then ENOMEM")
