@@ -15,7 +15,7 @@ from vrdma.harness.daemon import vm_counters
 
 pytestmark = pytest.mark.vm
 
-RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT = 7174, 7471, 7174, 18515
+RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT, KERNEL_UD_PORT = 7174, 7471, 7174, 18515, 18516
 
 
 def test_the_mad_layer_opens_the_port_on_qp1(two_guests: Cluster) -> None:
@@ -77,6 +77,33 @@ def test_udaddy_resolves_and_exchanges_datagrams(two_guests: Cluster) -> None:
     server, client = verbs.client_server(vm0, vm1, ["udaddy"], port=UDADDY_PORT, rdma_cm=True,
                                          client_argv=["udaddy", "-s", vm0.address])
     assert "data transfers complete" in server.stdout and "return status 0" in client.stdout
+
+
+@pytest.mark.parametrize("size", [1024, 4096], ids=["1 KiB", "4 KiB on a jumbo link"])
+def test_the_kernel_ud_module_ping_pongs_between_guests_over_rdma_cm(two_guests: Cluster, size: int) -> None:
+    """vrdma_kverbs_ud.ko (guest-driver/tests): a kernel consumer in each guest; the kernel's rdma_cm resolves the
+    server's address and learns its QP by SIDR, and 100 datagrams go to the server and back, every byte checked."""
+    vm0, vm1 = two_guests[0], two_guests[1]
+    assert two_guests.backend is not None
+    before = vm_counters(two_guests.backend, "vm1")
+    for vm in (vm0, vm1):
+        vm.run(["dmesg", "-c"]).check("dmesg -c")
+    common = ["messages=100", f"size={size}", f"port={KERNEL_UD_PORT}"]
+    with verbs.link_mtu([vm0, vm1], 1500 if size <= 1024 else verbs.JUMBO_MTU):
+        verbs.client_server(vm0, vm1, ["modprobe", "vrdma_kverbs_ud", f"server={vm0.address}", *common],
+                            port=KERNEL_UD_PORT, rdma_cm=True,
+                            client_argv=["modprobe", "vrdma_kverbs_ud", f"connect={vm0.address}", *common])
+    client_log = vm1.run(["dmesg"]).check("dmesg").stdout
+    server_log = vm0.run(["dmesg"]).check("dmesg").stdout
+    found = re.search(rf"vrdma0: client QP 0x[0-9a-f]+ to server QP (0x[0-9a-f]+): 100 datagrams of {size} bytes "
+                      r"sent, echoed and checked", client_log)
+    assert found, client_log
+    assert re.search(rf"vrdma0: server QP {found.group(1)} echoed 100 datagrams", server_log), server_log
+    for vm in (vm0, vm1):
+        vm.run(["rmmod", "vrdma_kverbs_ud"]).check("rmmod vrdma_kverbs_ud")
+    after = vm_counters(two_guests.backend, "vm1")
+    assert after["engine"]["bytes"] - before["engine"]["bytes"] >= 2 * 100 * size  # through the engine, both ways
+    assert after["objects"] == before["objects"]  # the module left nothing behind
 
 
 @pytest.mark.parametrize(("mtu", "size"), [(1500, 1024), (verbs.JUMBO_MTU, None), (verbs.JUMBO_MTU, 4096)],

@@ -3,7 +3,8 @@ and no warning allowed.
 
 The sources (guest-driver/kernel, guest-driver/tests and the headers in guest-driver/include) are copied into the
 product directory and built there, so the checkout stays free of build output. guest-driver/tests holds kernel
-consumers that test vrdma.ko from inside the guest (vrdma_kverbs_test.ko: the kernel verbs API, data checked).
+consumers that test vrdma.ko from inside the guest (vrdma_kverbs_test.ko: the kernel verbs API on an RC QP, data
+checked; vrdma_kverbs_ud.ko: a UD ping-pong between two guests over the kernel's rdma_cm).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 RECIPE_VERSION = 2
 SOURCE_DIRS = ("kernel", "tests", "include")
 MODULE_DIRS = ("kernel", "tests")  # each a Kbuild directory
+TEST_MODULES = ("vrdma_kverbs_test", "vrdma_kverbs_ud")  # guest-driver/tests/Kbuild's, shipped in the image
 
 
 def source_root() -> Path:
@@ -57,12 +59,13 @@ def build() -> dict[str, Any]:
                 if warnings:
                     raise BuildError(f"guest-driver/{sub} must build without warnings (W=1):\n" +
                                      "\n".join(warnings[:20]))
-            for module in (scratch / "kernel" / "vrdma.ko", scratch / "tests" / "vrdma_kverbs_test.ko"):
+            for module in (scratch / "kernel" / "vrdma.ko",
+                           *(scratch / "tests" / f"{name}.ko" for name in TEST_MODULES)):
                 vermagic = capture(["modinfo", "-F", "vermagic", module]).split()
                 if not vermagic or vermagic[0] != kernel["release"]:
                     raise BuildError(f"{module.name} was built for {vermagic[:1]}, not {kernel['release']}")
     info = {"module_path": str(cached.path / "kernel" / "vrdma.ko"),
-            "test_modules": [str(cached.path / "tests" / "vrdma_kverbs_test.ko")],
+            "test_modules": [str(cached.path / "tests" / f"{name}.ko") for name in TEST_MODULES],
             "release": kernel["release"], "key": cached.key}
     record_product("driver", info)
     log.info("vrdma.ko for %s: %s", kernel["release"], info["module_path"])
