@@ -128,6 +128,14 @@ struct vrdma_qp {
 	u32 handle;
 	enum ib_qp_state state;		/* as last set or queried; the device is the authority */
 	bool sq_sig_all;
+	/*
+	 * RESET -> INIT kept here until the next transition (vrdma_modify_qp): the device is still in RESET and gets
+	 * these attributes with it. Serialized, with state, by modify_lock.
+	 */
+	struct mutex modify_lock;
+	bool init_deferred;
+	int init_mask;
+	struct vrdma_qp_attr init_attr;
 	struct ib_qp_cap cap;
 	struct ib_umem *umem;		/* header page, send queue, receive queue (a user QP) */
 	/* A kernel QP: its rings in kernel memory, posted to by the driver. */

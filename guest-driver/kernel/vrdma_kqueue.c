@@ -245,6 +245,7 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	}
 	ibqp->qp_num = le32_to_cpu(resp.qpn);
 	qp->state = IB_QPS_RESET;
+	mutex_init(&qp->modify_lock);
 	qp->sq_sig_all = cmd.sq_sig_all;
 	/* What the QP can hold, as created (at least what was asked). */
 	cap->max_send_wr = qp->sq.depth;

@@ -91,6 +91,7 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 		return ret;
 	qp->handle = le32_to_cpu(resp.handle);
 	qp->state = IB_QPS_RESET;
+	mutex_init(&qp->modify_lock);
 	qp->sq_sig_all = cmd.sq_sig_all;
 	ibqp->qp_num = le32_to_cpu(resp.qpn);
 	/* What the QP can hold, as created (the provider sized the rings). */
@@ -108,9 +109,53 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 			     sizeof(uresp), qp->umem);
 }
 
-int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_udata *udata)
+/* The attributes of RESET -> INIT (the QP's port, P_Key, access rights or Q_Key). */
+#define VRDMA_INIT_ATTRS (IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS | IB_QP_QKEY)
+
+/*
+ * RESET -> INIT is not told to the device when it happens: the QP does nothing in INIT the device would see (its
+ * receives are read when a message arrives, which needs RTR), so the driver keeps the attributes and gives them
+ * with the next transition, RESET -> RTR in one MODIFY_QP (the device checks it as the two transitions). Creating a
+ * QP and moving it to INIT is then one command, connecting it one fewer. Returns true if `mask` was kept so.
+ */
+static bool vrdma_defer_init(struct vrdma_qp *qp, enum ib_qp_state next, int mask, const struct vrdma_qp_attr *a)
 {
-	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	if (next != IB_QPS_INIT || (qp->state != IB_QPS_RESET && !qp->init_deferred))
+		return false;
+	if (!qp->init_deferred)
+		memset(&qp->init_attr, 0, sizeof(qp->init_attr));
+	if (mask & IB_QP_PKEY_INDEX)
+		qp->init_attr.pkey_index = a->pkey_index;
+	if (mask & IB_QP_PORT)
+		qp->init_attr.port_num = a->port_num;
+	if (mask & IB_QP_ACCESS_FLAGS)
+		qp->init_attr.qp_access_flags = a->qp_access_flags;
+	if (mask & IB_QP_QKEY)
+		qp->init_attr.qkey = a->qkey;
+	qp->init_mask |= mask & VRDMA_INIT_ATTRS;
+	qp->init_deferred = true;
+	return true;
+}
+
+/* The deferred INIT attributes the command does not give itself, into the command (RESET -> RTR). */
+static int vrdma_add_deferred_init(struct vrdma_qp *qp, int mask, struct vrdma_qp_attr *a)
+{
+	int missing = qp->init_mask & ~mask;
+
+	if (missing & IB_QP_PKEY_INDEX)
+		a->pkey_index = qp->init_attr.pkey_index;
+	if (missing & IB_QP_PORT)
+		a->port_num = qp->init_attr.port_num;
+	if (missing & IB_QP_ACCESS_FLAGS)
+		a->qp_access_flags = qp->init_attr.qp_access_flags;
+	if (missing & IB_QP_QKEY)
+		a->qkey = qp->init_attr.qkey;
+	return mask | missing;
+}
+
+static int vrdma_modify_qp_locked(struct vrdma_qp *qp, struct ib_qp_attr *attr, int mask)
+{
+	struct ib_qp *ibqp = &qp->ibqp;
 	struct vrdma_cmd_modify_qp cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_MODIFY_QP),
 					   .handle = cpu_to_le32(qp->handle) };
 	struct vrdma_qp_attr *a = &cmd.attr;
@@ -123,7 +168,6 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struc
 		return -EOPNOTSUPP;
 	if (!ib_modify_qp_is_ok(cur, next, ibqp->qp_type, mask))
 		return -EINVAL;
-	cmd.attr_mask = cpu_to_le32(mask);
 	a->qp_state = cpu_to_le32(attr->qp_state);
 	a->cur_qp_state = cpu_to_le32(attr->cur_qp_state);
 	a->path_mtu = cpu_to_le32(attr->path_mtu);
@@ -152,9 +196,36 @@ int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struc
 		a->traffic_class = grh->traffic_class;
 		a->flow_label = cpu_to_le32(grh->flow_label);
 	}
-	ret = vrdma_cmd_exec(to_vdev(ibqp->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
-	if (!ret)
+	if (vrdma_defer_init(qp, next, mask, a)) {
 		qp->state = next;
+		return 0;
+	}
+	if (qp->init_deferred && next == IB_QPS_RESET) {
+		qp->init_deferred = false;  /* the device never left RESET */
+		qp->init_mask = 0;
+		qp->state = next;
+		return 0;
+	}
+	if (qp->init_deferred && next == IB_QPS_RTR)
+		mask = vrdma_add_deferred_init(qp, mask, a);
+	cmd.attr_mask = cpu_to_le32(mask);
+	ret = vrdma_cmd_exec(to_vdev(ibqp->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (!ret) {
+		qp->state = next;
+		qp->init_deferred = false;
+		qp->init_mask = 0;
+	}
+	return ret;
+}
+
+int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_udata *udata)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	int ret;
+
+	mutex_lock(&qp->modify_lock);
+	ret = vrdma_modify_qp_locked(qp, attr, mask);
+	mutex_unlock(&qp->modify_lock);
 	return ret;
 }
 
@@ -175,7 +246,17 @@ int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct
 	memset(init, 0, sizeof(*init));
 	attr->qp_state = le32_to_cpu(a->qp_state);
 	attr->cur_qp_state = attr->qp_state;
+	mutex_lock(&qp->modify_lock);
+	if (qp->init_deferred) {
+		/* In INIT as far as anyone can tell; the device learns it with the next transition. */
+		attr->qp_state = attr->cur_qp_state = IB_QPS_INIT;
+		resp.attr.pkey_index = qp->init_attr.pkey_index;
+		resp.attr.port_num = qp->init_attr.port_num;
+		resp.attr.qp_access_flags = qp->init_attr.qp_access_flags;
+		resp.attr.qkey = qp->init_attr.qkey;
+	}
 	qp->state = attr->qp_state;  /* the device may have moved it to the error state */
+	mutex_unlock(&qp->modify_lock);
 	attr->path_mtu = le32_to_cpu(a->path_mtu);
 	attr->path_mig_state = IB_MIG_MIGRATED;
 	attr->qp_access_flags = le32_to_cpu(a->qp_access_flags);

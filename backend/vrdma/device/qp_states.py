@@ -79,6 +79,12 @@ UC_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
 # ... and for the GSI queue pair (QP1), which belongs to its port: no port to give.
 GSI_TRANSITIONS = {**UD_TRANSITIONS, (RESET, INIT): (_m("STATE", "PKEY_INDEX", "QKEY"), 0),
                    (INIT, INIT): (0, _m("PKEY_INDEX", "QKEY"))}
+# One transition the verbs do not have: RESET to RTR in one MODIFY_QP, with the attributes of RESET->INIT and
+# INIT->RTR together. A driver may keep RESET->INIT to itself and tell the device with the next transition: one
+# command fewer per QP (docs/device-interface.md). The checks are those of the two transitions.
+for _table in (TRANSITIONS, UC_TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
+    (_init_req, _init_opt), (_rtr_req, _rtr_opt) = _table[(RESET, INIT)], _table[(INIT, RTR)]
+    _table[(RESET, RTR)] = (_init_req | _rtr_req, (_init_opt | _rtr_opt) & ~(_init_req | _rtr_req))
 for _table in (TRANSITIONS, UC_TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
     for _state in (RESET, INIT, RTR, RTS, SQD, SQE, ERR):
         _table[(_state, RESET)] = (_m("STATE"), 0)

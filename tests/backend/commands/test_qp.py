@@ -59,6 +59,29 @@ def test_a_qp_walks_to_rts_and_reports_its_attributes(vm0: Vm, bystander: Bystan
     assert refused(lambda: state(vm0, qp.handle)) == Status.INVALID
 
 
+def test_reset_to_rtr_in_one_modify_takes_the_attributes_of_both_transitions(vm0: Vm, bystander: Bystander) -> None:
+    """What a driver that keeps RESET->INIT to itself sends: one MODIFY_QP with INIT's and RTR's attributes. The
+    device checks it as the two transitions: without an attribute of either it is refused, and the QP stays put."""
+    vm0.verbs.add_gid(0, GID["vm0"])
+    pd, cq = vm0.verbs.alloc_pd(), vm0.verbs.create_cq(16)
+    qp = vm0.verbs.create_qp(pd, cq, cq)
+    init = m("PKEY_INDEX", "PORT", "ACCESS_FLAGS")
+    rtr = m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN", "MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER")
+    attrs: dict[str, int | list[int]] = {"qp_state": QpState.RTR, "pkey_index": 0, "port_num": 1,
+                                         "qp_access_flags": abi.const("VRDMA_ACCESS_REMOTE_WRITE"), "path_mtu": 3,
+                                         "dest_qp_num": qp.qpn, "rq_psn": 0, "max_dest_rd_atomic": 1,
+                                         "min_rnr_timer": 12, "dgid": list(GID["vm0"]), "sgid_index": 0}
+    for missing in (m("PORT"), m("ACCESS_FLAGS"), m("DEST_QPN"), m("AV")):
+        assert refused(lambda missing=missing: modify(vm0, qp.handle, (init | rtr) & ~missing, **attrs)) == \
+            Status.INVALID
+        assert state(vm0, qp.handle) == QpState.RESET
+    modify(vm0, qp.handle, init | rtr, **attrs)
+    answer = vm0.call("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", handle=qp.handle).attr
+    assert (answer.qp_state, answer.port_num, answer.qp_access_flags, answer.dest_qp_num) == \
+        (QpState.RTR, 1, abi.const("VRDMA_ACCESS_REMOTE_WRITE"), qp.qpn)
+    assert refused(lambda: modify(vm0, qp.handle, init | rtr, **attrs)) == Status.INVALID  # RTR -> RTR: no
+
+
 @pytest.mark.parametrize(("case", "expected"), [
     ("XRC initiator type", Status.NOT_SUPPORTED), ("no such type", Status.NOT_SUPPORTED),
     ("GSI QP of a user context", Status.INVALID), ("send depth past max_qp_wr", Status.INVALID),
