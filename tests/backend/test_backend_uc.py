@@ -10,6 +10,7 @@ is the sender's error as on RC.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,8 @@ from vrdma.testing.verbs import CommandError, SimVerbs
 
 pytestmark = pytest.mark.backend
 
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
+GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last)
+       for name, last in (("vm0", "01"), ("vm1", "02"), ("vm2", "03"))}
 WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM",
                                                          "RDMA_READ", "ATOMIC_FETCH_AND_ADD")}
 WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_LEN_ERR", "LOC_PROT_ERR", "LOC_QP_OP_ERR",
@@ -40,9 +42,9 @@ def make_side(fe: Frontend, backend: BackendProcess, name: str) -> SimSide:
     return SimSide(verbs, pd, cq, verbs.create_qp(pd, cq, cq, qp_type="UC"), verbs.reg_mr(pd, 64 << 10))
 
 
-def connect(a: SimSide, b: SimSide) -> None:
-    a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"], uc=True)
-    b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], uc=True)
+def connect(a: SimSide, b: SimSide, a_name: str = "vm0", b_name: str = "vm1") -> None:
+    a.verbs.connect(a.qp, b.qp.qpn, GID[b_name], uc=True)
+    b.verbs.connect(b.qp, a.qp.qpn, GID[a_name], uc=True)
 
 
 @pytest.fixture
@@ -146,3 +148,33 @@ def test_a_uc_qp_and_an_rc_qp_do_not_talk(backend: BackendProcess) -> None:
 def test_uc_modify_refuses_the_attributes_of_acknowledgements(backend: BackendProcess) -> None:
     with two_vms(backend, make_side, GID, connect=False) as (a, _b), pytest.raises(CommandError):
         a.verbs.connect(a.qp, 0x40, GID["vm1"])  # RC's RTR and RTS masks: timeout, retries, rd_atomic
+
+
+def test_lost_messages_touch_no_bystander(tmp_path: Path) -> None:
+    """vm0 sends vm1 everything a UC responder drops (no receive, bad rkeys, ranges past the MR, a receive too
+    small, writes aimed at vm2's rkey) while vm2, on the same backend and connected to vm1 too, sees nothing: no
+    completion, its memory and counters as they were; and vm1's QP with vm2 still works."""
+    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
+    with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
+        a, b, c = make_side(fe0, backend, "vm0"), make_side(fe1, backend, "vm1"), make_side(fe2, backend, "vm2")
+        connect(a, b)
+        b_to_c = b.verbs.create_qp(b.pd, b.cq, b.cq, qp_type="UC")
+        b.verbs.connect(b_to_c, c.qp.qpn, GID["vm2"], uc=True)
+        c.verbs.connect(c.qp, b_to_c.qpn, GID["vm1"], uc=True)
+        c.verbs.memory.write(c.mr.addr, pattern(64 << 10))
+        bystander = backend.counters("vm2")
+        for i in range(32):
+            send(a, WR["SEND"], b"no receive", wr_id=i)
+        for rkey, addr in ((b.mr.rkey ^ 0x100, b.mr.addr), (c.mr.rkey, c.mr.addr), (c.mr.rkey, b.mr.addr),
+                           (b.mr.rkey, b.mr.addr + (64 << 10)), (b.mr.rkey, b.mr.addr - 8)):
+            assert send(a, WR["RDMA_WRITE"], b"forged", remote_addr=addr, rkey=rkey).status == WC["SUCCESS"]
+        assert c.verbs.poll_cq(c.cq) == [] and c.verbs.memory.read(c.mr.addr, 64 << 10) == pattern(64 << 10)
+        after = backend.counters("vm2")
+        assert after["engine"] == bystander["engine"] and after["objects"] == bystander["objects"]
+        # vm1 serves vm2 as before.
+        c.verbs.post_recv(c.qp, [(c.mr.addr, 64, c.mr.lkey)], wr_id=5)
+        b.verbs.memory.write(b.mr.addr, b"to the bystander")
+        b.verbs.post_send(b_to_c, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=6)
+        (got,) = wait_cqes(c.verbs, c.cq, 1)
+        assert (got.wr_id, got.status, c.verbs.memory.read(c.mr.addr, 16)) == (5, WC["SUCCESS"], b"to the bystander")
+    assert backend.stop() == 0, backend.log_text()
