@@ -23,9 +23,14 @@ QP_SCALE = (Path(verbs.__file__).parent / "guest" / "qp_scale.py").read_text()
 MANY = 10_000
 
 
+# 32,767 QPs pin three ring pages each and cost the guest kernel and pyverbs a few KiB more: about 0.7 GiB, next
+# to the guest's RAM disk. The default 1 GiB guest runs out of memory before the device runs out of QPs.
+GUEST_MEMORY_MIB = 2048
+
+
 @pytest.fixture(scope="module")
 def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(1, tmp_path_factory.mktemp("scale"), products=products) as cluster:
+    with Cluster(1, tmp_path_factory.mktemp("scale"), products=products, memory_mib=GUEST_MEMORY_MIB) as cluster:
         yield cluster
 
 
