@@ -160,13 +160,16 @@ class SimSide:
     mr: SimMr
 
 
-def start_side(fe: Frontend, backend: BackendProcess, name: str, gid: bytes, mr_size: int) -> SimSide:
+def start_side(fe: Frontend, backend: BackendProcess, name: str, gid: bytes, mr_size: int,
+               qp_type: str = "RC") -> SimSide:
+    """A user context with its GID, a PD, a CQ, a QP of ``qp_type`` on it (an XRC initiator has no receive CQ)
+    and an MR of ``mr_size`` bytes."""
     fe.start()
     verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
     verbs.add_gid(0, gid)
     pd = verbs.alloc_pd()
     cq = verbs.create_cq(64)
-    qp = verbs.create_qp(pd, cq, cq)
+    qp = verbs.create_qp(pd, cq, None if qp_type == "XRC_INI" else cq, qp_type=qp_type)
     return SimSide(verbs, pd, cq, qp, verbs.reg_mr(pd, mr_size))
 
 

@@ -105,6 +105,8 @@ static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 	}
 	w.s.hdr.compare_add = u8(in);
 	w.s.hdr.swap = u8(in);
+	if (qp->cfg.flags & VRE_QP_XRC_INI)  /* the target side's XRC SRQ: a live one's number, or anything */
+		w.s.hdr.xrc_srqn = flags & 64 ? u32(in) : pick_srqn(&vms[dest], u8(in));
 	if (qp->cfg.flags & VRE_QP_UD) {
 		/* The address vector, over the RDMA fields: a GID of the pool, a QPN of a live QP or 1, a Q_Key. */
 		struct qp_rec *peer = pick_qp(&vms[dest], u8(in), NULL);

@@ -27,6 +27,7 @@
 #define ARENA_PAGES 64
 #define MAX_REGIONS 4
 #define MAX_SLOTS 16              /* the largest object table the harness gives a device */
+#define NO_CQ UINT32_MAX          /* a QP record's CQ when it holds none (an XRC initiator's receive CQ, a target's both) */
 #define MAX_RING_PAGES 32         /* pages of an object's buffer the harness remembers (to write WQEs into) */
 #define MAX_OPS 256
 #define EVENT_BATCH 512
@@ -102,6 +103,7 @@ struct srq_rec {
 	bool live;
 	uint32_t refs;
 	uint32_t depth, stride, db, prod;
+	uint32_t xrcd, cq, srqn;  /* an XRC SRQ's (xrcd 0: a basic SRQ) */
 	struct ring_rec ring;
 };
 
@@ -158,6 +160,8 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev);
 void op_qp_destroy(struct in *in, struct vre_engine *e, uint32_t dev);
 struct qp_rec *pick_qp(struct vm *vm, uint8_t k, uint32_t *slot);
 struct mr_rec *pick_mr(struct vm *vm, uint8_t k);
+/* The SRQ number of a live XRC SRQ of a VM, named by an input byte (0 if it has none). */
+uint32_t pick_srqn(struct vm *vm, uint8_t k);
 void op_qp_modify(struct in *in, struct vre_engine *e, uint32_t dev);
 
 #endif /* VRDMA_ENGINE_FUZZ_H */

@@ -103,13 +103,23 @@ void op_srq_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.max_sge = u8(in) % (vm->lim.max_sge + 2);
 	c.limit = u8(in) % (c.depth ? c.depth : 1);
 	c.db = draw_db(in, vm, flags & 4);
+	if (flags & 8) {
+		/* An XRC SRQ: one of two domains (or any), a CQ, its number (mostly well formed). */
+		c.xrcd = flags & 16 ? u32(in) : 1 + u8(in) % 2;
+		c.cq = u8(in) % (vm->lim.max_cq + 1);
+		c.srqn = flags & 32 ? u32(in) : ((uint32_t)u16(in) * vm->lim.max_srq) | (slot & (vm->lim.max_srq - 1));
+	}
+	c.flags = flags & 64 ? VRE_SRQ_KERNEL : 0;
 	read_pages(in, vm, pages_for(PAGE + (uint64_t)c.depth * c.stride), &c.ring, &rec);
 	ret = vre_srq_create(e, dev, slot, &c);
 	CHECK(ret <= 0);
 	if (ret == 0) {
 		CHECK(slot < MAX_SLOTS && !vm->srqs[slot].live);
+		CHECK(!c.xrcd || (c.cq < MAX_SLOTS && vm->cqs[c.cq].live));
 		vm->srqs[slot] = (struct srq_rec){ .live = true, .depth = c.depth, .stride = c.stride,
-						   .db = c.db, .ring = rec };
+						   .db = c.db, .xrcd = c.xrcd, .cq = c.cq, .srqn = c.srqn, .ring = rec };
+		if (c.xrcd)
+			vm->cqs[c.cq].refs++;
 	}
 }
 
@@ -121,6 +131,8 @@ void op_srq_destroy(struct in *in, struct vre_engine *e, uint32_t dev)
 	if (srq && srq->refs)
 		return;   /* BUSY in the model */
 	vre_srq_destroy(e, dev, slot);
+	if (srq && srq->live && srq->xrcd)
+		vms[dev].cqs[srq->cq].refs--;
 	if (srq)
 		srq->live = false;
 }
@@ -173,21 +185,53 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev)
 		  c.sq_db - VRDMA_DB_SLOT(c.sq_db) + u16(in) % VRDMA_DB_SLOTS;
 	c.flags = (flags & 0x800 ? VRE_QP_KERNEL : 0) | (flags & 0x1000 ? VRE_QP_UD : 0) |
 		  (flags & 0x2000 ? VRE_QP_GSI : 0) | (flags & 0x4000 ? VRE_QP_UC : 0);
+	if (flags & 0x8000) {
+		/* XRC: an initiator (a send queue only) or a target (a domain, no queues), or any mix the input says. */
+		uint8_t xrc = u8(in);
+
+		if (xrc & 1) {
+			c.flags = (c.flags & VRE_QP_KERNEL) | VRE_QP_XRC_TGT;
+			c.xrcd = xrc & 2 ? u32(in) : 1 + u8(in) % 2;
+			if (!(xrc & 4)) {
+				c.srq = VRE_NO_SRQ;
+				c.sq_depth = c.rq_depth = 0;
+			}
+		} else {
+			c.flags |= VRE_QP_XRC_INI;
+			if (!(xrc & 4)) {
+				c.srq = VRE_NO_SRQ;
+				c.rq_depth = 0;
+			}
+		}
+	}
 	if ((flags & 0x3000) == 0x3000 && !(flags & 1))
 		c.qpn = VRDMA_GSI_QPN;  /* the device's QP1 (the engine takes it in any free slot) */
 	end = (uint64_t)c.sq_offset + (uint64_t)c.sq_depth * c.sq_stride;
 	if ((uint64_t)c.rq_offset + (uint64_t)c.rq_depth * c.rq_stride > end)
 		end = (uint64_t)c.rq_offset + (uint64_t)c.rq_depth * c.rq_stride;
-	read_pages(in, vm, pages_for(end), &c.ring, &rec);
+	if (c.flags & VRE_QP_XRC_TGT)
+		memset(&rec, 0, sizeof(rec));  /* no ring: a target's page list is empty */
+	else
+		read_pages(in, vm, pages_for(end), &c.ring, &rec);
 	ret = vre_qp_create(e, dev, slot, &c);
 	CHECK(ret <= 0);
 	if (ret == 0) {
 		CHECK(slot < MAX_SLOTS && !vm->qps[slot].live);
-		CHECK(c.send_cq < MAX_SLOTS && vm->cqs[c.send_cq].live && c.recv_cq < MAX_SLOTS &&
-		      vm->cqs[c.recv_cq].live);
+		if (c.flags & VRE_QP_XRC_TGT) {
+			CHECK(c.xrcd && !c.ring.npages);
+			c.send_cq = c.recv_cq = NO_CQ;  /* it holds none */
+		} else if (c.flags & VRE_QP_XRC_INI) {
+			CHECK(c.send_cq < MAX_SLOTS && vm->cqs[c.send_cq].live && c.srq == VRE_NO_SRQ);
+			c.recv_cq = NO_CQ;
+		} else {
+			CHECK(c.send_cq < MAX_SLOTS && vm->cqs[c.send_cq].live && c.recv_cq < MAX_SLOTS &&
+			      vm->cqs[c.recv_cq].live);
+		}
 		vm->qps[slot] = (struct qp_rec){ .live = true, .cfg = c, .ring = rec };
-		vm->cqs[c.send_cq].refs++;
-		vm->cqs[c.recv_cq].refs++;
+		if (c.send_cq != NO_CQ)
+			vm->cqs[c.send_cq].refs++;
+		if (c.recv_cq != NO_CQ)
+			vm->cqs[c.recv_cq].refs++;
 		if (c.srq != VRE_NO_SRQ) {
 			CHECK(c.srq >= 0 && c.srq < MAX_SLOTS && vm->srqs[c.srq].live);
 			vm->srqs[c.srq].refs++;
@@ -201,8 +245,10 @@ static void qp_release(struct vm *vm, uint32_t slot)
 
 	if (!qp->live)
 		return;
-	vm->cqs[qp->cfg.send_cq].refs--;
-	vm->cqs[qp->cfg.recv_cq].refs--;
+	if (qp->cfg.send_cq != NO_CQ)
+		vm->cqs[qp->cfg.send_cq].refs--;
+	if (qp->cfg.recv_cq != NO_CQ)
+		vm->cqs[qp->cfg.recv_cq].refs--;
 	if (qp->cfg.srq != VRE_NO_SRQ)
 		vm->srqs[qp->cfg.srq].refs--;
 	qp->live = false;
@@ -230,6 +276,17 @@ struct qp_rec *pick_qp(struct vm *vm, uint8_t k, uint32_t *slot)
 		}
 	}
 	return NULL;
+}
+
+uint32_t pick_srqn(struct vm *vm, uint8_t k)
+{
+	for (uint32_t i = 0; i < MAX_SLOTS; i++) {
+		uint32_t s = (k + i) % MAX_SLOTS;
+
+		if (vm->srqs[s].live && vm->srqs[s].xrcd)
+			return vm->srqs[s].srqn;
+	}
+	return 0;
 }
 
 struct mr_rec *pick_mr(struct vm *vm, uint8_t k)

@@ -19,7 +19,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 4
+#define VRDMA_ABI_VERSION 5
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */
@@ -72,6 +72,8 @@
 #define VRDMA_CMD_DESTROY_AH 22
 #define VRDMA_CMD_MODIFY_CQ 23
 #define VRDMA_CMD_QUERY_COUNTERS 24
+#define VRDMA_CMD_ALLOC_XRCD 25
+#define VRDMA_CMD_DEALLOC_XRCD 26
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
@@ -116,6 +118,13 @@
 #define VRDMA_QPT_RC 2
 #define VRDMA_QPT_UC 3            /* SEND and RDMA WRITE (with immediate) without acknowledgement */
 #define VRDMA_QPT_UD 4
+/*
+ * XRC: an initiator sends (RC operations, each naming an XRC SRQ of the target side by its SRQ number); a target
+ * has no queues of its own: a message lands in the XRC SRQ it names, which must be of the target's XRC domain, and
+ * completes on that SRQ's CQ; the rkeys it honours are of that SRQ's PD.
+ */
+#define VRDMA_QPT_XRC_INI 9
+#define VRDMA_QPT_XRC_TGT 10
 #define VRDMA_GSI_QPN 1
 #define VRDMA_GSI_QKEY 0x80010000
 #define VRDMA_QKEY_PRIVILEGED 0x80000000  /* a send's Q_Key with this bit: the sending QP's own Q_Key (IB spec) */
@@ -402,6 +411,17 @@ struct vrdma_resp_alloc_pd {
 	__le32 reserved;
 };
 
+/* An XRC domain: the device's, not a context's (processes share one through the kernel's XRCD file). */
+struct vrdma_cmd_alloc_xrcd {
+	struct vrdma_cmd_hdr hdr;
+};
+
+struct vrdma_resp_alloc_xrcd {
+	struct vrdma_resp_hdr hdr;
+	__le32 handle;
+	__le32 reserved;
+};
+
 struct vrdma_page_list {
 	__le64 addr;              /* guest-physical address of the page-list page (levels 1) or directory (2) */
 	__le32 npages;            /* data pages */
@@ -455,7 +475,7 @@ struct vrdma_cmd_create_qp {
 	__le32 send_cq;
 	__le32 recv_cq;
 	__le32 srq;               /* 0: the QP has its own receive queue */
-	__u8 qp_type;             /* VRDMA_QPT_RC, _UC, _UD, _GSI (the kernel's, one per device: QPN 1) */
+	__u8 qp_type;             /* VRDMA_QPT_RC, _UC, _UD, _GSI (the kernel's, one per device: QPN 1), _XRC_* */
 	__u8 sq_sig_all;
 	__u8 reserved0[2];
 	__le32 sq_depth;
@@ -467,7 +487,11 @@ struct vrdma_cmd_create_qp {
 	__le32 max_send_sge;
 	__le32 max_recv_sge;
 	__le32 max_inline_data;
-	__le32 reserved1;
+	/*
+	 * XRC_TGT: its XRC domain, and nothing else (no PD, CQs, rings or context: the kernel's, ucontext 0). XRC_INI:
+	 * 0, a send queue and send CQ only (no receive queue, recv_cq 0). Other types: 0.
+	 */
+	__le32 xrcd;
 	struct vrdma_page_list ring;
 };
 
@@ -532,6 +556,8 @@ struct vrdma_cmd_create_srq {
 	__le32 stride;
 	__le32 max_sge;
 	__le32 srq_limit;
+	__le32 xrcd;              /* 0: a basic SRQ; else an XRC SRQ of this XRC domain ... */
+	__le32 cq;                /* ... whose receives complete on this CQ (of its context); 0 for a basic SRQ */
 	struct vrdma_page_list ring;
 };
 
@@ -539,6 +565,8 @@ struct vrdma_resp_create_srq {
 	struct vrdma_resp_hdr hdr;
 	__le32 handle;
 	__le32 db_index;
+	__le32 srq_num;           /* what an XRC initiator's send names it by (24 bits) */
+	__le32 reserved;
 };
 
 struct vrdma_cmd_modify_srq {
@@ -609,11 +637,12 @@ struct vrdma_send_wqe {
 	__le32 inline_len;
 	__le32 rkey;
 	union {
-		struct {          /* RC: RDMA and atomics */
+		struct {          /* RC, UC and XRC: RDMA and atomics */
 			__le64 remote_addr;
 			__le64 compare_add;
 			__le64 swap;
-			__le32 reserved1[4];
+			__le32 xrc_srqn;  /* XRC_INI: the target side's XRC SRQ the message is for */
+			__le32 reserved1[3];
 		};
 		struct vrdma_ud_av ud;    /* UD and GSI */
 	};
@@ -686,6 +715,8 @@ VRDMA_ASSERT_SIZE(vrdma_resp_alloc_ucontext, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_destroy, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_pd, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_alloc_pd, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_xrcd, 8);
+VRDMA_ASSERT_SIZE(vrdma_resp_alloc_xrcd, 16);
 VRDMA_ASSERT_SIZE(vrdma_page_list, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_reg_mr, 56);
 VRDMA_ASSERT_SIZE(vrdma_resp_reg_mr, 24);
@@ -697,8 +728,8 @@ VRDMA_ASSERT_SIZE(vrdma_resp_create_qp, 24);
 VRDMA_ASSERT_SIZE(vrdma_qp_attr, 92);
 VRDMA_ASSERT_SIZE(vrdma_cmd_modify_qp, 108);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_qp, 100);
-VRDMA_ASSERT_SIZE(vrdma_cmd_create_srq, 48);
-VRDMA_ASSERT_SIZE(vrdma_resp_create_srq, 16);
+VRDMA_ASSERT_SIZE(vrdma_cmd_create_srq, 56);
+VRDMA_ASSERT_SIZE(vrdma_resp_create_srq, 24);
 VRDMA_ASSERT_SIZE(vrdma_cmd_modify_srq, 24);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_srq, 24);
 VRDMA_ASSERT_SIZE(vrdma_cmd_create_ah, 40);

@@ -78,6 +78,12 @@ struct vrdma_pd {
 	u32 handle;
 };
 
+/* An XRC domain: the device's (processes share it through the kernel's XRCD file). */
+struct vrdma_xrcd {
+	struct ib_xrcd ibxrcd;
+	u32 handle;
+};
+
 struct vrdma_mr {
 	struct ib_mr ibmr;
 	u32 handle;

@@ -14,8 +14,8 @@
 #define VRDMA_QP_ATTR_MASK 0x1fffff	/* IB_QP_STATE .. IB_QP_DEST_QPN: the attributes the device knows */
 
 static_assert(IB_QPS_ERR == VRDMA_QPS_ERR && IB_QPT_RC == VRDMA_QPT_RC && IB_QPT_UC == VRDMA_QPT_UC &&
-	      IB_QPT_UD == VRDMA_QPT_UD &&
-	      IB_QPT_GSI == VRDMA_QPT_GSI, "QP states and types are the IB values");
+	      IB_QPT_UD == VRDMA_QPT_UD && IB_QPT_GSI == VRDMA_QPT_GSI && IB_QPT_XRC_INI == VRDMA_QPT_XRC_INI &&
+	      IB_QPT_XRC_TGT == VRDMA_QPT_XRC_TGT, "QP states and types are the IB values");
 static_assert(IB_QP_DEST_QPN == VRDMA_QP_DEST_QPN && IB_QP_CAP == VRDMA_QP_CAP, "modify masks are the IB values");
 
 /* The CREATE_QP command of a QP of context @ucontext (0: the kernel's), its rings as @layout says (the ring's
@@ -28,7 +28,8 @@ void vrdma_create_qp_cmd(struct vrdma_cmd_create_qp *cmd, struct ib_qp *ibqp, co
 	cmd->ucontext = cpu_to_le32(ucontext);
 	cmd->pd = cpu_to_le32(container_of(ibqp->pd, struct vrdma_pd, ibpd)->handle);
 	cmd->send_cq = cpu_to_le32(container_of(attr->send_cq, struct vrdma_cq, ibcq)->handle);
-	cmd->recv_cq = cpu_to_le32(container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle);
+	/* An XRC initiator has no receive CQ. */
+	cmd->recv_cq = cpu_to_le32(attr->recv_cq ? container_of(attr->recv_cq, struct vrdma_cq, ibcq)->handle : 0);
 	cmd->srq = cpu_to_le32(attr->srq ? container_of(attr->srq, struct vrdma_srq, ibsrq)->handle : 0);
 	cmd->qp_type = attr->qp_type;  /* the IB values (static_assert above) */
 	cmd->sq_sig_all = attr->sq_sig_type == IB_SIGNAL_ALL_WR;
@@ -43,6 +44,35 @@ void vrdma_create_qp_cmd(struct vrdma_cmd_create_qp *cmd, struct ib_qp *ibqp, co
 	cmd->max_inline_data = cpu_to_le32(attr->cap.max_inline_data);
 }
 
+/*
+ * An XRC target QP: the kernel creates it (with no udata) for the processes sharing its XRC domain. The device gives
+ * it a QP number and nothing else: no rings, CQs or PD (what arrives lands in the XRC SRQ each message names).
+ */
+static int vrdma_create_xrc_tgt(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	struct vrdma_cmd_create_qp cmd = {
+		.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_QP),
+		.qp_type = VRDMA_QPT_XRC_TGT,
+		.xrcd = cpu_to_le32(container_of(attr->xrcd, struct vrdma_xrcd, ibxrcd)->handle),
+	};
+	struct vrdma_resp_create_qp resp;
+	int ret;
+
+	if (attr->create_flags)
+		return -EOPNOTSUPP;
+	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	qp->handle = le32_to_cpu(resp.handle);
+	qp->state = IB_QPS_RESET;
+	mutex_init(&qp->modify_lock);
+	qp->ibqp.qp_num = le32_to_cpu(resp.qpn);
+	memset(&attr->cap, 0, sizeof(attr->cap));
+	qp->cap = attr->cap;
+	return vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL, NULL, 0, NULL);
+}
+
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
@@ -53,23 +83,27 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	struct vrdma_create_qp_cmd ucmd;
 	struct ib_qp_cap *cap = &attr->cap;
 	struct vrdma_pbl pbl;
+	bool no_rq;
 	u64 end;
 	int ret;
 
+	if (attr->qp_type == IB_QPT_XRC_TGT)
+		return vrdma_create_xrc_tgt(qp, attr);
 	if (!udata)
 		return vrdma_kqp_create(qp, attr);  /* a kernel consumer's */
-	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD) ||
-	    attr->create_flags)
-		return -EOPNOTSUPP;  /* RC and UD QPs: no UC/XRC yet, and the GSI QP is the kernel's */
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
+	     attr->qp_type != IB_QPT_XRC_INI) || attr->create_flags)
+		return -EOPNOTSUPP;  /* the GSI QP is the kernel's */
+	no_rq = attr->srq || attr->qp_type == IB_QPT_XRC_INI;  /* receives come from the SRQ, or never */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
-	if (cap->max_send_wr > ucmd.sq_depth || (!attr->srq && cap->max_recv_wr > ucmd.rq_depth) ||
+	if (cap->max_send_wr > ucmd.sq_depth || (!no_rq && cap->max_recv_wr > ucmd.rq_depth) ||
 	    cap->max_send_sge > le32_to_cpu(dev->attr.max_sge) || cap->max_recv_sge > le32_to_cpu(dev->attr.max_sge) ||
 	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
 		return -EINVAL;
-	if (attr->srq)
-		ucmd.rq_depth = ucmd.rq_stride = ucmd.rq_offset = 0;  /* receives come from the SRQ */
+	if (no_rq)
+		ucmd.rq_depth = ucmd.rq_stride = ucmd.rq_offset = 0;
 	if (!PAGE_ALIGNED(ucmd.buf_addr))
 		return -EINVAL;
 	end = max((u64)ucmd.sq_offset + (u64)ucmd.sq_depth * ucmd.sq_stride,
@@ -83,7 +117,7 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 		.sq_depth = ucmd.sq_depth, .sq_stride = ucmd.sq_stride, .sq_offset = ucmd.sq_offset,
 		.max_send_sge = cap->max_send_sge,
 		.rq_depth = ucmd.rq_depth, .rq_stride = ucmd.rq_stride, .rq_offset = ucmd.rq_offset,
-		.max_recv_sge = attr->srq ? 0 : cap->max_recv_sge });
+		.max_recv_sge = no_rq ? 0 : cap->max_recv_sge });
 	cmd.ring = pbl.desc;
 	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(end, PAGE_SIZE));
 	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, qp->umem);
@@ -100,7 +134,7 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	qp->cap = *cap;
 	uresp.qpn = ibqp->qp_num;
 	ret = vrdma_udata_db(udata, resp.sq_db_index, &uresp.sq_db_index, &uresp.sq_db_offset);
-	if (!ret && !attr->srq)
+	if (!ret && !no_rq)
 		ret = vrdma_udata_db(udata, resp.rq_db_index, &uresp.rq_db_index, &uresp.rq_db_offset);
 	if (ret)
 		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_QP, qp->handle, qp->umem, ret);

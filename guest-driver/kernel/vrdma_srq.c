@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Shared receive queues: a ring of receive WQEs in the process's memory, pinned and described to the device.
+ * Shared receive queues: a ring of receive WQEs in the process's memory, pinned and described to the device. An XRC
+ * SRQ also names its XRC domain and the CQ its receives complete on, and gets an SRQ number from the device.
  */
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -21,8 +22,8 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct
 	struct vrdma_pbl pbl;
 	int ret;
 
-	if (!udata || attr->srq_type != IB_SRQT_BASIC)
-		return -EOPNOTSUPP;
+	if (!udata || (attr->srq_type != IB_SRQT_BASIC && attr->srq_type != IB_SRQT_XRC))
+		return -EOPNOTSUPP;  /* user SRQs, basic or XRC (no tag matching) */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
@@ -41,12 +42,18 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct
 	cmd.stride = cpu_to_le32(ucmd.stride);
 	cmd.max_sge = cpu_to_le32(attr->attr.max_sge);
 	cmd.srq_limit = cpu_to_le32(attr->attr.srq_limit);
+	if (attr->srq_type == IB_SRQT_XRC) {
+		cmd.xrcd = cpu_to_le32(container_of(attr->ext.xrc.xrcd, struct vrdma_xrcd, ibxrcd)->handle);
+		cmd.cq = cpu_to_le32(container_of(attr->ext.cq, struct vrdma_cq, ibcq)->handle);
+	}
 	cmd.ring = pbl.desc;
 	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(PAGE_SIZE + (u64)ucmd.depth * ucmd.stride, PAGE_SIZE));
 	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, srq->umem);
 	if (ret)
 		return ret;
 	srq->handle = le32_to_cpu(resp.handle);
+	if (attr->srq_type == IB_SRQT_XRC)
+		ibsrq->ext.xrc.srq_num = le32_to_cpu(resp.srq_num);  /* what XRC initiators name it by */
 	srq->max_sge = attr->attr.max_sge;
 	srq->depth = ucmd.depth;
 	attr->attr.max_wr = ucmd.depth;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * vrdma verbs: the ib_device, tied to the paired virtio-net netdev (RoCE), with device and port queries, the GID
- * table forwarded to the device, user contexts (each with its own doorbell page, mapped into that process only)
- * and protection domains. The data-path verbs have a file per object kind (vrdma_mr.c, vrdma_cq.c, vrdma_srq.c,
+ * table forwarded to the device, user contexts (each with its own doorbell page, mapped into that process only),
+ * protection domains and XRC domains. The data-path verbs have a file per object kind (vrdma_mr.c, vrdma_cq.c, vrdma_srq.c,
  * vrdma_qp.c, vrdma_ah.c), events theirs (vrdma_event.c).
  */
 #include <linux/etherdevice.h>
@@ -47,6 +47,7 @@ static int vrdma_query_device(struct ib_device *ibdev, struct ib_device_attr *at
 	attr->max_ah = le32_to_cpu(a->max_ah);
 	attr->max_pkeys = 1;
 	attr->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;  /* kernel PDs use it: no DMA MR per PD */
+	attr->device_cap_flags = IB_DEVICE_XRC;
 	attr->atomic_cap = IB_ATOMIC_HCA;	/* the engine does atomics with host atomics: one coherent view */
 	attr->local_ca_ack_delay = 15;
 	return 0;
@@ -314,6 +315,27 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 	return vrdma_destroy_handle(to_vdev(ibpd->device), VRDMA_CMD_DEALLOC_PD, pd->handle);
 }
 
+static int vrdma_alloc_xrcd(struct ib_xrcd *ibxrcd, struct ib_udata *udata)
+{
+	struct vrdma_xrcd *xrcd = container_of(ibxrcd, struct vrdma_xrcd, ibxrcd);
+	struct vrdma_cmd_alloc_xrcd cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_ALLOC_XRCD) };
+	struct vrdma_resp_alloc_xrcd resp;
+	int ret;
+
+	ret = vrdma_cmd_exec(to_vdev(ibxrcd->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	xrcd->handle = le32_to_cpu(resp.handle);
+	return 0;
+}
+
+static int vrdma_dealloc_xrcd(struct ib_xrcd *ibxrcd, struct ib_udata *udata)
+{
+	struct vrdma_xrcd *xrcd = container_of(ibxrcd, struct vrdma_xrcd, ibxrcd);
+
+	return vrdma_destroy_handle(to_vdev(ibxrcd->device), VRDMA_CMD_DEALLOC_XRCD, xrcd->handle);
+}
+
 /* The port's counters (`rdma statistic`, hw_counters in sysfs): the device's data engine keeps them. */
 static const struct rdma_stat_desc vrdma_counter_descs[] = {
 	{ .name = "send_wqes" }, { .name = "recv_wqes" }, { .name = "cqes" }, { .name = "bytes" },
@@ -357,6 +379,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.alloc_hw_port_stats = vrdma_alloc_hw_port_stats,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
+	.alloc_xrcd = vrdma_alloc_xrcd,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
@@ -364,6 +387,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.create_user_ah = vrdma_create_ah,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
+	.dealloc_xrcd = vrdma_dealloc_xrcd,
 	.del_gid = vrdma_del_gid,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
@@ -397,6 +421,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibuc),
+	INIT_RDMA_OBJ_SIZE(ib_xrcd, vrdma_xrcd, ibxrcd),
 };
 
 static struct net_device *vrdma_find_netdev(const u8 *mac)

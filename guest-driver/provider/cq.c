@@ -107,12 +107,14 @@ static int flush_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, int ne, stru
 	for (qp = ctx->qps; qp && n < ne; qp = qp->next) {
 		struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
 
+		if (!qp->sq.db)
+			continue;  /* an XRC receive QP: nothing posted, nothing to flush */
 		if (qp->vqp.qp.send_cq == &cq->vcq.cq) {
 			pthread_spin_lock(&qp->sq.lock);
 			n += flush_queue(&qp->sq, &hdr->sq_cons, qp->vqp.qp.qp_num, true, ne - n, wc + n);
 			pthread_spin_unlock(&qp->sq.lock);
 		}
-		if (qp->vqp.qp.recv_cq == &cq->vcq.cq && !qp->vqp.qp.srq) {
+		if (qp->vqp.qp.recv_cq == &cq->vcq.cq && qp->rq.db) {
 			pthread_spin_lock(&qp->rq.lock);
 			n += flush_queue(&qp->rq, &hdr->rq_cons, qp->vqp.qp.qp_num, false, ne - n, wc + n);
 			pthread_spin_unlock(&qp->rq.lock);

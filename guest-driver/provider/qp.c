@@ -90,22 +90,72 @@ static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, vola
 	return ret;
 }
 
-struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+/* The wake-up command of a QP (see wake_if_parked): a POST_SEND of no work requests. */
+static void wake_cmd_init(struct vrdma_qp *qp)
 {
-	struct vrdma_context *ctx = to_vctx(pd->context);
+	qp->wake_cmd.hdr.command = IB_USER_VERBS_CMD_POST_SEND;
+	qp->wake_cmd.hdr.in_words = sizeof(qp->wake_cmd) / 4;
+	qp->wake_cmd.hdr.out_words = sizeof(qp->wake_resp) / 4;
+	qp->wake_cmd.response = (uintptr_t)&qp->wake_resp;
+	qp->wake_cmd.wqe_size = sizeof(struct ibv_send_wr);
+}
+
+/*
+ * An XRC receive QP (the kernel's XRC target): no rings, no doorbells and nothing posted to it here; what its
+ * initiators send lands in the XRC SRQ each message names.
+ */
+static struct ibv_qp *create_xrc_recv_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+{
+	struct ibv_create_qp cmd = {};
+	struct ib_uverbs_create_qp_resp resp = {};
+	struct vrdma_qp *qp;
+	int ret;
+
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) ||
+	    (attr->comp_mask & ~(IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_PD))) {
+		errno = EINVAL;
+		return NULL;
+	}
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, attr, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, qp, ret);
+	memset(&attr->cap, 0, sizeof(attr->cap));
+	return &qp->vqp.qp;
+}
+
+/*
+ * RC, UC, UD and XRC send QPs: a buffer holding a header page, the send queue and (unless the QP has an SRQ or is
+ * an XRC initiator, which receives nothing) its receive queue, pinned by the kernel; the doorbells the device
+ * names. XRC receive QPs have none of it (create_xrc_recv_qp). The new posting API (send_ops_flags, ibv_wr_*) is
+ * not offered.
+ */
+struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+{
+	struct vrdma_context *ctx = to_vctx(context);
 	struct uvrdma_create_qp cmd = {};
 	struct uvrdma_create_qp_resp resp = {};
 	struct ibv_qp_cap *cap = &attr->cap;
 	uint32_t sq_depth, rq_depth = 0, sq_stride, rq_stride = 0, sq_bytes, rq_bytes = 0;
+	bool no_rq = attr->srq || attr->qp_type == IBV_QPT_XRC_SEND;
+	struct ibv_qp_init_attr_ex core_attr;
 	struct vrdma_qp *qp;
 	int ret;
 
-	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
+	if (attr->qp_type == IBV_QPT_XRC_RECV)
+		return create_xrc_recv_qp(context, attr);
+	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
+	     attr->qp_type != IBV_QPT_XRC_SEND) || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+	    (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	    ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
-	if (cap->max_send_wr > (1u << 20) || cap->max_recv_wr > (1u << 20) || cap->max_send_sge > 255 ||
-	    cap->max_recv_sge > 255 || cap->max_inline_data > VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe)) {
+	if (cap->max_send_wr > (1u << 20) || (!no_rq && cap->max_recv_wr > (1u << 20)) || cap->max_send_sge > 255 ||
+	    (!no_rq && cap->max_recv_sge > 255) ||
+	    cap->max_inline_data > VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe)) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -117,7 +167,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 				  (cap->max_send_sge * sizeof(struct vrdma_sge) > cap->max_inline_data ?
 				   cap->max_send_sge * sizeof(struct vrdma_sge) : cap->max_inline_data), 64);
 	sq_bytes = (uint32_t)page_align((size_t)sq_depth * sq_stride);
-	if (!attr->srq) {
+	if (!no_rq) {
 		rq_depth = pow2_at_least(cap->max_recv_wr, 1);
 		rq_stride = pow2_at_least(sizeof(struct vrdma_recv_wqe) + cap->max_recv_sge * sizeof(struct vrdma_sge),
 					  32);
@@ -137,15 +187,19 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	cmd.sq_stride = sq_stride;
 	cmd.rq_stride = rq_stride;
 	cmd.sq_offset = VRDMA_PAGE_SIZE;
-	cmd.rq_offset = attr->srq ? 0 : VRDMA_PAGE_SIZE + sq_bytes;
-	ret = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	cmd.rq_offset = no_rq ? 0 : VRDMA_PAGE_SIZE + sq_bytes;
+	/* The core takes no creation-flags bit (there are none here, checked above): it gets the rest. */
+	core_attr = *attr;
+	core_attr.comp_mask &= ~IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, &core_attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
+				   sizeof(resp));
 	if (ret)
 		goto err_free;
 	ret = queue_init(ctx, &qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride,
 			 cap->max_send_sge, true, resp.sq_db_index, resp.sq_db_offset);
 	if (!ret)
 		ret = queue_init(ctx, &qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth,
-				 rq_stride, cap->max_recv_sge, !attr->srq, resp.rq_db_index, resp.rq_db_offset);
+				 rq_stride, cap->max_recv_sge, !no_rq, resp.rq_db_index, resp.rq_db_offset);
 	if (ret) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
 		goto err_free;
@@ -153,12 +207,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 	qp->max_inline = cap->max_inline_data;
 	cap->max_send_wr = sq_depth;
 	cap->max_recv_wr = rq_depth;
-	/* The wake-up: a POST_SEND of no work requests (see wake_if_parked). */
-	qp->wake_cmd.hdr.command = IB_USER_VERBS_CMD_POST_SEND;
-	qp->wake_cmd.hdr.in_words = sizeof(qp->wake_cmd) / 4;
-	qp->wake_cmd.hdr.out_words = sizeof(qp->wake_resp) / 4;
-	qp->wake_cmd.response = (uintptr_t)&qp->wake_resp;
-	qp->wake_cmd.wqe_size = sizeof(struct ibv_send_wr);
+	wake_cmd_init(qp);
 	pthread_mutex_lock(&ctx->qps_lock);
 	qp->next = ctx->qps;
 	ctx->qps = qp;
@@ -169,30 +218,35 @@ err_free:
 	return vrdma_abandon(&qp->buf, qp, ret);
 }
 
-/* The extended entry point, for what the legacy one can express: a PD and no creation flags. The new posting
- * API (send_ops_flags, ibv_wr_*) and other QP types are not offered. */
-struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr_ex)
+/* The legacy entry point: a PD, a type and capabilities. */
+struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
-	struct ibv_qp_init_attr attr = {};
-	struct ibv_qp *qp;
+	struct ibv_qp_init_attr_ex attr_ex = {
+		.qp_context = attr->qp_context, .send_cq = attr->send_cq, .recv_cq = attr->recv_cq, .srq = attr->srq,
+		.cap = attr->cap, .qp_type = attr->qp_type, .sq_sig_all = attr->sq_sig_all,
+		.comp_mask = IBV_QP_INIT_ATTR_PD, .pd = pd,
+	};
+	struct ibv_qp *qp = vrdma_create_qp_ex(pd->context, &attr_ex);
 
-	if (!(attr_ex->comp_mask & IBV_QP_INIT_ATTR_PD) ||
-	    (attr_ex->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
-	    ((attr_ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr_ex->create_flags)) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	attr.qp_context = attr_ex->qp_context;
-	attr.send_cq = attr_ex->send_cq;
-	attr.recv_cq = attr_ex->recv_cq;
-	attr.srq = attr_ex->srq;
-	attr.cap = attr_ex->cap;
-	attr.qp_type = attr_ex->qp_type;
-	attr.sq_sig_all = attr_ex->sq_sig_all;
-	qp = vrdma_create_qp(attr_ex->pd, &attr);
 	if (qp)
-		attr_ex->cap = attr.cap;
+		attr->cap = attr_ex.cap;
 	return qp;
+}
+
+/* Another process's XRC receive QP, opened by number in an XRC domain both share. */
+struct ibv_qp *vrdma_open_qp(struct ibv_context *context, struct ibv_qp_open_attr *attr)
+{
+	struct ibv_open_qp cmd = {};
+	struct ib_uverbs_create_qp_resp resp = {};
+	struct vrdma_qp *qp = calloc(1, sizeof(*qp));
+	int ret;
+
+	if (!qp)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_open_qp(context, &qp->vqp, sizeof(qp->vqp), attr, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, qp, ret);
+	return &qp->vqp.qp;
 }
 
 int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask)
@@ -204,13 +258,13 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask
 	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
 	if (ret)
 		return ret;
-	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
-		/* Emptied queues: both sides count from zero again. */
+	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET && qp->sq.db) {
+		/* Emptied queues: both sides count from zero again (an XRC receive QP has none). */
 		pthread_spin_lock(&qp->sq.lock);
 		qp->sq.prod = 0;
 		ring_doorbell(qp->sq.db, 0);
 		pthread_spin_unlock(&qp->sq.lock);
-		if (!ibqp->srq) {
+		if (qp->rq.db) {
 			pthread_spin_lock(&qp->rq.lock);
 			qp->rq.prod = 0;
 			ring_doorbell(qp->rq.db, 0);
@@ -246,13 +300,15 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	}
 	pthread_mutex_unlock(&ctx->qps_lock);
 	buf_free(&qp->buf);
-	pthread_spin_destroy(&qp->sq.lock);
-	pthread_spin_destroy(&qp->rq.lock);
+	if (qp->sq.db) {  /* spinlocks of queues that exist (an XRC receive QP has none) */
+		pthread_spin_destroy(&qp->sq.lock);
+		pthread_spin_destroy(&qp->rq.lock);
+	}
 	free(qp);
 	return 0;
 }
 
-/* The opcodes a QP of type `type` posts: UD sends, UC sends and writes (it has no responses), RC all of them. */
+/* The opcodes a QP of type `type` posts: UD sends, UC sends and writes (it has no responses), RC and XRC all. */
 static bool opcode_ok(enum ibv_qp_type type, enum ibv_wr_opcode op)
 {
 	switch (op) {
@@ -265,7 +321,7 @@ static bool opcode_ok(enum ibv_qp_type type, enum ibv_wr_opcode op)
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		return type == IBV_QPT_RC;
+		return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
 	default:
 		return false;
 	}
@@ -280,6 +336,10 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 	uint32_t posted = 0;
 	int ret = 0;
 
+	if (!q->db) {
+		*bad_wr = wr;  /* an XRC receive QP: nothing is posted to it */
+		return EINVAL;
+	}
 	if (!ctx_alive(ctx)) {
 		*bad_wr = wr;  /* the device lost this context: nothing posted now would ever complete */
 		return EIO;
@@ -305,6 +365,8 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 		wqe->send_flags = (uint8_t)(wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
 							      IBV_SEND_INLINE));
 		wqe->imm_data = wr->imm_data;
+		if (ibqp->qp_type == IBV_QPT_XRC_SEND)
+			wqe->xrc_srqn = wr->qp_type.xrc.remote_srqn;  /* the target side's XRC SRQ */
 		if (is_atomic) {
 			wqe->remote_addr = wr->wr.atomic.remote_addr;
 			wqe->rkey = wr->wr.atomic.rkey;
@@ -362,8 +424,8 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
 
-	if (ibqp->srq) {
-		*bad_wr = wr;
+	if (!qp->rq.db) {
+		*bad_wr = wr;  /* its receives come from an SRQ, or it has none (XRC) */
 		return EINVAL;
 	}
 	return post_recv_ring(to_vctx(ibqp->context), &qp->rq, &hdr->rq_cons, wr, bad_wr);
@@ -371,14 +433,22 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv
 
 /* -- shared receive queues -------------------------------------------------------------------------------------- */
 
-struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+/* A basic or an XRC SRQ: a header page and the ring, pinned by the kernel; its doorbell the device names. */
+struct ibv_srq *vrdma_create_srq_ex(struct ibv_context *context, struct ibv_srq_init_attr_ex *attr)
 {
-	struct uvrdma_create_srq cmd = {};
-	struct uvrdma_create_srq_resp resp = {};
+	struct uvrdma_create_xsrq cmd = {};
+	struct uvrdma_create_xsrq_resp resp = {};
+	enum ibv_srq_type type = attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE ? attr->srq_type : IBV_SRQT_BASIC;
 	struct vrdma_srq *srq;
 	uint32_t depth, stride;
 	int ret;
 
+	if ((type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) ||
+	    (attr->comp_mask & ~(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+				 IBV_SRQ_INIT_ATTR_CQ))) {
+		errno = EOPNOTSUPP;  /* no tag matching */
+		return NULL;
+	}
 	if (attr->attr.max_wr > (1u << 20) || attr->attr.max_sge > 255) {
 		errno = EINVAL;
 		return NULL;
@@ -399,10 +469,11 @@ struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *at
 	cmd.buf_size = srq->buf.size;
 	cmd.depth = depth;
 	cmd.stride = stride;
-	ret = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	ret = ibv_cmd_create_srq_ex(context, &srq->vsrq, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
+				    sizeof(resp));
 	if (ret)
 		goto err_free;
-	ret = queue_init(to_vctx(pd->context), &srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride,
+	ret = queue_init(to_vctx(context), &srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride,
 			 attr->attr.max_sge, true, resp.db_index, resp.db_offset);
 	if (ret) {
 		ibv_cmd_destroy_srq(&srq->vsrq.srq);
@@ -412,6 +483,27 @@ struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *at
 
 err_free:
 	return vrdma_abandon(&srq->buf, srq, ret);
+}
+
+struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	struct ibv_srq_init_attr_ex attr_ex = { .srq_context = attr->srq_context, .attr = attr->attr,
+						.comp_mask = IBV_SRQ_INIT_ATTR_PD, .pd = pd };
+	struct ibv_srq *srq = vrdma_create_srq_ex(pd->context, &attr_ex);
+
+	if (srq)
+		attr->attr = attr_ex.attr;
+	return srq;
+}
+
+int vrdma_get_srq_num(struct ibv_srq *ibsrq, uint32_t *srq_num)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+
+	if (srq->vsrq.srq_type != IBV_SRQT_XRC)
+		return EOPNOTSUPP;
+	*srq_num = srq->vsrq.srq_num;
+	return 0;
 }
 
 int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)

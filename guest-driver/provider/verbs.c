@@ -96,6 +96,33 @@ int vrdma_dealloc_pd(struct ibv_pd *ibpd)
 
 /* -- memory regions --------------------------------------------------------------------------------------------- */
 
+/* An XRC domain, as the kernel shares it between the processes that open the same file (or private, with none). */
+struct ibv_xrcd *vrdma_open_xrcd(struct ibv_context *context, struct ibv_xrcd_init_attr *attr)
+{
+	struct verbs_xrcd *xrcd = calloc(1, sizeof(*xrcd));
+	struct ibv_open_xrcd cmd = {};
+	struct ib_uverbs_open_xrcd_resp resp = {};
+	int ret;
+
+	if (!xrcd)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_open_xrcd(context, xrcd, sizeof(*xrcd), attr, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, xrcd, ret);
+	return &xrcd->xrcd;
+}
+
+int vrdma_close_xrcd(struct ibv_xrcd *ibxrcd)
+{
+	struct verbs_xrcd *xrcd = container_of(ibxrcd, struct verbs_xrcd, xrcd);
+	int ret = ibv_cmd_close_xrcd(xrcd);
+
+	if (ret)
+		return ret;
+	free(xrcd);
+	return 0;
+}
+
 struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
 {
 	struct ibv_reg_mr cmd;

@@ -2,8 +2,8 @@
 /*
  * libvrdma's private header: the provider's objects, the commands it exchanges with vrdma.ko (DECLARE_DRV_CMD
  * wrappers of the user ABI header's udata), and what its files share. The files: main.c (device matching, contexts
- * and the verbs table), verbs.c (device and port queries, PDs, MRs, AHs, ring buffers), cq.c (CQs: create, poll,
- * arm, flush), qp.c (QPs and SRQs: create, modify, post), ring.h (the rings and the doorbell page).
+ * and the verbs table), verbs.c (device and port queries, PDs, XRC domains, MRs, AHs, ring buffers), cq.c (CQs:
+ * create, poll, arm, flush), qp.c (QPs and SRQs: create, modify, post), ring.h (the rings and the doorbell page).
  */
 #ifndef VRDMA_PROVIDER_H
 #define VRDMA_PROVIDER_H
@@ -77,11 +77,12 @@ struct vrdma_queue {
 	pthread_spinlock_t lock;
 };
 
+/* A QP. An XRC receive QP (the kernel's XRC target, created or opened) has only vqp: no buffer, no queues. */
 struct vrdma_qp {
 	struct verbs_qp vqp;
 	struct vrdma_buf buf;
-	struct vrdma_queue sq;
-	struct vrdma_queue rq;    /* unused with an SRQ */
+	struct vrdma_queue sq;    /* sq.db NULL: an XRC receive QP */
+	struct vrdma_queue rq;    /* unused with an SRQ and in XRC QPs (no db) */
 	uint32_t max_inline;
 	struct ibv_post_send wake_cmd;
 	struct ib_uverbs_post_send_resp wake_resp;
@@ -107,7 +108,7 @@ DECLARE_DRV_CMD(uvrdma_get_context, IB_USER_VERBS_CMD_GET_CONTEXT, empty, vrdma_
 DECLARE_DRV_CMD(uvrdma_alloc_pd, IB_USER_VERBS_CMD_ALLOC_PD, empty, vrdma_alloc_pd_resp);
 DECLARE_DRV_CMD(uvrdma_create_cq, IB_USER_VERBS_CMD_CREATE_CQ, vrdma_create_cq_cmd, vrdma_create_cq_resp);
 DECLARE_DRV_CMD(uvrdma_create_qp, IB_USER_VERBS_CMD_CREATE_QP, vrdma_create_qp_cmd, vrdma_create_qp_resp);
-DECLARE_DRV_CMD(uvrdma_create_srq, IB_USER_VERBS_CMD_CREATE_SRQ, vrdma_create_srq_cmd, vrdma_create_srq_resp);
+DECLARE_DRV_CMD(uvrdma_create_xsrq, IB_USER_VERBS_CMD_CREATE_XSRQ, vrdma_create_srq_cmd, vrdma_create_srq_resp);
 
 /* The device's values are libibverbs' own: the ring formats carry them as they are. */
 static_assert(VRDMA_WR_ATOMIC_FETCH_AND_ADD == IBV_WR_ATOMIC_FETCH_AND_ADD && VRDMA_WR_SEND == IBV_WR_SEND &&
@@ -155,6 +156,8 @@ int vrdma_query_device_ex(struct ibv_context *context, const struct ibv_query_de
 int vrdma_query_port(struct ibv_context *context, uint8_t port, struct ibv_port_attr *attr);
 struct ibv_pd *vrdma_alloc_pd(struct ibv_context *context);
 int vrdma_dealloc_pd(struct ibv_pd *ibpd);
+struct ibv_xrcd *vrdma_open_xrcd(struct ibv_context *context, struct ibv_xrcd_init_attr *attr);
+int vrdma_close_xrcd(struct ibv_xrcd *ibxrcd);
 struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access);
 int vrdma_dereg_mr(struct verbs_mr *vmr);
 struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel,
@@ -164,7 +167,8 @@ int vrdma_modify_cq(struct ibv_cq *ibcq, struct ibv_modify_cq_attr *attr);
 int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
 int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
-struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr_ex);
+struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr);
+struct ibv_qp *vrdma_open_qp(struct ibv_context *context, struct ibv_qp_open_attr *attr);
 int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask);
 int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask,
 			  struct ibv_qp_init_attr *init_attr);
@@ -172,6 +176,8 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp);
 int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr);
+struct ibv_srq *vrdma_create_srq_ex(struct ibv_context *context, struct ibv_srq_init_attr_ex *attr);
+int vrdma_get_srq_num(struct ibv_srq *ibsrq, uint32_t *srq_num);
 int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask);
 int vrdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr);
 int vrdma_destroy_srq(struct ibv_srq *ibsrq);

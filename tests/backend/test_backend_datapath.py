@@ -304,7 +304,7 @@ def test_objects_in_use_cannot_go_and_everything_goes_in_order(backend: BackendP
             v.call(f"VRDMA_CMD_{opcode}", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=handle)
         objects = backend.counters("vm0")["objects"]
         assert {k: n for k, n in objects.items() if k != "gid"} == dict.fromkeys(
-            ("ucontext", "pd", "mr", "cq", "srq", "qp", "ah"), 0)
+            ("ucontext", "pd", "mr", "cq", "xrcd", "srq", "qp", "ah"), 0)
 
 
 @pytest.mark.parametrize(("what", "status"), [

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, SimSide, pattern, two_vms, wait_cqes
+from backend_process import BackendProcess, SimSide, pattern, start_side, two_vms, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import CommandError, SimVerbs
+from vrdma.testing.verbs import CommandError
 
 pytestmark = pytest.mark.backend
 
@@ -34,12 +34,7 @@ ERR = abi.const("VRDMA_QPS_ERR")
 
 
 def make_side(fe: Frontend, backend: BackendProcess, name: str) -> SimSide:
-    fe.start()
-    verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
-    verbs.add_gid(0, GID[name])
-    pd = verbs.alloc_pd()
-    cq = verbs.create_cq(64)
-    return SimSide(verbs, pd, cq, verbs.create_qp(pd, cq, cq, qp_type="UC"), verbs.reg_mr(pd, 64 << 10))
+    return start_side(fe, backend, name, GID[name], 64 << 10, qp_type="UC")
 
 
 def connect(a: SimSide, b: SimSide, a_name: str = "vm0", b_name: str = "vm1") -> None:

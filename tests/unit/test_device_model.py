@@ -139,7 +139,7 @@ def test_a_pd_in_use_and_a_context_with_objects_are_busy_until_their_objects_go(
     driver.destroy("DEALLOC_PD", pd.handle)
     driver.destroy("DEALLOC_UCONTEXT", ctx.handle)
     assert driver.device.counters_snapshot()["objects"] == dict.fromkeys(
-        ("gid", "ucontext", "pd", "mr", "cq", "srq", "qp", "ah"), 0)
+        ("gid", "ucontext", "pd", "mr", "cq", "xrcd", "srq", "qp", "ah"), 0)
 
 
 def test_an_mr_key_names_its_engine_slot_and_the_engine_gets_the_checked_page_list(
@@ -234,3 +234,34 @@ def test_the_doorbell_fault_waits_for_alloc_ucontext_and_names_a_page_past_the_r
     driver.pd(0)  # not ALLOC_UCONTEXT: untouched
     assert driver.ucontext().doorbell_page == DEFAULT_LIMITS.doorbell_pages
     assert driver.ucontext().doorbell_page < DEFAULT_LIMITS.doorbell_pages
+
+
+def test_xrc_objects_keep_their_domain_and_cq_and_targets_are_the_kernels(driver: Driver,
+                                                                         engine: FakeEngine) -> None:
+    """An XRC SRQ holds its domain and its CQ (BUSY until it goes); an XRC target QP is the kernel's, holds its
+    domain and nothing else, and reaches the engine with no ring; SRQ and QP numbers carry the engine slot."""
+    ctx = driver.ucontext()
+    pd, cq = driver.pd(ctx.handle), driver.cq(ctx.handle)
+    xrcd = driver.call("ALLOC_XRCD", "vrdma_cmd_alloc_xrcd", "vrdma_resp_alloc_xrcd")
+    srq = driver.call("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq", ucontext=ctx.handle,
+                      pd=pd.handle, depth=16, stride=64, max_sge=2, xrcd=xrcd.handle, cq=cq.handle,
+                      ring={"addr": PAGE, "npages": 2, "levels": 1})
+    slot = srq.handle & (DEFAULT_LIMITS.max_srq - 1)
+    assert srq.srq_num & (DEFAULT_LIMITS.max_srq - 1) == slot and 0 < srq.srq_num < 1 << 24
+    tgt_fields = {"qp_type": abi.const("VRDMA_QPT_XRC_TGT"), "xrcd": xrcd.handle}
+    driver.call("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", Status.INVALID, ucontext=ctx.handle,
+                **tgt_fields)  # a user context's
+    driver.call("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", Status.INVALID, ucontext=0,
+                pd=pd.handle, **tgt_fields)  # with a PD
+    tgt = driver.call("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", ucontext=0, **tgt_fields)
+    assert (tgt.sq_db_index, tgt.rq_db_index) == (0, 0)
+    created = engine.devices[0].objects["qp"][tgt.handle & (DEFAULT_LIMITS.max_qp - 1)]
+    assert created["ring"]["npages"] == 0 and created["xrcd"] == xrcd.handle
+    driver.destroy("DEALLOC_XRCD", xrcd.handle, Status.BUSY)
+    driver.destroy("DESTROY_CQ", cq.handle, Status.BUSY)
+    driver.destroy("DESTROY_SRQ", srq.handle)
+    driver.destroy("DESTROY_CQ", cq.handle)
+    driver.destroy("DEALLOC_XRCD", xrcd.handle, Status.BUSY)  # its target QP
+    driver.destroy("DESTROY_QP", tgt.handle)
+    driver.destroy("DEALLOC_XRCD", xrcd.handle)
+    driver.destroy("DEALLOC_XRCD", xrcd.handle, Status.INVALID)

@@ -1,7 +1,7 @@
 """The RDMA connection manager and datagrams between two guests over vrdma0: the MAD layer opens the port on the
 device's GSI QP, the IB CM's MADs travel as datagrams between the guests' QP1s, librdmacm's own tools connect over
 the guests' IP addresses (route and address resolved from eth0, as for any RoCE device), and user programs send
-datagrams on UD QPs and messages on UC QPs."""
+datagrams on UD QPs, messages on UC QPs and, through XRC domains, into XRC SRQs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from vrdma.harness import verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
+from vrdma.harness.errors import AgentError, CommandTimeout
 
 pytestmark = pytest.mark.vm
 
@@ -133,6 +134,46 @@ def test_ibv_uc_pingpong_checks_its_data(two_guests: Cluster, size: int) -> None
     assert "200 iters in" in client.stdout, client.stdout
     after = vm_counters(two_guests.backend, "vm0")["engine"]
     assert after["error_cqes"] == before["error_cqes"] and after["bytes"] - before["bytes"] >= 200 * size
+
+
+@pytest.mark.parametrize(("size", "iterations"), [(4096, 5), (1 << 20, 50)], ids=["defaults", "1 MiB"])
+def test_ibv_xsrq_pingpong(two_guests: Cluster, size: int, iterations: int) -> None:
+    """XRC: each side's XRC initiator QP sends into the other's XRC SRQ through an XRC target QP (the kernel's) of
+    an XRC domain opened on a file. The tool checks no data: the engine's counters show what moved, and the
+    XRC objects are gone afterwards."""
+    vm0, vm1 = two_guests[0], two_guests[1]
+    assert two_guests.backend is not None
+    gid = str(verbs.ipv4_gid_index(vm0, "vrdma0"))
+    before = {vm.name: vm_counters(two_guests.backend, vm.name) for vm in two_guests}
+    server, client = verbs.client_server(vm0, vm1, ["ibv_xsrq_pingpong", "-d", "vrdma0", "-g", gid, "-s", str(size),
+                                                    "-n", str(iterations)])
+    assert "success" in server.stdout and "success" in client.stdout, (server.stdout, client.stdout)
+    for vm in two_guests:
+        after = vm_counters(two_guests.backend, vm.name)
+        engine, was = after["engine"], before[vm.name]["engine"]
+        assert engine["error_cqes"] == was["error_cqes"], vm.name
+        assert engine["recv_wqes"] - was["recv_wqes"] >= iterations and \
+            engine["bytes"] - was["bytes"] >= 2 * iterations * size, (vm.name, engine, was)
+        assert after["objects"] == before[vm.name]["objects"], vm.name  # XRC domain, SRQ, both QPs gone
+
+
+def test_ibv_xsrq_pingpong_serves_two_clients_sleeping_on_events(two_guests: Cluster) -> None:
+    """One server (one XRC domain, one XRC SRQ, a target QP per client) and two client processes in the other
+    guest; the server sleeps on completion events of the SRQ's CQ."""
+    vm0, vm1 = two_guests[0], two_guests[1]
+    gid = str(verbs.ipv4_gid_index(vm0, "vrdma0"))
+    common = ["ibv_xsrq_pingpong", "-d", "vrdma0", "-g", gid, "-n", "20", "-e"]
+    server_pid = vm0.agent.spawn([*common, "-c", "2"])
+    try:
+        verbs.wait_listening(vm0, verbs.PINGPONG_PORT, server_pid=server_pid)
+        first = vm1.agent.spawn([*common, vm0.address])
+        second = vm1.run([*common, vm0.address], timeout=300)
+        results = [vm1.agent.wait(first, common, 300), second, vm0.agent.wait(server_pid, common, 300)]
+    except (AgentError, CommandTimeout):
+        vm0.agent.kill(server_pid)
+        raise
+    for result in results:
+        assert result.exit_status == 0 and "success" in result.stdout, result.stdout + result.stderr
 
 
 def test_perftest_writes_over_uc(two_guests: Cluster) -> None:

@@ -31,7 +31,6 @@ KNOWN_LIMITS = [
     r"Create memory window of type \d is not supported",
     r"Rereg MR is not supported",                             # no ibv_rereg_mr
     r"Create Raw Packet QP .*is not supported",               # RC, UC and UD queue pairs only
-    r"Create XRCD is not supported",                          # no XRC
     r"SRQ resize is not supported",                           # SRQ rings live in user memory
     r"Resize CQ is not supported",                            # CQ rings too
     r"To Create RAW QP must be done by root on Ethernet link layer",

@@ -120,6 +120,10 @@ def _alloc_pd(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle = objs.pds.alloc(int(request.ucontext))
 
 
+def _alloc_xrcd(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle = objs.xrcds.alloc()
+
+
 def _reg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.lkey, response.rkey = objs.mrs.register(request)
 
@@ -146,7 +150,7 @@ def _query_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
 
 
 def _create_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
-    response.handle, response.db_index = objs.srqs.create(request)
+    response.handle, response.db_index, response.srq_num = objs.srqs.create(request)
 
 
 def _modify_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
@@ -183,6 +187,8 @@ COMMANDS: dict[int, Command] = dict([
     _destroy("DEALLOC_UCONTEXT", lambda o: o.ucontexts.dealloc),
     _command("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd", _alloc_pd),
     _destroy("DEALLOC_PD", lambda o: o.pds.dealloc),
+    _command("ALLOC_XRCD", "vrdma_cmd_alloc_xrcd", "vrdma_resp_alloc_xrcd", _alloc_xrcd),
+    _destroy("DEALLOC_XRCD", lambda o: o.xrcds.dealloc),
     _command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
     _destroy("DEREG_MR", lambda o: o.mrs.deregister),
     _command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", _create_cq),

@@ -38,6 +38,8 @@ class CommandOpcode(IntEnum):
     DESTROY_AH = 22
     MODIFY_CQ = 23
     QUERY_COUNTERS = 24
+    ALLOC_XRCD = 25
+    DEALLOC_XRCD = 26
 
 
 class EventType(IntEnum):
@@ -64,6 +66,8 @@ class QpType(IntEnum):
     RC = 2
     UC = 3
     UD = 4
+    XRC_INI = 9
+    XRC_TGT = 10
 
 
 class GidType(IntEnum):

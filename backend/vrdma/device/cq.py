@@ -19,7 +19,7 @@ class Cq:
     slot: int
     entries: int
     db: int  # doorbell index of its arm slot
-    refs: int = 0
+    refs: int = 0  # QPs and XRC SRQs completing on it
 
 
 class CompletionQueues(EngineObjectTable[Cq]):
@@ -51,6 +51,6 @@ class CompletionQueues(EngineObjectTable[Cq]):
             self.seat.engine.moderate_cq(self.seat.index, cq.slot, count, period_us)
 
     def destroy(self, handle: int) -> None:
-        cq = self.remove_unused(handle, "QPs")
+        cq = self.remove_unused(handle, "QPs and XRC SRQs")
         self.seat.engine.destroy_cq(self.seat.index, cq.slot)
         self.ucontexts.queue_destroyed(cq.ucontext, [cq.db])

@@ -1,6 +1,6 @@
 """The object tables of one device, composed with their dependencies: what the command handlers act on.
 
-Each kind lives in its own module (ucontext, pd, mr, cq, srq, qp, ah, gid) and is given exactly the tables and
+Each kind lives in its own module (ucontext, pd, mr, cq, xrcd, srq, qp, ah, gid) and is given exactly the tables and
 the engine seat it depends on, in dependency order; nothing here knows of commands, virtqueues or sockets.
 """
 
@@ -19,9 +19,10 @@ from vrdma.device.qp import QueuePairs
 from vrdma.device.seat import EngineSeat
 from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.ucontext import UserContexts
+from vrdma.device.xrcd import XrcDomains
 
 # What counters_snapshot()["objects"] counts, per VM.
-OBJECT_KINDS = ("gid", "ucontext", "pd", "mr", "cq", "srq", "qp", "ah")
+OBJECT_KINDS = ("gid", "ucontext", "pd", "mr", "cq", "xrcd", "srq", "qp", "ah")
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,11 @@ class DeviceObjects:
         self.pds = ProtectionDomains(limits.max_pd, self.ucontexts)
         self.mrs = MemoryRegions(seat, limits.max_mr, limits.max_mr_size, self.pds)
         self.cqs = CompletionQueues(seat, limits.max_cq, limits.max_cqe, self.ucontexts)
+        self.xrcds = XrcDomains(limits.max_xrcd)
         self.srqs = SharedReceiveQueues(seat, limits.max_srq, limits.max_srq_wr, limits.max_srq_sge, self.ucontexts,
-                                        self.pds)
-        self.qps = QueuePairs(owner, seat, limits, self.ucontexts, self.pds, self.cqs, self.srqs, self.gids, route)
+                                        self.pds, self.cqs, self.xrcds)
+        self.qps = QueuePairs(owner, seat, limits, self.ucontexts, self.pds, self.cqs, self.srqs, self.xrcds,
+                              self.gids, route)
         self.ahs = AddressHandles(limits.max_ah, self.pds, self.gids)
 
     def engine_counters(self) -> dict[str, int]:
@@ -54,9 +57,11 @@ class DeviceObjects:
 
     def counts(self) -> dict[str, int]:
         return {"gid": len(self.gids), "ucontext": len(self.ucontexts), "pd": len(self.pds), "mr": len(self.mrs),
-                "cq": len(self.cqs), "srq": len(self.srqs), "qp": len(self.qps), "ah": len(self.ahs)}
+                "cq": len(self.cqs), "xrcd": len(self.xrcds), "srq": len(self.srqs), "qp": len(self.qps),
+                "ah": len(self.ahs)}
 
     def clear(self) -> None:
         """Forget every object (the engine forgot them already: the device closed its seat)."""
-        for table in (self.gids, self.ucontexts, self.pds, self.mrs, self.cqs, self.srqs, self.qps, self.ahs):
+        for table in (self.gids, self.ucontexts, self.pds, self.mrs, self.cqs, self.xrcds, self.srqs, self.qps,
+                      self.ahs):
             table.clear()

@@ -43,6 +43,7 @@ class DeviceLimits:
     # registered at once. Each costs the backend 16 bytes whatever page it names, so this bounds a VM at 64 MiB.
     max_translated_pages: int = _limit(1 << 22, engine="max_pages_total")
     max_pd: int = _limit(32768, config=True, query=True)
+    max_xrcd: int = _limit(4096)  # XRC domains: the device's, shared by processes (one per job or service)
     max_srq: int = _limit(8192, config=True, query=True, engine="max_srq")
     max_srq_wr: int = _limit(32768, config=True, query=True, engine="max_srq_wr")
     max_srq_sge: int = _limit(16, query=True)

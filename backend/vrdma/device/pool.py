@@ -25,6 +25,25 @@ KEY_BITS = 32
 RESERVED_KEY = abi.const("VRDMA_LOCAL_DMA_LKEY")
 
 
+class WireNumbers:
+    """24-bit numbers peers name objects by (QP numbers, XRC SRQ numbers): the object's slot in the low bits and a
+    rotating generation above them, so a number is not reused at once (a peer still naming the old object finds
+    nothing) and the engine finds the slot without a lookup table. Generation 0 is never used: numbers 0 and 1
+    (QP1, the GSI QP) stay free."""
+
+    LIMIT = 1 << 24
+
+    def __init__(self, slot_bits: int) -> None:
+        self.slot_bits = slot_bits
+        self.generations = self.LIMIT >> slot_bits
+        self.generation = 1
+
+    def number(self, slot: int) -> int:
+        number = (self.generation << self.slot_bits) | slot
+        self.generation = self.generation + 1 if self.generation + 1 < self.generations else 1
+        return number
+
+
 class FreeSlots:
     """Free slots of a small fixed table, lowest first (a user context's doorbell slots)."""
 

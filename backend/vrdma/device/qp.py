@@ -3,6 +3,10 @@ checks every attribute, and the engine runs the QP between state changes.
 
 A QP number carries its engine slot in its low bits and a rotating generation above them, so a QP number is not
 reused at once (a peer still naming the old QP finds nothing).
+
+XRC: an initiator is an RC requester without a receive queue (its messages name an XRC SRQ at the target); a
+target is the guest kernel's (the kernel creates it for the processes sharing an XRC domain), has an XRC domain
+and nothing else: no PD, CQs, rings or doorbells.
 """
 
 from __future__ import annotations
@@ -19,12 +23,25 @@ from vrdma.device.gid import GidTable
 from vrdma.device.mr import ACCESS_ALL
 from vrdma.device.params import DeviceLimits
 from vrdma.device.pd import ProtectionDomains
+from vrdma.device.pool import WireNumbers
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.srq import SharedReceiveQueues
 from vrdma.device.status import CommandFailed, Status
 from vrdma.device.table import EngineObjectTable
-from vrdma.device.ucontext import UserContexts
-from vrdma.engine.api import NO_DEVICE, NO_SRQ, QP_GSI, QP_KERNEL, QP_UC, QP_UD, QpConfig
+from vrdma.device.ucontext import UserContext, UserContexts
+from vrdma.device.xrcd import XrcDomains
+from vrdma.engine.api import (
+    NO_DEVICE,
+    NO_SRQ,
+    QP_GSI,
+    QP_KERNEL,
+    QP_UC,
+    QP_UD,
+    QP_XRC_INI,
+    QP_XRC_TGT,
+    PagesDesc,
+    QpConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +52,11 @@ TYPES: dict[int, tuple[dict[tuple[int, int], tuple[int, int]], int]] = {
     QpType.UC: (qp_states.UC_TRANSITIONS, QP_UC),
     QpType.UD: (qp_states.UD_TRANSITIONS, QP_UD),
     QpType.GSI: (qp_states.GSI_TRANSITIONS, QP_UD | QP_GSI),
+    QpType.XRC_INI: (qp_states.XRC_INI_TRANSITIONS, QP_XRC_INI),
+    QpType.XRC_TGT: (qp_states.XRC_TGT_TRANSITIONS, QP_XRC_TGT),
 }
-QPN_LIMIT = 1 << 24
+CONNECTED = (QpType.RC, QpType.UC, QpType.XRC_INI, QpType.XRC_TGT)
+QPN_LIMIT = WireNumbers.LIMIT
 PSN_LIMIT = 1 << 24
 # Attributes MODIFY_QP stores, by the mask bit (VRDMA_QP_<bit>) that carries them.
 STORED: dict[str, tuple[str, ...]] = {
@@ -63,12 +83,13 @@ class Qp:
     dbs: list[int]  # doorbell indexes: its send queue's, then its receive queue's unless it has an SRQ
     attr: dict[str, Any] = field(default_factory=dict)
     qp_type: int = QpType.RC
+    xrcd: int = 0  # an XRC target's domain
 
 
 class QueuePairs(EngineObjectTable[Qp]):
     def __init__(self, owner: str, seat: EngineSeat, limits: DeviceLimits, ucontexts: UserContexts,
-                 pds: ProtectionDomains, cqs: CompletionQueues, srqs: SharedReceiveQueues, gids: GidTable,
-                 route: Callable[[bytes], int]) -> None:
+                 pds: ProtectionDomains, cqs: CompletionQueues, srqs: SharedReceiveQueues, xrcds: XrcDomains,
+                 gids: GidTable, route: Callable[[bytes], int]) -> None:
         """``route(dgid)``: the engine index of the device holding that GID, or NO_DEVICE (the fabric's)."""
         super().__init__("qp", "QP", limits.max_qp, seat)
         self.owner = owner
@@ -77,23 +98,38 @@ class QueuePairs(EngineObjectTable[Qp]):
         self.pds = pds
         self.cqs = cqs
         self.srqs = srqs
+        self.xrcds = xrcds
         self.gids = gids
         self.route = route
-        self.qpn_generation = 1
+        self.numbers = WireNumbers(self.pool.slot_bits)
 
     def create(self, req: Any) -> tuple[int, int, int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "a QP")
-        pd = self.pds.in_context(int(req.pd), int(req.ucontext))
-        if req.reserved1 or any(req.reserved0):
+        if any(req.reserved0):
             raise CommandFailed(Status.INVALID, "reserved fields of CREATE_QP are not zero")
         qp_type = int(req.qp_type)
         if qp_type not in TYPES:
-            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {qp_type} (the device has RC, UC, UD and GSI QPs)")
+            raise CommandFailed(Status.NOT_SUPPORTED, f"QP type {qp_type} (the device has RC, UC, UD, GSI and XRC "
+                                                      f"QPs)")
         if qp_type == QpType.GSI and (ctx is not self.ucontexts.kernel or self.gsi_taken()):
             raise CommandFailed(Status.INVALID, "the GSI QP is the kernel's, and the device has one")
+        if qp_type == QpType.XRC_TGT:
+            return self._create_xrc_target(ctx, req)
+        if req.xrcd:
+            raise CommandFailed(Status.INVALID, "only an XRC target QP has an XRC domain")
+        pd = self.pds.in_context(int(req.pd), int(req.ucontext))
         send_cq = self.cqs.in_context(int(req.send_cq), int(req.ucontext))
-        recv_cq = self.cqs.in_context(int(req.recv_cq), int(req.ucontext))
+        initiator = qp_type == QpType.XRC_INI
+        if initiator and (req.recv_cq or req.srq or req.rq_depth or req.rq_stride or req.rq_offset or
+                          req.max_recv_sge):
+            raise CommandFailed(Status.INVALID, "an XRC initiator QP has no receive side (no receive CQ, SRQ or "
+                                                "receive queue)")
+        recv_cq = None if initiator else self.cqs.in_context(int(req.recv_cq), int(req.ucontext))
         srq = self.srqs.in_context(int(req.srq), int(req.ucontext)) if req.srq else None
+        if srq is not None and srq.xrcd:
+            raise CommandFailed(Status.INVALID, f"SRQ {int(req.srq):#x} is an XRC SRQ: only XRC targets of its "
+                                                f"domain deliver into it")
+        own_rq = srq is None and not initiator
         limits = self.limits
         sq_depth, rq_depth = int(req.sq_depth), int(req.rq_depth)
         sq_stride, rq_stride = int(req.sq_stride), int(req.rq_stride)
@@ -103,7 +139,7 @@ class QueuePairs(EngineObjectTable[Qp]):
                 inline > limits.max_inline_data or not rings.send_stride_ok(sq_stride, send_sge, inline):
             raise CommandFailed(Status.INVALID, f"send queue: depth {sq_depth}, stride {sq_stride}, "
                                                 f"{send_sge} SGEs, {inline} inline bytes")
-        if srq is None and (not rings.pow2(rq_depth) or rq_depth > limits.max_qp_wr or recv_sge > limits.max_sge or
+        if own_rq and (not rings.pow2(rq_depth) or rq_depth > limits.max_qp_wr or recv_sge > limits.max_sge or
                             not rings.recv_stride_ok(rq_stride, recv_sge)):
             raise CommandFailed(Status.INVALID, f"receive queue: depth {rq_depth}, stride {rq_stride}, "
                                                 f"{recv_sge} SGEs")
@@ -112,40 +148,61 @@ class QueuePairs(EngineObjectTable[Qp]):
         pages = rings.page_list(req.ring, rings.qp_ring_pages(sq_offset, sq_depth, sq_stride, rq_offset, rq_depth,
                                                               rq_stride), "the QP rings")
         self.check_room()
-        dbs = self.ucontexts.take_dbs(ctx, 1 if srq else 2)
-        caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if srq is None else 0,
+        dbs = self.ucontexts.take_dbs(ctx, 2 if own_rq else 1)
+        caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if own_rq else 0,
                 "max_send_sge": send_sge, "max_recv_sge": recv_sge, "max_inline_data": inline}
         qp = Qp(int(req.ucontext), int(req.pd), 0, 0, int(req.send_cq), int(req.recv_cq), int(req.srq), caps,
                 dbs, {"qp_state": qp_states.RESET}, qp_type)
         handle = self.add(qp)
-        qp.qpn = GSI_QPN if qp_type == QpType.GSI else self._qpn(qp.slot)
+        qp.qpn = GSI_QPN if qp_type == QpType.GSI else self.numbers.number(qp.slot)
         rq_db = dbs[1] if len(dbs) > 1 else 0
         config: QpConfig = {
             "handle": handle, "qpn": qp.qpn, "pd": int(req.pd), "sq_sig_all": int(req.sq_sig_all),
-            "send_cq": send_cq.slot, "recv_cq": recv_cq.slot, "srq": srq.slot if srq else NO_SRQ,
+            "send_cq": send_cq.slot, "recv_cq": recv_cq.slot if recv_cq else 0, "srq": srq.slot if srq else NO_SRQ,
             "sq_depth": sq_depth, "rq_depth": rq_depth, "sq_stride": sq_stride, "rq_stride": rq_stride,
             "sq_offset": sq_offset, "rq_offset": rq_offset, "max_send_sge": send_sge, "max_recv_sge": recv_sge,
             "max_inline": inline, "sq_db": dbs[0], "rq_db": rq_db,
-            "flags": (QP_KERNEL if ctx is self.ucontexts.kernel else 0) | TYPES[qp_type][1], "ring": pages}
+            "flags": (QP_KERNEL if ctx is self.ucontexts.kernel else 0) | TYPES[qp_type][1], "xrcd": 0,
+            "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config,
                               undo=lambda: self.ucontexts.give_dbs(ctx, dbs))
         pd.refs += 1
         send_cq.refs += 1
-        recv_cq.refs += 1
+        if recv_cq is not None:
+            recv_cq.refs += 1
         if srq is not None:
             srq.refs += 1
         self.ucontexts.queue_created(ctx)
         return handle, qp.qpn, dbs[0], rq_db
 
+    def _create_xrc_target(self, ctx: UserContext, req: Any) -> tuple[int, int, int, int]:
+        """An XRC target QP: the kernel's, an XRC domain and a QP number, every other field zero."""
+        if ctx is not self.ucontexts.kernel:
+            raise CommandFailed(Status.INVALID, "XRC target QPs are the kernel's (ucontext 0)")
+        unused = ("pd", "send_cq", "recv_cq", "srq", "sq_sig_all", "sq_depth", "rq_depth", "sq_stride", "rq_stride",
+                  "sq_offset", "rq_offset", "max_send_sge", "max_recv_sge", "max_inline_data")
+        if any(getattr(req, name) for name in unused) or req.ring.addr or req.ring.npages or req.ring.levels:
+            raise CommandFailed(Status.INVALID, "an XRC target QP has an XRC domain and nothing else (no PD, CQs, "
+                                                "SRQ or rings)")
+        xrcd = self.xrcds.get(int(req.xrcd))
+        self.check_room()
+        caps = dict.fromkeys(("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data"), 0)
+        qp = Qp(0, 0, 0, 0, 0, 0, 0, caps, [], {"qp_state": qp_states.RESET}, QpType.XRC_TGT, int(req.xrcd))
+        handle = self.add(qp)
+        qp.qpn = self.numbers.number(qp.slot)
+        no_ring: PagesDesc = {"addr": 0, "npages": 0, "levels": 0}
+        config: QpConfig = {
+            "handle": handle, "qpn": qp.qpn, "pd": 0, "sq_sig_all": 0, "send_cq": 0, "recv_cq": 0, "srq": NO_SRQ,
+            "sq_depth": 0, "rq_depth": 0, "sq_stride": 0, "rq_stride": 0, "sq_offset": 0, "rq_offset": 0,
+            "max_send_sge": 0, "max_recv_sge": 0, "max_inline": 0, "sq_db": 0, "rq_db": 0, "flags": QP_XRC_TGT,
+            "xrcd": qp.xrcd, "ring": no_ring}
+        self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config)
+        xrcd.refs += 1
+        self.ucontexts.queue_created(ctx)
+        return handle, qp.qpn, 0, 0
+
     def gsi_taken(self) -> bool:
         return any(qp.qp_type == QpType.GSI for qp in self.pool.objects.values())
-
-    def _qpn(self, slot: int) -> int:
-        bits = self.pool.slot_bits
-        generations = QPN_LIMIT >> bits
-        qpn = (self.qpn_generation << bits) | slot
-        self.qpn_generation = self.qpn_generation + 1 if self.qpn_generation + 1 < generations else 1
-        return qpn
 
     def state(self, qp: Qp) -> int:
         return self.seat.engine.qp_state(self.seat.index, qp.slot)
@@ -183,7 +240,7 @@ class QueuePairs(EngineObjectTable[Qp]):
                 "dest_qpn": stored["dest_qp_num"], "min_rnr_timer": stored["min_rnr_timer"],
                 "rnr_retry": stored["rnr_retry"], "retry_cnt": stored["retry_cnt"], "timeout": stored["timeout"],
                 "qkey": stored["qkey"]})
-        if target == qp_states.RTR and qp.qp_type in (QpType.RC, QpType.UC):
+        if target == qp_states.RTR and qp.qp_type in CONNECTED:
             log.info("%s: QP %#x -> QP %#x on %s", self.owner, qp.qpn, stored["dest_qp_num"],
                      "an unknown GID" if dest_dev == NO_DEVICE else f"device {dest_dev}")
 
@@ -225,9 +282,13 @@ class QueuePairs(EngineObjectTable[Qp]):
         qp = self.get(handle)
         self.pool.remove(handle)
         self.seat.engine.destroy_qp(self.seat.index, qp.slot)
-        self.pds.release(qp.pd)
+        if qp.pd:
+            self.pds.release(qp.pd)
         for cq_handle in (qp.send_cq, qp.recv_cq):
-            self.cqs.get(cq_handle).refs -= 1
+            if cq_handle:
+                self.cqs.get(cq_handle).refs -= 1
         if qp.srq:
             self.srqs.get(qp.srq).refs -= 1
+        if qp.xrcd:
+            self.xrcds.release(qp.xrcd)
         self.ucontexts.queue_destroyed(qp.ucontext, qp.dbs)

@@ -1,4 +1,4 @@
-"""The queue pair state machines of the InfiniBand specification (modify_qp), as tables: RC, UC, UD and GSI.
+"""The queue pair state machines of the InfiniBand specification (modify_qp), as tables: RC, UC, UD, GSI and XRC.
 
 For each (current state, next state) a guest may ask for: the attributes it must give and those it may give.
 Anything else in the mask is refused, as a real HCA's firmware (and the kernel's ib_modify_qp_is_ok) refuses it:
@@ -76,16 +76,36 @@ UC_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
     (SQD, RTS): (_m("STATE"), _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "PATH_MIG_STATE")),
     (SQD, SQD): (0, _m("AV", "ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX", "PATH_MIG_STATE")),
 }
+# XRC initiators: the requester half of RC (no receive side to set up: no RNR timer, no reads to take in).
+XRC_INI_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
+    **TRANSITIONS,
+    (INIT, RTR): (_m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN"), _m("ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX")),
+    (RTR, RTS): (_m("STATE", "SQ_PSN", "TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC"),
+                 _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "PATH_MIG_STATE")),
+    (RTS, RTS): (0, _m("CUR_STATE", "ACCESS_FLAGS", "ALT_PATH", "PATH_MIG_STATE")),
+    (SQD, RTS): (_m("STATE"), _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "PATH_MIG_STATE")),
+    (SQD, SQD): (0, _m("AV", "ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX", "PATH_MIG_STATE", "TIMEOUT", "RETRY_CNT",
+                       "RNR_RETRY", "MAX_QP_RD_ATOMIC")),
+}
+# XRC targets: the responder half (an RTS without retries: a target sends nothing but responses).
+XRC_TGT_TRANSITIONS: dict[tuple[int, int], tuple[int, int]] = {
+    **TRANSITIONS,
+    (RTR, RTS): (_m("STATE", "SQ_PSN", "TIMEOUT"),
+                 _m("CUR_STATE", "ALT_PATH", "ACCESS_FLAGS", "MIN_RNR_TIMER", "PATH_MIG_STATE")),
+    (SQD, SQD): (0, _m("AV", "ALT_PATH", "ACCESS_FLAGS", "PKEY_INDEX", "MIN_RNR_TIMER", "PATH_MIG_STATE",
+                       "TIMEOUT", "MAX_DEST_RD_ATOMIC")),
+}
 # ... and for the GSI queue pair (QP1), which belongs to its port: no port to give.
 GSI_TRANSITIONS = {**UD_TRANSITIONS, (RESET, INIT): (_m("STATE", "PKEY_INDEX", "QKEY"), 0),
                    (INIT, INIT): (0, _m("PKEY_INDEX", "QKEY"))}
 # One transition the verbs do not have: RESET to RTR in one MODIFY_QP, with the attributes of RESET->INIT and
 # INIT->RTR together. A driver may keep RESET->INIT to itself and tell the device with the next transition: one
 # command fewer per QP (docs/device-interface.md). The checks are those of the two transitions.
-for _table in (TRANSITIONS, UC_TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
+ALL_TABLES = (TRANSITIONS, UC_TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS, XRC_INI_TRANSITIONS, XRC_TGT_TRANSITIONS)
+for _table in ALL_TABLES:
     (_init_req, _init_opt), (_rtr_req, _rtr_opt) = _table[(RESET, INIT)], _table[(INIT, RTR)]
     _table[(RESET, RTR)] = (_init_req | _rtr_req, (_init_opt | _rtr_opt) & ~(_init_req | _rtr_req))
-for _table in (TRANSITIONS, UC_TRANSITIONS, UD_TRANSITIONS, GSI_TRANSITIONS):
+for _table in ALL_TABLES:
     for _state in (RESET, INIT, RTR, RTS, SQD, SQE, ERR):
         _table[(_state, RESET)] = (_m("STATE"), 0)
         _table[(_state, ERR)] = (_m("STATE"), 0)

@@ -1,4 +1,8 @@
-"""Shared receive queues: a ring of receive WQEs in the guest's memory that QPs of the same context draw from."""
+"""Shared receive queues: a ring of receive WQEs in the guest's memory that QPs of the same context draw from.
+
+An XRC SRQ belongs to an XRC domain as well, completes its receives on a CQ of its own, and has an SRQ number:
+XRC initiators name it by that, and the XRC target QPs of its domain (of any context) deliver into it.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from vrdma.device import abi, rings
+from vrdma.device.cq import CompletionQueues
 from vrdma.device.pd import ProtectionDomains
+from vrdma.device.pool import WireNumbers
 from vrdma.device.seat import EngineSeat, refused_as_status
 from vrdma.device.status import CommandFailed, Status
 from vrdma.device.table import EngineObjectTable
-from vrdma.device.ucontext import UserContexts
-from vrdma.engine.api import SrqConfig
+from vrdma.device.ucontext import KERNEL, UserContexts
+from vrdma.device.xrcd import XrcDomains
+from vrdma.engine.api import SRQ_KERNEL, SrqConfig
 
 SRQ_MAX_WR = abi.const("VRDMA_SRQ_MAX_WR")
 SRQ_LIMIT = abi.const("VRDMA_SRQ_LIMIT")
@@ -25,21 +32,31 @@ class Srq:
     depth: int
     max_sge: int
     db: int  # doorbell index of its producer index
-    refs: int = 0
+    refs: int = 0  # QPs drawing from it (an XRC SRQ has none: its domain's targets find it by number)
+    xrcd: int = 0  # an XRC SRQ's domain, its CQ and its number
+    cq: int = 0
+    srqn: int = 0
 
 
 class SharedReceiveQueues(EngineObjectTable[Srq]):
     def __init__(self, seat: EngineSeat, limit: int, max_wr: int, max_sge: int, ucontexts: UserContexts,
-                 pds: ProtectionDomains) -> None:
+                 pds: ProtectionDomains, cqs: CompletionQueues, xrcds: XrcDomains) -> None:
         super().__init__("srq", "SRQ", limit, seat)
         self.max_wr = max_wr
         self.max_sge = max_sge
         self.ucontexts = ucontexts
         self.pds = pds
+        self.cqs = cqs
+        self.xrcds = xrcds
+        self.numbers = WireNumbers(self.pool.slot_bits)
 
-    def create(self, req: Any) -> tuple[int, int]:
+    def create(self, req: Any) -> tuple[int, int, int]:
         ctx = self.ucontexts.for_queue(int(req.ucontext), "an SRQ")
         pd = self.pds.in_context(int(req.pd), int(req.ucontext))
+        xrcd = self.xrcds.get(int(req.xrcd)) if req.xrcd else None
+        cq = self.cqs.in_context(int(req.cq), int(req.ucontext)) if xrcd is not None else None
+        if xrcd is None and req.cq:
+            raise CommandFailed(Status.INVALID, "a basic SRQ has no CQ of its own (its QPs' receive CQs take it)")
         depth, stride, max_sge, limit = int(req.depth), int(req.stride), int(req.max_sge), int(req.srq_limit)
         if not rings.pow2(depth) or depth > self.max_wr:
             raise CommandFailed(Status.INVALID, f"SRQ depth {depth}")
@@ -50,15 +67,22 @@ class SharedReceiveQueues(EngineObjectTable[Srq]):
         pages = rings.page_list(req.ring, rings.srq_ring_pages(depth, stride), "the SRQ ring")
         self.check_room()
         dbs = self.ucontexts.take_dbs(ctx, 1)
-        srq = Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, dbs[0])
+        srq = Srq(int(req.ucontext), int(req.pd), 0, depth, max_sge, dbs[0], xrcd=int(req.xrcd), cq=int(req.cq))
         handle = self.add(srq)
+        if xrcd is not None:
+            srq.srqn = self.numbers.number(srq.slot)
         config: SrqConfig = {"handle": handle, "pd": int(req.pd), "depth": depth, "stride": stride,
-                              "max_sge": max_sge, "limit": limit, "db": srq.db, "ring": pages}
+                              "max_sge": max_sge, "limit": limit, "db": srq.db,
+                              "flags": SRQ_KERNEL if srq.ucontext == KERNEL else 0, "xrcd": srq.xrcd,
+                              "cq": cq.slot if cq is not None else 0, "srqn": srq.srqn, "ring": pages}
         self.create_in_engine(handle, self.seat.engine.create_srq, srq.slot, config,
                               undo=lambda: self.ucontexts.give_dbs(ctx, dbs))
         pd.refs += 1
+        if xrcd is not None and cq is not None:
+            xrcd.refs += 1
+            cq.refs += 1
         self.ucontexts.queue_created(ctx)
-        return handle, srq.db
+        return handle, srq.db, srq.srqn
 
     def modify(self, req: Any) -> None:
         srq = self.get(int(req.handle))
@@ -81,4 +105,7 @@ class SharedReceiveQueues(EngineObjectTable[Srq]):
         srq = self.remove_unused(handle, "QPs")
         self.seat.engine.destroy_srq(self.seat.index, srq.slot)
         self.pds.release(srq.pd)
+        if srq.xrcd:
+            self.xrcds.release(srq.xrcd)
+            self.cqs.get(srq.cq).refs -= 1
         self.ucontexts.queue_destroyed(srq.ucontext, [srq.db])

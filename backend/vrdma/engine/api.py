@@ -22,6 +22,9 @@ QP_KERNEL = 1
 QP_UD = 2
 QP_GSI = 4
 QP_UC = 8
+QP_XRC_INI = 16
+QP_XRC_TGT = 32
+SRQ_KERNEL = 1
 MAX_GIDS = 64
 # The engine's per-device counters (struct vre_counters), in order.
 COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
@@ -81,6 +84,10 @@ class SrqConfig(TypedDict):
     max_sge: int
     limit: int
     db: int
+    flags: int  # SRQ_KERNEL
+    xrcd: int  # 0: a basic SRQ
+    cq: int  # an XRC SRQ's CQ table slot
+    srqn: int  # an XRC SRQ's number (its slot in the low bits)
     ring: PagesDesc
 
 
@@ -104,6 +111,7 @@ class QpConfig(TypedDict):
     sq_db: int
     rq_db: int  # 0 with an SRQ
     flags: int
+    xrcd: int  # an XRC target's XRC domain, else 0
     ring: PagesDesc
 
 

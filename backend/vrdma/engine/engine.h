@@ -25,6 +25,9 @@
 #define VRE_QP_UD 2               /* datagrams: SEND with an address vector in the WQE, routed by GID and QPN */
 #define VRE_QP_GSI 4              /* the device's QP1 (with VRE_QP_UD): found by QPN 1 */
 #define VRE_QP_UC 8               /* unreliable connected: SEND and WRITE (with immediate), nothing acknowledged */
+#define VRE_QP_XRC_INI 16         /* XRC initiator: RC operations, each naming an XRC SRQ at the target; no receives */
+#define VRE_QP_XRC_TGT 32         /* XRC target: no rings, CQs or PD of its own; takes what XRC initiators send */
+#define VRE_SRQ_KERNEL 1          /* vre_srq_config.flags: an SRQ of the guest kernel (the local DMA lkey works) */
 #define VRE_MAX_GIDS 64           /* a device's GID table, at most */
 
 struct vre_engine;
@@ -86,6 +89,10 @@ struct vre_srq_config {
 	uint32_t max_sge;
 	uint32_t limit;
 	uint32_t db;
+	uint32_t flags;           /* VRE_SRQ_* */
+	uint32_t xrcd;            /* 0: a basic SRQ; else an XRC SRQ of this XRC domain (a model handle) ... */
+	uint32_t cq;              /* ... whose receives complete on this CQ table slot */
+	uint32_t srqn;            /* ... named so by XRC initiators: its table slot in the low bits */
 	struct vre_pages_desc ring;
 };
 
@@ -109,7 +116,8 @@ struct vre_qp_config {
 	uint32_t sq_db;           /* doorbell indexes; rq_db unused with an SRQ */
 	uint32_t rq_db;
 	uint32_t flags;           /* VRE_QP_* */
-	struct vre_pages_desc ring;
+	uint32_t xrcd;            /* an XRC target's XRC domain (a model handle); 0 for other types */
+	struct vre_pages_desc ring; /* an XRC target has none (0 pages), an XRC initiator a send queue only */
 };
 
 /* What a modify_qp changes; the model has checked the transition and every attribute. */

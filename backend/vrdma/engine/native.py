@@ -16,6 +16,9 @@ from vrdma.engine.api import (
     QP_KERNEL,
     QP_UC,
     QP_UD,
+    QP_XRC_INI,
+    QP_XRC_TGT,
+    SRQ_KERNEL,
     CqConfig,
     EngineError,
     EngineEvent,
@@ -35,9 +38,9 @@ except ImportError as err:  # pragma: no cover - the message is the point
 __all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi"]
 
 # The typed interface declares engine.h's sentinels without importing C: hold the two equal.
-assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, MAX_GIDS) == \
+assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, QP_XRC_INI, QP_XRC_TGT, SRQ_KERNEL, MAX_GIDS) == \
     (lib.VRE_NO_DEVICE, lib.VRE_NO_SRQ, lib.VRE_QP_KERNEL, lib.VRE_QP_UD, lib.VRE_QP_GSI, lib.VRE_QP_UC,
-     lib.VRE_MAX_GIDS), \
+     lib.VRE_QP_XRC_INI, lib.VRE_QP_XRC_TGT, lib.VRE_SRQ_KERNEL, lib.VRE_MAX_GIDS), \
     "vrdma.engine.api disagrees with engine.h"
 EVENT_BATCH = 256
 

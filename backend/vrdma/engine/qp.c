@@ -4,6 +4,7 @@
  * the error state and its events, lookups by QP number, destruction. req.c runs their send queues.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vre.h"
@@ -17,6 +18,21 @@ VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn
 		return d->gsi >= 0 ? qp_at(d, (uint32_t)d->gsi) : NULL;
 	qp = d ? qp_at(d, qpn & (d->lim.max_qp - 1)) : NULL;
 	return qp && qp->cfg.qpn == qpn ? qp : NULL;
+}
+
+VRE_FN bool qp_receives(const struct vre_qp *qp)
+{
+	return qp->attr.state >= VRDMA_QPS_RTR && qp->attr.state != VRDMA_QPS_ERR &&
+	       (qp->ring.valid || (qp->cfg.flags & VRE_QP_XRC_TGT));  /* an XRC target has no ring to lose */
+}
+
+VRE_FN bool same_transport(uint32_t req, uint32_t resp)
+{
+	uint32_t want = req & VRE_TRANSPORT;
+
+	if (want & VRE_QP_XRC_INI)
+		want = (want & ~VRE_QP_XRC_INI) | VRE_QP_XRC_TGT;
+	return (resp & VRE_TRANSPORT) == want;
 }
 
 VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event)
@@ -34,23 +50,48 @@ VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_q
 		vre_post_event(e, dev_index(e, d), VRDMA_EVENT_QP_LAST_WQE, qp->cfg.handle, 0);
 }
 
+/* An XRC target: no rings, doorbells, CQs or PD; a QPN (to be found by) and its XRC domain. Never polled. */
+static int xrc_target_create(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_qp_config *c)
+{
+	struct vre_qp *qp;
+
+	if (!c->xrcd || c->ring.npages || c->srq != VRE_NO_SRQ || c->sq_depth || c->rq_depth)
+		return vre_fail(e, EINVAL, "an XRC target has an XRC domain and no queues");
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return vre_fail(e, ENOMEM, "no memory for a QP");
+	qp->cfg = *c;
+	qp->attr.state = VRDMA_QPS_RESET;
+	qp->attr.dest_dev = VRE_NO_DEVICE;
+	qp->index = VRE_NOT_ACTIVE;
+	d->qps[slot] = qp;
+	return 0;
+}
+
 int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *c)
 {
 	struct vre_device *d = vre_dev(e, dev);
 	uint64_t size = (uint64_t)c->ring.npages * PAGE_SIZE;
-	bool own_rq = c->srq == VRE_NO_SRQ;
+	bool xrc_ini = c->flags & VRE_QP_XRC_INI;
+	bool own_rq = c->srq == VRE_NO_SRQ && !xrc_ini;  /* an XRC initiator receives nothing */
+	uint32_t transport = c->flags & VRE_TRANSPORT;
 	struct vre_qp *qp;
 	int err;
 
 	bool gsi = c->flags & VRE_QP_GSI;
 
-	if ((c->flags & ~(VRE_QP_KERNEL | VRE_QP_UD | VRE_QP_GSI | VRE_QP_UC)) ||
-	    ((c->flags & VRE_QP_UC) && (c->flags & VRE_QP_UD)))
+	if ((c->flags & ~(VRE_QP_KERNEL | VRE_QP_GSI | VRE_TRANSPORT)) || (transport & (transport - 1)) ||
+	    (gsi && transport != VRE_QP_UD))
 		return vre_fail(e, EINVAL, "QP flags %#x: no such QP type", c->flags);
-	if (!qp_slot_free(d, slot) || (gsi ? c->qpn != VRDMA_GSI_QPN || d->gsi >= 0 || !(c->flags & VRE_QP_UD) :
+	if (!qp_slot_free(d, slot) || (gsi ? c->qpn != VRDMA_GSI_QPN || d->gsi >= 0 :
 				       (c->qpn & (d->lim.max_qp - 1)) != slot || c->qpn == VRDMA_GSI_QPN))
 		return vre_fail(e, EINVAL, "QP slot %u (QPN %#x) unusable", slot, c->qpn);
-	if (!cq_at(d, c->send_cq) || !cq_at(d, c->recv_cq) || (!own_rq && (c->srq < 0 || !srq_at(d, (uint32_t)c->srq))))
+	if (transport == VRE_QP_XRC_TGT)
+		return xrc_target_create(e, d, slot, c);
+	if (c->xrcd || (xrc_ini && (c->srq != VRE_NO_SRQ || c->rq_depth)))
+		return vre_fail(e, EINVAL, "only an XRC target has an XRC domain; an XRC initiator has no receive queue");
+	if (!cq_at(d, c->send_cq) || (!xrc_ini && !cq_at(d, c->recv_cq)) ||
+	    (c->srq != VRE_NO_SRQ && (c->srq < 0 || !srq_at(d, (uint32_t)c->srq))))
 		return vre_fail(e, EINVAL, "QP names a CQ or SRQ that does not exist");
 	if (!send_queue_fits(c->sq_depth, d->lim.max_qp_wr, c->sq_stride, c->max_send_sge, d->lim.max_sge,
 			     c->max_inline, d->lim.max_inline) ||
@@ -107,7 +148,8 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 		/* Empty queues: both sides start counting from zero again. */
 		qp->sq_head = qp->rq_cons = 0;
 		qp->rnr_until = 0;
-		/* The ring may be gone from the memory table (its pages no longer translate): nothing to tell. */
+		/* The ring may be gone from the memory table (its pages no longer translate), or an XRC target has
+		 * none: nothing to tell. */
 		if (qp->ring.valid) {
 			struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 
@@ -136,7 +178,9 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 		return;
 	if (d->gsi == (int64_t)slot)
 		d->gsi = -1;
-	d->active[qp->index] = d->active[--d->nactive];  /* the last active QP takes its place */
-	d->active[qp->index]->index = qp->index;
+	if (qp->index != VRE_NOT_ACTIVE) {
+		d->active[qp->index] = d->active[--d->nactive];  /* the last active QP takes its place */
+		d->active[qp->index]->index = qp->index;
+	}
 	obj_free(d, qp, offsetof(struct vre_qp, ring));
 }

@@ -1,19 +1,36 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Receive queues: taking the next receive WQE of a QP (its own queue or its SRQ, with the SRQ's limit event), and
- * flushing a QP's own queue once it is in error. A producer index that claims more WQEs than the ring holds is
- * garbage and names nothing.
+ * Receive queues: where a message for a QP lands (its own queue, its SRQ, or for an XRC target the XRC SRQ the
+ * message names), taking the next receive WQE there (with the SRQ's limit event), and flushing a QP's own queue
+ * once it is in error. A producer index that claims more WQEs than the ring holds is garbage and names nothing.
  */
 #include <string.h>
 
 #include "vre.h"
 
-/* Take the next receive WQE of `qp` (its RQ or its SRQ), copied out of guest memory. */
-VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
-		    uint32_t *max_sge)
+VRE_FN bool rx_of(struct vre_device *d, struct vre_qp *qp, uint32_t srqn, struct vre_rx *rx)
 {
-	if (qp->cfg.srq != VRE_NO_SRQ) {
-		struct vre_srq *srq = d->srqs[qp->cfg.srq];
+	if (qp->cfg.flags & VRE_QP_XRC_TGT) {
+		/* The SRQ number is the initiator's word: any value, checked against the target's own table. */
+		struct vre_srq *srq = srq_at(d, srqn & (d->lim.max_srq - 1));
+
+		if (!srq || srq->cfg.srqn != srqn || !srq->cfg.xrcd || srq->cfg.xrcd != qp->cfg.xrcd)
+			return false;
+		*rx = (struct vre_rx){ .srq = srq, .cq = d->cqs[srq->cfg.cq], .pd = srq->cfg.pd,
+				       .kernel = srq->cfg.flags & VRE_SRQ_KERNEL };
+		return true;
+	}
+	*rx = (struct vre_rx){ .srq = qp->cfg.srq == VRE_NO_SRQ ? NULL : d->srqs[qp->cfg.srq],
+			       .cq = d->cqs[qp->cfg.recv_cq], .pd = qp->cfg.pd, .kernel = qp->cfg.flags & VRE_QP_KERNEL };
+	return true;
+}
+
+/* Take the next receive WQE for `qp` from where `rx` says (its RQ or an SRQ), copied out of guest memory. */
+VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
+			   struct recv_wqe *out, uint32_t *max_sge)
+{
+	if (rx->srq) {
+		struct vre_srq *srq = rx->srq;
 		struct vrdma_srq_ring_hdr *hdr;
 		uint32_t prod, avail;
 
@@ -64,8 +81,8 @@ VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vr
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 	uint32_t prod, n = 0;
 
-	if (qp->cfg.srq != VRE_NO_SRQ)
-		return 0;  /* an SRQ's receives belong to the other QPs sharing it */
+	if (qp->cfg.srq != VRE_NO_SRQ || !qp->rq_db)
+		return 0;  /* an SRQ's receives belong to the other QPs sharing it; XRC QPs have no receive queue */
 	prod = load_acquire(qp->rq_db);
 	if (prod - qp->rq_cons > qp->cfg.rq_depth)
 		return 0;  /* more receives than the ring holds: the index is garbage and names nothing posted (clamping

@@ -17,13 +17,13 @@ static const uint32_t rnr_timer_us[32] = {
 };
 
 /*
- * Build segments from the SGEs of a WQE of QP qp in device d, checking keys, PD, bounds and (if asked) local write
- * access. The local DMA lkey names guest RAM directly, and only the kernel's QPs may use it.
+ * Build segments from the SGEs of a WQE of device d whose memory is PD pd's, checking keys, PD, bounds and (if
+ * asked) local write access. The local DMA lkey names guest RAM directly, and only the kernel's queues (`kernel`)
+ * may use it.
  */
-VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_sge *sge, uint32_t n,
+VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, bool kernel, const struct vrdma_sge *sge, uint32_t n,
 			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total)
 {
-	bool kernel = qp->cfg.flags & VRE_QP_KERNEL;
 	uint64_t sum = 0;
 	uint32_t k = 0;
 
@@ -42,7 +42,7 @@ VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const
 			segs[k++] = (struct seg){ .buf = hva, .len = s.length };
 		} else {
 			mr = mr_by_key(d, s.lkey, false);
-			if (!mr || mr->cfg.pd != qp->cfg.pd || !mr_range(mr, s.addr, s.length, &off) ||
+			if (!mr || mr->cfg.pd != pd || !mr_range(mr, s.addr, s.length, &off) ||
 			    (need_write && !(mr->cfg.access & VRDMA_ACCESS_LOCAL_WRITE)))
 				return VRDMA_WC_LOC_PROT_ERR;
 			segs[k++] = (struct seg){ .mem = &mr->mem, .off = off, .len = s.length };
@@ -98,8 +98,8 @@ static uint8_t local_data(struct vre_request *r)
 	} else {
 		if (h->num_sge > r->qp->cfg.max_send_sge)
 			return VRDMA_WC_LOC_QP_OP_ERR;
-		status = sges_to_segs(r->d, r->qp, r->w->sge, h->num_sge, r->op->flags & OP_READS,
-				      r->d->lim.max_msg_size, r->local, &r->nlocal, &r->len);
+		status = sges_to_segs(r->d, r->qp->cfg.pd, r->qp->cfg.flags & VRE_QP_KERNEL, r->w->sge, h->num_sge,
+				      r->op->flags & OP_READS, r->d->lim.max_msg_size, r->local, &r->nlocal, &r->len);
 		if (status != VRDMA_WC_SUCCESS)
 			return status;
 	}
@@ -133,8 +133,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 	 */
 	dqp = qp->attr.dest_dev == VRE_NO_DEVICE ? NULL : qp_by_qpn(e, qp->attr.dest_dev, qp->attr.dest_qpn);
 	dd = dqp ? &e->devices[qp->attr.dest_dev] : NULL;
-	if (!dqp || dqp->attr.state < VRDMA_QPS_RTR || dqp->attr.state == VRDMA_QPS_ERR || !dqp->ring.valid ||
-	    (dqp->cfg.flags & (VRE_QP_UD | VRE_QP_UC)) != (qp->cfg.flags & (VRE_QP_UD | VRE_QP_UC))) {
+	if (!dqp || !qp_receives(dqp) || !same_transport(qp->cfg.flags, dqp->cfg.flags)) {
 		if (qp->cfg.flags & VRE_QP_UC) {
 			d->counters.uc_dropped++;  /* sent into the void: UC has no acknowledgement to miss */
 			complete_send(e, d, qp, &w->hdr, VRDMA_WC_SUCCESS, (uint32_t)r.len);

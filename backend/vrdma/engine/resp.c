@@ -3,19 +3,21 @@
  * The responder: what a request does at its destination QP, once the requester has checked its own side. Remote
  * memory is checked here (rkey, PD, bounds, the MR's and the QP's access rights) before a byte moves; a SEND or a
  * WRITE with immediate consumes a receive WQE whose SGEs are checked like the requester's; atomics act on 8 aligned
- * bytes. A failure completes the request with the status a real responder's NAK would give, and moves the QPs the
+ * bytes. An XRC target has neither receives nor a PD of its own: the XRC SRQ the request names gives both (rx_of).
+ * A failure completes the request with the status a real responder's NAK would give, and moves the QPs the
  * InfiniBand specification moves to the error state. A UC responder sends no NAK: what it cannot take is dropped
  * (a receive it consumed completes with the error), and both QPs carry on.
  */
 #include "vre.h"
 
-/* The responder's checks of a remote access: rkey, PD, bounds, MR and QP access rights. */
-static struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t rkey, uint64_t addr,
-				uint64_t len, uint32_t access, uint64_t *off)
+/* The responder's checks of a remote access: rkey, PD (the receive side's: an XRC target has its SRQ's), bounds,
+ * MR and QP access rights. */
+static struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
+				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off)
 {
 	struct vre_mr *mr = mr_by_key(dd, rkey, true);
 
-	if (!mr || mr->cfg.pd != dqp->cfg.pd || !(mr->cfg.access & access) || !(dqp->attr.access_flags & access) ||
+	if (!mr || mr->cfg.pd != pd || !(mr->cfg.access & access) || !(dqp->attr.access_flags & access) ||
 	    !mr_range(mr, addr, len, off))
 		return NULL;
 	return mr;
@@ -29,13 +31,13 @@ static void count_bytes(const struct vre_request *r, struct vre_device *dd)
 
 /* A SEND, SEND with immediate or WRITE with immediate: a receive WQE of the destination takes it. */
 static enum resp deliver(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp,
-			 struct vre_mr *rmr, uint64_t roff)
+			 const struct vre_rx *rx, struct vre_mr *rmr, uint64_t roff)
 {
 	struct vre_engine *e = r->e;
 	struct vre_scratch *s = &e->scratch;
 	const struct vrdma_send_wqe *h = &r->w->hdr;
 	uint32_t rmax_sge = 0, nremote = 0;
-	enum take taken = take_recv(e, dd, dqp, &s->rwqe, &rmax_sge);
+	enum take taken = take_recv(e, dd, dqp, rx, &s->rwqe, &rmax_sge);
 	bool uc = dqp->cfg.flags & VRE_QP_UC;
 
 	if (taken == TAKE_EMPTY)
@@ -58,7 +60,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 	} else if (s->rwqe.hdr.num_sge > rmax_sge) {
 		rstatus = VRDMA_WC_LOC_QP_OP_ERR;
 	} else {
-		rstatus = sges_to_segs(dd, dqp, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX, s->remote,
+		rstatus = sges_to_segs(dd, rx->pd, rx->kernel, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX, s->remote,
 				       &nremote, &room);
 		if (rstatus == VRDMA_WC_SUCCESS && room < r->len)
 			rstatus = VRDMA_WC_LOC_LEN_ERR;
@@ -66,7 +68,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 	if (rstatus != VRDMA_WC_SUCCESS) {
 		rcqe.status = rstatus;
 		rcqe.byte_len = 0;
-		cq_push(e, dd, dd->cqs[dqp->cfg.recv_cq], &rcqe, false);
+		cq_push(e, dd, rx->cq, &rcqe, false);
 		if (uc)
 			return RESP_DROPPED;
 		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_REQ_ERR);
@@ -89,7 +91,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 		rcqe.wc_flags = VRDMA_WC_WITH_IMM;
 	}
 	count_bytes(r, dd);
-	cq_push(e, dd, dd->cqs[dqp->cfg.recv_cq], &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
+	cq_push(e, dd, rx->cq, &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
 	return RESP_DONE;
 }
 
@@ -118,11 +120,20 @@ VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, str
 {
 	uint32_t flags = r->op->flags;
 	struct vre_mr *rmr = NULL;
+	struct vre_rx rx;
 	uint64_t roff = 0;
 
+	if (!rx_of(dd, dqp, r->w->hdr.xrc_srqn, &rx)) {
+		/* An XRC SRQ number the target's XRC domain does not have: an invalid request, both ends in error. */
+		complete_send(r->e, r->d, r->qp, &r->w->hdr, VRDMA_WC_REM_INV_REQ_ERR, 0);
+		qp_to_error(r->e, r->d, r->qp, 0);
+		qp_to_error(r->e, dd, dqp, VRDMA_EVENT_QP_REQ_ERR);
+		return RESP_FAILED;
+	}
 	/* Remote memory: the responder checks the rkey (a zero-length transfer names none; an atomic always does). */
 	if ((flags & OP_ATOMIC) || ((flags & OP_REMOTE) && r->len)) {
-		rmr = remote_mr(dd, dqp, r->w->hdr.rkey, r->w->hdr.remote_addr, r->len, r->op->remote_access, &roff);
+		rmr = remote_mr(dd, dqp, rx.pd, r->w->hdr.rkey, r->w->hdr.remote_addr, r->len, r->op->remote_access,
+				&roff);
 		if (!rmr && (dqp->cfg.flags & VRE_QP_UC))
 			return RESP_DROPPED;  /* nothing is written, and a UC requester never learns it */
 		if (!rmr) {
@@ -134,7 +145,7 @@ VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, str
 		}
 	}
 	if (flags & OP_RECV)
-		return deliver(r, dd, dqp, rmr, roff);
+		return deliver(r, dd, dqp, &rx, rmr, roff);
 	if (flags & OP_ATOMIC)
 		return atomic(r, rmr, roff, status);
 	if (r->len) {  /* RDMA WRITE or READ: one copy between the two VMs' registered memory */

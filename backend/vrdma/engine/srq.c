@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
-/* Shared receive queues: a ring of receive WQEs in the guest's memory, and the limit event (recv.c takes from it). */
+/*
+ * Shared receive queues: a ring of receive WQEs in the guest's memory, and the limit event (recv.c takes from it).
+ * An XRC SRQ also has an XRC domain, a CQ for its receives and an SRQ number that XRC initiators name it by.
+ */
 #include <errno.h>
 #include <string.h>
 
@@ -19,6 +22,9 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 				c->depth, c->stride, c->max_sge, c->ring.npages);
 	if (!vre_db_slot(d, c->db))
 		return vre_fail(e, EINVAL, "SRQ doorbell index %u unusable", c->db);
+	if ((c->flags & ~VRE_SRQ_KERNEL) || (c->xrcd && (!cq_at(d, c->cq) || (c->srqn & (d->lim.max_srq - 1)) != slot)))
+		return vre_fail(e, EINVAL, "SRQ flags %#x, XRC domain %u, CQ slot %u, SRQ number %#x unusable", c->flags,
+				c->xrcd, c->cq, c->srqn);
 	srq = obj_new(e, d, sizeof(*srq), offsetof(struct vre_srq, ring), &c->ring, "an SRQ", &err);
 	if (!srq)
 		return err;

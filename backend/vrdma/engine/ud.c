@@ -124,7 +124,8 @@ VRE_FN void ud_send(struct vre_request *r)
 	}
 	dd = device_by_gid(e, av->dgid);
 	dqp = dd ? datagram_target(e, r, dd) : NULL;
-	enum take taken = dqp ? take_recv(e, dd, dqp, &s->rwqe, &rmax_sge) : TAKE_EMPTY;
+	struct vre_rx rx = {};
+	enum take taken = dqp && rx_of(dd, dqp, 0, &rx) ? take_recv(e, dd, dqp, &rx, &s->rwqe, &rmax_sge) : TAKE_EMPTY;
 
 	if (taken == TAKE_BROKEN)
 		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_FATAL);
@@ -139,7 +140,8 @@ VRE_FN void ud_send(struct vre_request *r)
 	struct vrdma_cqe rcqe = { .wr_id = s->rwqe.hdr.wr_id, .opcode = VRDMA_WC_OP_RECV, .qp_num = dqp->cfg.qpn,
 				  .src_qp = r->qp->cfg.qpn, .wc_flags = VRDMA_WC_GRH };
 	uint8_t rstatus = s->rwqe.hdr.num_sge > rmax_sge ? VRDMA_WC_LOC_QP_OP_ERR :
-		sges_to_segs(dd, dqp, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX, s->remote, &nremote, &room);
+		sges_to_segs(dd, rx.pd, rx.kernel, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX, s->remote,
+			     &nremote, &room);
 
 	if (rstatus == VRDMA_WC_SUCCESS && room < VRDMA_GRH_SIZE + r->len)
 		rstatus = VRDMA_WC_LOC_LEN_ERR;
@@ -161,6 +163,6 @@ VRE_FN void ud_send(struct vre_request *r)
 		r->d->counters.bytes += r->len;
 		dd->counters.bytes += r->len;
 	}
-	cq_push(e, dd, dd->cqs[dqp->cfg.recv_cq], &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
+	cq_push(e, dd, rx.cq, &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
 	complete_send(e, r->d, r->qp, h, VRDMA_WC_SUCCESS, (uint32_t)r->len);
 }

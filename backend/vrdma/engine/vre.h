@@ -94,8 +94,11 @@ struct vre_qp {
 	uint32_t rnr_left;
 	uint32_t retry_left;
 	int64_t rnr_until;        /* CLOCK_MONOTONIC ns of the next attempt after an RNR or a timeout; 0: none */
-	uint32_t index;           /* position in the device's active list */
+	uint32_t index;           /* position in the device's active list (VRE_NOT_ACTIVE: an XRC target, no SQ) */
 };
+
+#define VRE_NOT_ACTIVE UINT32_MAX
+#define VRE_TRANSPORT (VRE_QP_UD | VRE_QP_UC | VRE_QP_XRC_INI | VRE_QP_XRC_TGT)
 
 struct vre_gid {
 	uint8_t raw[16];
@@ -275,6 +278,11 @@ VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d);
 
 VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
 VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
+/* Whether a QP takes messages now: RTR or later, not in error, its rings still in guest memory. */
+VRE_FN bool qp_receives(const struct vre_qp *qp);
+/* Whether a requester of QP flags `req` and a responder of `resp` speak the same transport (RC with RC, UC with
+ * UC, an XRC initiator with an XRC target): a responder drops what it cannot parse. */
+VRE_FN bool same_transport(uint32_t req, uint32_t resp);
 
 /* -- opcode.c ---------------------------------------------------------------------------------------------- */
 
@@ -301,8 +309,23 @@ VRE_FN const struct vre_opcode *vre_opcode(uint8_t wr_opcode);
 
 enum take { TAKE_OK, TAKE_EMPTY, TAKE_BROKEN };
 
-VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct recv_wqe *out,
-		    uint32_t *max_sge);
+/*
+ * Where a message for a QP lands: the receive queue it draws from (an SRQ, or the QP's own), the CQ its receive
+ * completions go to, and whose memory its receive SGEs and the rkeys it honours name (the PD, and whether the local
+ * DMA lkey works). A QP has these of its own; an XRC target has none, and the XRC SRQ a message names gives them.
+ */
+struct vre_rx {
+	struct vre_srq *srq;      /* NULL: the QP's own receive queue */
+	struct vre_cq *cq;
+	uint32_t pd;
+	bool kernel;
+};
+
+/* The receive side of `qp` for a message naming XRC SRQ number `srqn` (used by XRC targets only); false if an
+ * XRC target has no such SRQ in its XRC domain. */
+VRE_FN bool rx_of(struct vre_device *d, struct vre_qp *qp, uint32_t srqn, struct vre_rx *rx);
+VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
+			   struct recv_wqe *out, uint32_t *max_sge);
 VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
 /* -- req.c and resp.c ------------------------------------------------------------------------------------------ */
@@ -324,7 +347,7 @@ struct vre_request {
  * not take is lost, as if on the wire, and the requester completes it successfully. */
 enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR, RESP_DROPPED };
 
-VRE_FN uint8_t sges_to_segs(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_sge *sge, uint32_t n,
+VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, bool kernel, const struct vrdma_sge *sge, uint32_t n,
 			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
 VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
 		   uint8_t status, uint32_t byte_len);

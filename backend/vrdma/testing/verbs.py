@@ -108,6 +108,7 @@ class SimSrq:
     handle: int
     buf: Buffer
     ring: SimRing
+    srqn: int = 0  # an XRC SRQ's number
 
 
 @dataclass
@@ -208,38 +209,54 @@ class SimVerbs:
                          ucontext=self.ucontext, entries=entries, ring=self.page_list(buf))
         return SimCq(int(resp.handle), entries, int(resp.db_index), buf)
 
-    def create_srq(self, pd: int, depth: int = 16, max_sge: int = 4, limit: int = 0) -> SimSrq:
+    def alloc_xrcd(self) -> int:
+        return int(self.call("VRDMA_CMD_ALLOC_XRCD", "vrdma_cmd_alloc_xrcd", "vrdma_resp_alloc_xrcd").handle)
+
+    def create_srq(self, pd: int, depth: int = 16, max_sge: int = 4, limit: int = 0, xrcd: int = 0,
+                   cq: SimCq | None = None) -> SimSrq:
+        """A basic SRQ, or (``xrcd``) an XRC SRQ of that domain completing on ``cq``."""
         stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32)
         buf = self.alloc(PAGE + depth * stride)
         resp = self.call("VRDMA_CMD_CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
                          ucontext=self.ucontext, pd=pd, depth=depth, stride=stride, max_sge=max_sge,
-                         srq_limit=limit, ring=self.page_list(buf))
-        return SimSrq(int(resp.handle), buf, SimRing(buf.gpa + PAGE, depth, stride, int(resp.db_index)))
+                         srq_limit=limit, xrcd=xrcd, cq=cq.handle if cq else 0, ring=self.page_list(buf))
+        return SimSrq(int(resp.handle), buf, SimRing(buf.gpa + PAGE, depth, stride, int(resp.db_index)),
+                      int(resp.srq_num))
 
     def post_srq_recv(self, srq: SimSrq, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
         self.put_wqe(srq.ring, recv_wqe_bytes(sges, wr_id))
         self.ring(srq.ring.db, srq.ring.prod)
 
-    def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq, depth: int = 64, max_sge: int = 4,
+    def create_qp(self, pd: int, send_cq: SimCq, recv_cq: SimCq | None, depth: int = 64, max_sge: int = 4,
                   max_inline: int = 64, sq_sig_all: int = 0, srq: SimSrq | None = None,
                   qp_type: str = "RC") -> SimQp:
-        """An RC, UC, UD or GSI QP (``qp_type``) with rings for ``depth`` WQEs."""
+        """An RC, UC, UD, GSI or XRC_INI QP (``qp_type``) with rings for ``depth`` WQEs (an XRC initiator, with
+        no ``recv_cq``, has no receive queue)."""
+        own_rq = srq is None and qp_type != "XRC_INI"
         sq_stride = _pow2_at_least(SEND_WQE + max(max_sge * SGE, max_inline), 64)
-        rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32) if srq is None else 0
-        rq_depth = depth if srq is None else 0
+        rq_stride = _pow2_at_least(RECV_WQE + max_sge * SGE, 32) if own_rq else 0
+        rq_depth = depth if own_rq else 0
         sq_offset = PAGE
-        rq_offset = sq_offset + (depth * sq_stride + PAGE - 1) // PAGE * PAGE if srq is None else 0
+        rq_offset = sq_offset + (depth * sq_stride + PAGE - 1) // PAGE * PAGE if own_rq else 0
         buf = self.alloc(max(sq_offset + depth * sq_stride, rq_offset + rq_depth * rq_stride))
         resp = self.call("VRDMA_CMD_CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
-                         ucontext=self.ucontext, pd=pd, send_cq=send_cq.handle, recv_cq=recv_cq.handle,
-                         srq=srq.handle if srq else 0, qp_type=abi.const(f"VRDMA_QPT_{qp_type}"), sq_sig_all=sq_sig_all,
+                         ucontext=self.ucontext, pd=pd, send_cq=send_cq.handle,
+                         recv_cq=recv_cq.handle if recv_cq else 0, srq=srq.handle if srq else 0,
+                         qp_type=abi.const(f"VRDMA_QPT_{qp_type}"), sq_sig_all=sq_sig_all,
                          sq_depth=depth, rq_depth=rq_depth, sq_stride=sq_stride, rq_stride=rq_stride,
                          sq_offset=sq_offset, rq_offset=rq_offset, max_send_sge=max_sge,
-                         max_recv_sge=max_sge if srq is None else 0, max_inline_data=max_inline,
+                         max_recv_sge=max_sge if own_rq else 0, max_inline_data=max_inline,
                          ring=self.page_list(buf))
         return SimQp(int(resp.handle), int(resp.qpn), buf,
                      SimRing(buf.gpa + sq_offset, depth, sq_stride, int(resp.sq_db_index)),
                      SimRing(buf.gpa + rq_offset, rq_depth, rq_stride, int(resp.rq_db_index)))
+
+    def create_xrc_target(self, xrcd: int) -> SimQp:
+        """An XRC target QP of XRC domain ``xrcd``: no rings (the kernel's: a ``kernel`` SimVerbs creates it)."""
+        resp = self.call("VRDMA_CMD_CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp",
+                         ucontext=self.ucontext, qp_type=abi.const("VRDMA_QPT_XRC_TGT"), xrcd=xrcd)
+        none = SimRing(0, 0, 0, 0)
+        return SimQp(int(resp.handle), int(resp.qpn), Buffer(0, 0), none, none)
 
     def query_qp(self, qp: SimQp) -> Any:
         """QUERY_QP's attributes (struct vrdma_qp_attr): the state is the device's, as it is now."""
@@ -250,9 +267,11 @@ class SimVerbs:
                   attr_mask=mask, attr=attr)
 
     def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
-                access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False) -> None:
+                access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False,
+                xrc: str = "", timeout: int = 14, retry_cnt: int = 7) -> None:
         """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it (``uc``: ibv_uc_pingpong, which gives
-        none of the attributes of acknowledgements)."""
+        none of the attributes of acknowledgements; ``xrc`` "INI" or "TGT": ibv_xsrq_pingpong's send and receive
+        QPs, each with its half of RC's)."""
         def m(*names: str) -> int:
             return sum(abi.const(f"VRDMA_QP_{n}") for n in names)
 
@@ -260,12 +279,13 @@ class SimVerbs:
                        qp_access_flags=access)
         rtr = m("STATE", "AV", "PATH_MTU", "DEST_QPN", "RQ_PSN")
         rts = m("STATE", "SQ_PSN")
-        if not uc:
+        if not uc and xrc != "INI":
             rtr |= m("MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER")
-            rts |= m("TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC")
+        if not uc:
+            rts |= m("TIMEOUT") if xrc == "TGT" else m("TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC")
         self.modify_qp(qp, rtr, qp_state=2, path_mtu=3, dest_qp_num=dest_qpn, rq_psn=0, max_dest_rd_atomic=1,
                        min_rnr_timer=min_rnr_timer, dgid=list(dgid), sgid_index=sgid_index, hop_limit=1)
-        self.modify_qp(qp, rts, qp_state=3, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=rnr_retry,
+        self.modify_qp(qp, rts, qp_state=3, sq_psn=0, timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
                        max_rd_atomic=1)
 
     def ud_ready(self, qp: SimQp, qkey: int, gsi: bool = False) -> None:
@@ -303,10 +323,11 @@ class SimVerbs:
 
     def post_send(self, qp: SimQp, opcode: int, sges: list[tuple[int, int, int]], wr_id: int = 0,
                   signaled: bool = True, remote_addr: int = 0, rkey: int = 0, imm: int = 0,
-                  compare_add: int = 0, swap: int = 0, inline: bytes | None = None, ring: bool = True) -> None:
+                  compare_add: int = 0, swap: int = 0, inline: bytes | None = None, ring: bool = True,
+                  xrc_srqn: int = 0) -> None:
         flags = abi.const("VRDMA_SEND_SIGNALED") if signaled else 0
         wqe = abi.new("vrdma_send_wqe", wr_id=wr_id, opcode=opcode, num_sge=len(sges), imm_data=imm,
-                      rkey=rkey, remote_addr=remote_addr, compare_add=compare_add, swap=swap)
+                      rkey=rkey, remote_addr=remote_addr, compare_add=compare_add, swap=swap, xrc_srqn=xrc_srqn)
         body = sge_bytes(sges)
         if inline is not None:
             flags |= abi.const("VRDMA_SEND_INLINE")

@@ -83,7 +83,8 @@ def test_reset_to_rtr_in_one_modify_takes_the_attributes_of_both_transitions(vm0
 
 
 @pytest.mark.parametrize(("case", "expected"), [
-    ("XRC initiator type", Status.NOT_SUPPORTED), ("no such type", Status.NOT_SUPPORTED),
+    ("XRC initiator with a receive queue", Status.INVALID), ("XRC target of a user context", Status.INVALID),
+    ("XRC domain on an RC QP", Status.INVALID), ("no such type", Status.NOT_SUPPORTED),
     ("GSI QP of a user context", Status.INVALID), ("send depth past max_qp_wr", Status.INVALID),
     ("send SGEs past the device's", Status.INVALID), ("inline data past the device's", Status.INVALID),
     ("send stride smaller than a WQE", Status.INVALID), ("receive depth not a power of two", Status.INVALID),
@@ -103,7 +104,10 @@ def test_bad_qp_is_refused(vm0: Vm, bystander: Bystander, case: str, expected: S
         fields["srq"] = vm0.verbs.create_srq(pd).handle
     else:
         fields.update({
-            "XRC initiator type": {"qp_type": 9},  # IB_QPT_XRC_INI: not a type the device has (yet)
+            "XRC initiator with a receive queue": {"qp_type": abi.const("VRDMA_QPT_XRC_INI"), "recv_cq": 0},
+            "XRC target of a user context": {"qp_type": abi.const("VRDMA_QPT_XRC_TGT")},  # the kernel's
+            "XRC domain on an RC QP": {"xrcd": vm0.call("ALLOC_XRCD", "vrdma_cmd_alloc_xrcd",
+                                                        "vrdma_resp_alloc_xrcd").handle},
             "no such type": {"qp_type": 0xFF},
             "GSI QP of a user context": {"qp_type": abi.const("VRDMA_QPT_GSI")},  # QP1 is the kernel's
             "send depth past max_qp_wr": {"sq_depth": DEFAULT_LIMITS.max_qp_wr * 2},
