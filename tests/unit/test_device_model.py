@@ -15,6 +15,7 @@ import pytest
 
 from vrdma.device import abi
 from vrdma.device.device import RdmaDevice
+from vrdma.device.fabric import Fabric
 from vrdma.device.params import DEFAULT_LIMITS, config_fields, engine_limits, query_fields
 from vrdma.device.status import ResponseTooSmall, Status
 from vrdma.testing import faults
@@ -265,3 +266,14 @@ def test_xrc_objects_keep_their_domain_and_cq_and_targets_are_the_kernels(driver
     driver.destroy("DESTROY_QP", tgt.handle)
     driver.destroy("DEALLOC_XRCD", xrcd.handle)
     driver.destroy("DEALLOC_XRCD", xrcd.handle, Status.INVALID)
+
+
+def test_a_parked_fabric_looks_again_within_park_recheck_ms(engine: FakeEngine) -> None:
+    """Parked, the loop sleeps until a descriptor, a deadline or park_recheck_ms, whichever is first: a wake-up a
+    guest failed to send (its fence was not real) costs milliseconds, never a hang."""
+    fabric = Fabric(engine, 1)
+    assert fabric.timeout() == 0.0  # not parked: poll again at once
+    fabric.last_work -= 1.0
+    fabric.run()
+    assert fabric.parked
+    assert fabric.timeout() == DEFAULT_LIMITS.park_recheck_ms / 1e3  # no deadline: the recheck bounds the sleep

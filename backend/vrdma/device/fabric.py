@@ -7,7 +7,9 @@ nothing of sockets, file descriptors or virtqueues.
 Polling and parking (ARCHITECTURE §4): while there is work the loop polls the send queue doorbells without
 sleeping; after ``park_after_idle_us`` without work the engine parks: it sets the "parked" slot of every
 doorbell page, checks the doorbells once more and the loop sleeps until a file descriptor wakes it (a guest that
-rang a doorbell while the flag was set also kicks the device's wake queue) or an RNR retry falls due.
+rang a doorbell while the flag was set also kicks the device's wake queue), an RNR retry falls due, or
+``park_recheck_ms`` passes: a guest whose memory fence is not real can read the flag before its doorbell store is
+visible to us and then kicks nobody (docs/performance.md, "Parking"); the recheck bounds that to milliseconds.
 """
 
 from __future__ import annotations
@@ -89,11 +91,13 @@ class Fabric:
                 self.last_work = now
         return work
 
-    def timeout(self) -> float | None:
-        """How long the event loop may sleep before run() is due again (None: until a descriptor wakes it)."""
+    def timeout(self) -> float:
+        """How long the event loop may sleep before run() is due again: 0 while not parked; parked, until the next
+        RNR retry or moderation deadline, and at most park_recheck_ms (unless a descriptor wakes it first)."""
         if not self.parked:
             return 0.0
+        recheck = self.limits.park_recheck_ms / 1e3
         deadline = self.engine.next_deadline_ns()
         if deadline is None:
-            return None
-        return max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+            return recheck
+        return min(recheck, max(0.0, (deadline - time.monotonic_ns()) / 1e9))

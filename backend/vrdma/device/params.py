@@ -61,6 +61,10 @@ class DeviceLimits:
     # Data engine
     poll_budget: int = _limit(64)            # send WQEs one QP may run per poll, so that no QP starves the others
     park_after_idle_us: int = _limit(50)     # poll this long without work, then park until a guest wakes the device
+    # A parked engine looks at the doorbells again this often even if nobody wakes it: the wake-up handshake needs
+    # the guest's memory fence between its doorbell store and its read of the parked flag, and a guest that does
+    # not really fence (TCG elides barriers when the machine has one vCPU) can miss the flag. Bounded, not lost.
+    park_recheck_ms: int = _limit(10)
     # One turn of the engine polls in C this long before the event loop looks at its descriptors again (control
     # commands wait at most this much).
     spin_us: int = _limit(200)
