@@ -16,7 +16,7 @@ from vrdma.harness.errors import AgentError, CommandTimeout
 
 pytestmark = pytest.mark.vm
 
-RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT, KERNEL_UD_PORT = 7174, 7471, 7174, 18515, 18516
+RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT, KERNEL_UD_PORT, RSTREAM_PORT = 7174, 7471, 7174, 18515, 18516, 7471
 
 
 def test_the_mad_layer_opens_the_port_on_qp1(two_guests: Cluster) -> None:
@@ -56,6 +56,19 @@ def test_ucmatose_connects_and_moves_data_on_four_connections(two_guests: Cluste
     server, client = verbs.client_server(vm0, vm1, ["ucmatose", "-c", "4"], port=CMATOSE_PORT, rdma_cm=True,
                                          client_argv=["ucmatose", "-s", vm0.address, "-c", "4"])
     assert "data transfers complete" in server.stdout and "return status 0" in client.stdout
+
+
+@pytest.mark.parametrize("sizes", [(), ("-S", "65536", "-C", "50"), ("-S", "all", "-C", "20")],
+                         ids=["defaults", "64 KiB x 50", "every size"])
+def test_rstream_verifies_its_data_over_rsockets(two_guests: Cluster, sizes: tuple[str, ...]) -> None:
+    """rsockets (librdmacm's sockets over RDMA: RDMA WRITE with immediate into the peer's receive buffer, credits
+    by SEND) between the guests, every byte checked (-T v)."""
+    vm0, vm1 = two_guests[0], two_guests[1]
+    server, client = verbs.client_server(vm0, vm1, ["rstream", "-T", "v", *sizes], port=RSTREAM_PORT,
+                                         rdma_cm=True, client_argv=["rstream", "-s", vm0.address, "-T", "v", *sizes])
+    rows = [line for line in client.stdout.splitlines() if re.match(r"^\S+\s+\d", line)]
+    assert rows, client.stdout
+    assert "mismatch" not in (client.stdout + client.stderr + server.stdout + server.stderr).lower()
 
 
 def test_rdma_server_and_rdma_client(two_guests: Cluster) -> None:

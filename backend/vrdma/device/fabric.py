@@ -9,7 +9,8 @@ sleeping; after ``park_after_idle_us`` without work the engine parks: it sets th
 doorbell page, checks the doorbells once more and the loop sleeps until a file descriptor wakes it (a guest that
 rang a doorbell while the flag was set also kicks the device's wake queue), an RNR retry falls due, or
 ``park_recheck_ms`` passes: a guest whose memory fence is not real can read the flag before its doorbell store is
-visible to us and then kicks nobody (docs/performance.md, "Parking"); the recheck bounds that to milliseconds.
+visible to us and then kicks nobody (docs/backend.md, "Spinning and parking"); the recheck bounds that to
+milliseconds.
 """
 
 from __future__ import annotations
