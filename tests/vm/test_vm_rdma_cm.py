@@ -16,7 +16,8 @@ from vrdma.harness.errors import AgentError, CommandTimeout
 
 pytestmark = pytest.mark.vm
 
-RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT, KERNEL_UD_PORT, RSTREAM_PORT = 7174, 7471, 7174, 18515, 18516, 7471
+RPING_PORT, CMATOSE_PORT, UDADDY_PORT, PERFTEST_PORT, KERNEL_UD_PORT = 7174, 7471, 7174, 18515, 18516
+RSTREAM_PORT = 7471
 
 
 def test_the_mad_layer_opens_the_port_on_qp1(two_guests: Cluster) -> None:
