@@ -27,7 +27,7 @@
 #define ARENA_PAGES 64
 #define MAX_REGIONS 4
 #define MAX_SLOTS 16              /* the largest object table the harness gives a device */
-#define NO_CQ UINT32_MAX          /* a QP record's CQ when it holds none (an XRC initiator's receive CQ, a target's both) */
+#define NO_CQ UINT32_MAX          /* a QP record's CQ when it holds none (XRC: an initiator's receive CQ, a target's) */
 #define MAX_RING_PAGES 32         /* pages of an object's buffer the harness remembers (to write WQEs into) */
 #define MAX_OPS 256
 #define EVENT_BATCH 512

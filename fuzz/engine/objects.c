@@ -116,8 +116,8 @@ void op_srq_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	if (ret == 0) {
 		CHECK(slot < MAX_SLOTS && !vm->srqs[slot].live);
 		CHECK(!c.xrcd || (c.cq < MAX_SLOTS && vm->cqs[c.cq].live));
-		vm->srqs[slot] = (struct srq_rec){ .live = true, .depth = c.depth, .stride = c.stride,
-						   .db = c.db, .xrcd = c.xrcd, .cq = c.cq, .srqn = c.srqn, .ring = rec };
+		vm->srqs[slot] = (struct srq_rec){ .live = true, .depth = c.depth, .stride = c.stride, .db = c.db,
+						   .xrcd = c.xrcd, .cq = c.cq, .srqn = c.srqn, .ring = rec };
 		if (c.xrcd)
 			vm->cqs[c.cq].refs++;
 	}
@@ -186,7 +186,7 @@ void op_qp_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.flags = (flags & 0x800 ? VRE_QP_KERNEL : 0) | (flags & 0x1000 ? VRE_QP_UD : 0) |
 		  (flags & 0x2000 ? VRE_QP_GSI : 0) | (flags & 0x4000 ? VRE_QP_UC : 0);
 	if (flags & 0x8000) {
-		/* XRC: an initiator (a send queue only) or a target (a domain, no queues), or any mix the input says. */
+		/* XRC: an initiator (a send queue only) or a target (a domain, no queues), or any mix the input asks. */
 		uint8_t xrc = u8(in);
 
 		if (xrc & 1) {

@@ -2,8 +2,8 @@
 /*
  * vrdma verbs: the ib_device, tied to the paired virtio-net netdev (RoCE), with device and port queries, the GID
  * table forwarded to the device, user contexts (each with its own doorbell page, mapped into that process only),
- * protection domains and XRC domains. The data-path verbs have a file per object kind (vrdma_mr.c, vrdma_cq.c, vrdma_srq.c,
- * vrdma_qp.c, vrdma_ah.c), events theirs (vrdma_event.c).
+ * protection domains and XRC domains. The data-path verbs have a file per object kind (vrdma_mr.c, vrdma_cq.c,
+ * vrdma_srq.c, vrdma_qp.c, vrdma_ah.c), events theirs (vrdma_event.c).
  */
 #include <linux/etherdevice.h>
 #include <linux/netdevice.h>

@@ -89,7 +89,7 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	if (transport == VRE_QP_XRC_TGT)
 		return xrc_target_create(e, d, slot, c);
 	if (c->xrcd || (xrc_ini && (c->srq != VRE_NO_SRQ || c->rq_depth)))
-		return vre_fail(e, EINVAL, "only an XRC target has an XRC domain; an XRC initiator has no receive queue");
+		return vre_fail(e, EINVAL, "only an XRC target has an XRC domain; an XRC initiator no receive queue");
 	if (!cq_at(d, c->send_cq) || (!xrc_ini && !cq_at(d, c->recv_cq)) ||
 	    (c->srq != VRE_NO_SRQ && (c->srq < 0 || !srq_at(d, (uint32_t)c->srq))))
 		return vre_fail(e, EINVAL, "QP names a CQ or SRQ that does not exist");

@@ -21,7 +21,8 @@ VRE_FN bool rx_of(struct vre_device *d, struct vre_qp *qp, uint32_t srqn, struct
 		return true;
 	}
 	*rx = (struct vre_rx){ .srq = qp->cfg.srq == VRE_NO_SRQ ? NULL : d->srqs[qp->cfg.srq],
-			       .cq = d->cqs[qp->cfg.recv_cq], .pd = qp->cfg.pd, .kernel = qp->cfg.flags & VRE_QP_KERNEL };
+			       .cq = d->cqs[qp->cfg.recv_cq], .pd = qp->cfg.pd,
+			       .kernel = qp->cfg.flags & VRE_QP_KERNEL };
 	return true;
 }
 

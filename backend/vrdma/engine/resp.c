@@ -60,8 +60,8 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 	} else if (s->rwqe.hdr.num_sge > rmax_sge) {
 		rstatus = VRDMA_WC_LOC_QP_OP_ERR;
 	} else {
-		rstatus = sges_to_segs(dd, rx->pd, rx->kernel, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX, s->remote,
-				       &nremote, &room);
+		rstatus = sges_to_segs(dd, rx->pd, rx->kernel, s->rwqe.sge, s->rwqe.hdr.num_sge, true, UINT64_MAX,
+				       s->remote, &nremote, &room);
 		if (rstatus == VRDMA_WC_SUCCESS && room < r->len)
 			rstatus = VRDMA_WC_LOC_LEN_ERR;
 	}

@@ -23,8 +23,8 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 	if (!vre_db_slot(d, c->db))
 		return vre_fail(e, EINVAL, "SRQ doorbell index %u unusable", c->db);
 	if ((c->flags & ~VRE_SRQ_KERNEL) || (c->xrcd && (!cq_at(d, c->cq) || (c->srqn & (d->lim.max_srq - 1)) != slot)))
-		return vre_fail(e, EINVAL, "SRQ flags %#x, XRC domain %u, CQ slot %u, SRQ number %#x unusable", c->flags,
-				c->xrcd, c->cq, c->srqn);
+		return vre_fail(e, EINVAL, "SRQ flags %#x, XRC domain %u, CQ slot %u, SRQ number %#x unusable",
+				c->flags, c->xrcd, c->cq, c->srqn);
 	srq = obj_new(e, d, sizeof(*srq), offsetof(struct vre_srq, ring), &c->ring, "an SRQ", &err);
 	if (!srq)
 		return err;
