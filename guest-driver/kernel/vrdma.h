@@ -110,23 +110,26 @@ struct vrdma_cq {
 	u32 db_index;			/* of its arm slot */
 };
 
-struct vrdma_srq {
-	struct ib_srq ibsrq;
-	u32 handle;
-	u32 depth;
-	u32 max_sge;
-	struct ib_umem *umem;
-};
-
-/* One work queue of a kernel QP, as the driver posts to it. */
+/* One work queue of a kernel QP or SRQ, as the driver posts to it. */
 struct vrdma_kqueue {
 	spinlock_t lock;
 	u32 prod;			/* WQEs posted (free-running), what the doorbell slot gets */
 	u32 depth;
 	u32 stride;
-	u32 offset;			/* of slot 0 in the QP's ring */
+	u32 offset;			/* of slot 0 in the QP's or SRQ's ring */
 	u32 max_sge;
 	u32 db_index;			/* of its producer index */
+};
+
+struct vrdma_srq {
+	struct ib_srq ibsrq;
+	u32 handle;
+	u32 depth;
+	u32 max_sge;
+	struct ib_umem *umem;		/* the ring, in user memory (a user SRQ) */
+	/* A kernel SRQ: its ring in kernel memory, posted to by the driver. */
+	struct vrdma_kbuf kbuf;
+	struct vrdma_kqueue rq;
 };
 
 struct vrdma_qp {
@@ -217,6 +220,7 @@ int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr, enum ib_srq
 		     struct ib_udata *udata);
 int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
 int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
+int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata);
 int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_udata *udata);
 int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask, struct ib_qp_init_attr *init);
@@ -235,7 +239,7 @@ struct vrdma_qp_layout {
 void vrdma_create_qp_cmd(struct vrdma_cmd_create_qp *cmd, struct ib_qp *ibqp, const struct ib_qp_init_attr *attr,
 			 u32 ucontext, const struct vrdma_qp_layout *layout);
 
-/* the kernel's own data path (vrdma_kqueue.c): kernel CQs and QPs, posted and polled with no command */
+/* the kernel's own data path (vrdma_kqueue.c): kernel CQs, QPs and SRQs, posted and polled with no command */
 int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr);
 int vrdma_kcq_destroy(struct vrdma_cq *cq);
 int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc);
@@ -244,5 +248,8 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr);
 int vrdma_kqp_destroy(struct vrdma_qp *qp);
 int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr);
 int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
+int vrdma_ksrq_create(struct vrdma_srq *srq, struct ib_srq_init_attr *attr);
+int vrdma_ksrq_destroy(struct vrdma_srq *srq);
+int vrdma_ksrq_post_recv(struct vrdma_srq *srq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
 
 #endif /* VRDMA_H */

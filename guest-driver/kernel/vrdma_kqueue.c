@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * The kernel's own data path: CQs and QPs of the guest kernel's RDMA users (context 0), what libvrdma is for a user
- * process. Their rings are kernel pages the device reads and writes; work requests are written into them and the
+ * The kernel's own data path: CQs, QPs and SRQs of the guest kernel's RDMA users (context 0), what libvrdma is for a
+ * user process. Their rings are kernel pages the device reads and writes; work requests are written into them and the
  * producer index into the queue's slot of the kernel's doorbell page (VRDMA_KERNEL_DOORBELL_PAGE), with no command
  * and no exit; completions are read out of the CQ's ring. SGEs carry DMA addresses with the local DMA lkey: the
  * device is a virtio device without VIRTIO_F_ACCESS_PLATFORM, so a DMA address is the guest-physical address the
@@ -207,8 +207,8 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	int ret;
 
 	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
-	     attr->qp_type != IB_QPT_GSI) || attr->srq || attr->create_flags)
-		return -EOPNOTSUPP;  /* kernel RC, UC, UD and GSI QPs with receive queues of their own */
+	     attr->qp_type != IB_QPT_GSI) || attr->create_flags || (attr->srq && attr->qp_type == IB_QPT_GSI))
+		return -EOPNOTSUPP;  /* kernel RC, UC, UD and GSI QPs, with a receive queue of their own or an SRQ */
 	if (cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
 	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
 		return -EINVAL;
@@ -218,9 +218,11 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 				max_wr);
 	if (ret)
 		return ret;
+	if (attr->srq)
+		qp->rq.depth = qp->rq.stride = qp->rq.max_sge = 0;  /* its receives are the SRQ's */
 	qp->sq.offset = PAGE_SIZE;
-	qp->rq.offset = qp->sq.offset + PAGE_ALIGN(qp->sq.depth * qp->sq.stride);
-	size = qp->rq.offset + PAGE_ALIGN(qp->rq.depth * qp->rq.stride);
+	qp->rq.offset = attr->srq ? 0 : qp->sq.offset + PAGE_ALIGN(qp->sq.depth * qp->sq.stride);
+	size = PAGE_SIZE + PAGE_ALIGN(qp->sq.depth * qp->sq.stride) + PAGE_ALIGN(qp->rq.depth * qp->rq.stride);
 	ret = vrdma_kbuf_alloc(&qp->kbuf, size, &pbl);
 	if (ret)
 		return ret;
@@ -237,7 +239,7 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	qp->handle = le32_to_cpu(resp.handle);
 	qp->sq.db_index = le32_to_cpu(resp.sq_db_index);
 	qp->rq.db_index = le32_to_cpu(resp.rq_db_index);
-	if (!vrdma_kdb_ok(dev, qp->sq.db_index) || !vrdma_kdb_ok(dev, qp->rq.db_index)) {
+	if (!vrdma_kdb_ok(dev, qp->sq.db_index) || (!attr->srq && !vrdma_kdb_ok(dev, qp->rq.db_index))) {
 		dev_err(&dev->vdev->dev, "device gave QP %#x doorbell indexes %u and %u\n", qp->handle,
 			qp->sq.db_index, qp->rq.db_index);
 		ret = -EIO;
@@ -288,9 +290,9 @@ int vrdma_kqp_destroy(struct vrdma_qp *qp)
 	return 0;
 }
 
-static void *vrdma_kqueue_slot(struct vrdma_qp *qp, struct vrdma_kqueue *q)
+static void *vrdma_kqueue_slot(struct vrdma_kbuf *kbuf, struct vrdma_kqueue *q)
 {
-	return qp->kbuf.va + q->offset + (size_t)(q->prod & (q->depth - 1)) * q->stride;
+	return kbuf->va + q->offset + (size_t)(q->prod & (q->depth - 1)) * q->stride;
 }
 
 /* Room for one more WQE: the device's consumer index (in the ring's header page) tells which slots it is done with. */
@@ -380,7 +382,7 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const 
 			ret = -ENOMEM;
 			break;
 		}
-		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_slot(qp, q));
+		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_slot(&qp->kbuf, q));
 		if (ret)
 			break;
 		q->prod++;
@@ -398,11 +400,10 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const 
 	return ret;
 }
 
-int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+/* Receive WQEs into a QP's receive queue or an SRQ's ring (@cons: the device's consumer index in its header). */
+static int vrdma_kqueue_post_recv(struct vrdma_dev *dev, struct vrdma_kbuf *kbuf, struct vrdma_kqueue *q,
+				  __le32 *cons, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
 {
-	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
-	struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
-	struct vrdma_kqueue *q = &qp->rq;
 	unsigned long flags;
 	u32 posted, i;
 	int ret = 0;
@@ -410,10 +411,10 @@ int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const 
 	spin_lock_irqsave(&q->lock, flags);
 	posted = q->prod;
 	for (; wr; wr = wr->next) {
-		struct vrdma_recv_wqe *wqe = vrdma_kqueue_slot(qp, q);
+		struct vrdma_recv_wqe *wqe = vrdma_kqueue_slot(kbuf, q);
 		struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
 
-		if (vrdma_kqueue_full(q, &hdr->rq_cons)) {
+		if (vrdma_kqueue_full(q, cons)) {
 			ret = -ENOMEM;
 			break;
 		}
@@ -437,4 +438,91 @@ int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const 
 	if (ret)
 		*bad_wr = wr;
 	return ret;
+}
+
+int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+{
+	struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+
+	if (qp->ibqp.srq) {
+		*bad_wr = wr;
+		return -EINVAL;  /* its receives are the SRQ's */
+	}
+	return vrdma_kqueue_post_recv(to_vdev(qp->ibqp.device), &qp->kbuf, &qp->rq, &hdr->rq_cons, wr, bad_wr);
+}
+
+/* -- SRQs ----------------------------------------------------------------------------------------------------- */
+
+/* A basic SRQ of the kernel: a header page (the device's consumer index) and the ring, in kernel memory. */
+int vrdma_ksrq_create(struct vrdma_srq *srq, struct ib_srq_init_attr *attr)
+{
+	struct vrdma_dev *dev = to_vdev(srq->ibsrq.device);
+	struct vrdma_pd *pd = container_of(srq->ibsrq.pd, struct vrdma_pd, ibpd);
+	struct vrdma_cmd_create_srq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_SRQ) };
+	struct vrdma_resp_create_srq resp;
+	struct vrdma_kqueue *q = &srq->rq;
+	struct vrdma_pbl pbl;
+	int ret;
+
+	if (attr->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;  /* XRC SRQs are user processes' (through their XRC domains) */
+	if (!attr->attr.max_wr || attr->attr.max_sge > le32_to_cpu(dev->attr.max_srq_sge))
+		return -EINVAL;
+	/* The limit must stay below the depth: one more slot than asked when they meet. */
+	ret = vrdma_kqueue_size(q, max(attr->attr.max_wr, attr->attr.srq_limit + 1), attr->attr.max_sge, 0,
+				sizeof(struct vrdma_recv_wqe), 32, le32_to_cpu(dev->attr.max_srq_wr));
+	if (ret)
+		return ret;
+	q->offset = PAGE_SIZE;
+	ret = vrdma_kbuf_alloc(&srq->kbuf, PAGE_SIZE + (size_t)q->depth * q->stride, &pbl);
+	if (ret)
+		return ret;
+	cmd.ucontext = 0;  /* the kernel's */
+	cmd.pd = cpu_to_le32(pd->handle);
+	cmd.depth = cpu_to_le32(q->depth);
+	cmd.stride = cpu_to_le32(q->stride);
+	cmd.max_sge = cpu_to_le32(q->max_sge);
+	cmd.srq_limit = cpu_to_le32(attr->attr.srq_limit);
+	cmd.ring = pbl.desc;
+	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	vrdma_pbl_free(&pbl);
+	if (ret)
+		goto err_free;
+	srq->handle = le32_to_cpu(resp.handle);
+	q->db_index = le32_to_cpu(resp.db_index);
+	if (!vrdma_kdb_ok(dev, q->db_index)) {
+		dev_err(&dev->vdev->dev, "device gave SRQ %#x doorbell index %u\n", srq->handle, q->db_index);
+		vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->handle);
+		ret = -EIO;
+		goto err_free;
+	}
+	srq->depth = q->depth;
+	srq->max_sge = q->max_sge;
+	attr->attr.max_wr = q->depth;
+	attr->attr.max_sge = q->max_sge;
+	ret = vrdma_publish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, NULL, NULL, 0, NULL);
+	if (ret)
+		goto err_free;
+	return 0;
+
+err_free:
+	vrdma_kbuf_free(&srq->kbuf);
+	return ret;
+}
+
+int vrdma_ksrq_destroy(struct vrdma_srq *srq)
+{
+	struct vrdma_dev *dev = to_vdev(srq->ibsrq.device);
+	int ret = vrdma_unpublish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, NULL);
+
+	if (!ret)
+		vrdma_kbuf_free(&srq->kbuf);  /* a ring the device may still read is never freed */
+	return ret;
+}
+
+int vrdma_ksrq_post_recv(struct vrdma_srq *srq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+{
+	struct vrdma_srq_ring_hdr *hdr = srq->kbuf.va;
+
+	return vrdma_kqueue_post_recv(to_vdev(srq->ibsrq.device), &srq->kbuf, &srq->rq, &hdr->cons, wr, bad_wr);
 }

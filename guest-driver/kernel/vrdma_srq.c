@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Shared receive queues: a ring of receive WQEs in the process's memory, pinned and described to the device. An XRC
- * SRQ also names its XRC domain and the CQ its receives complete on, and gets an SRQ number from the device.
+ * Shared receive queues: a ring of receive WQEs in the process's memory, pinned and described to the device (a
+ * kernel consumer's SRQ has its ring in kernel memory: vrdma_kqueue.c). An XRC SRQ also names its XRC domain and
+ * the CQ its receives complete on, and gets an SRQ number from the device.
  */
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -22,8 +23,10 @@ int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *attr, struct
 	struct vrdma_pbl pbl;
 	int ret;
 
-	if (!udata || (attr->srq_type != IB_SRQT_BASIC && attr->srq_type != IB_SRQT_XRC))
-		return -EOPNOTSUPP;  /* user SRQs, basic or XRC (no tag matching) */
+	if (!udata)
+		return vrdma_ksrq_create(srq, attr);  /* a kernel consumer's */
+	if (attr->srq_type != IB_SRQT_BASIC && attr->srq_type != IB_SRQT_XRC)
+		return -EOPNOTSUPP;  /* basic or XRC (no tag matching) */
 	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
 	if (ret)
 		return ret;
@@ -104,5 +107,18 @@ int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	struct vrdma_dev *dev = to_vdev(ibsrq->device);
 	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
 
+	if (srq->kbuf.va)
+		return vrdma_ksrq_destroy(srq);
 	return vrdma_unpublish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, srq->umem);
+}
+
+/* A kernel SRQ is posted to here; a user SRQ in user space, where this is never called (libvrdma posts). */
+int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+
+	if (srq->kbuf.va)
+		return vrdma_ksrq_post_recv(srq, wr, bad_wr);
+	*bad_wr = wr;
+	return -EOPNOTSUPP;
 }

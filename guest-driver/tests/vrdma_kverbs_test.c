@@ -4,10 +4,12 @@
  * asks of a device (a PD with the local DMA lkey, a CQ with a completion handler armed by ib_req_notify_cq, an RC QP,
  * ib_post_recv and ib_post_send with DMA-mapped buffers, ib_poll_cq) and checks every byte that arrives.
  *
- * Loaded with `modprobe vrdma_kverbs_test [device=vrdma0] [messages=64] [size=5000]`, it connects a QP to itself
- * over the device's link-local GID, sends `messages` messages of `size` bytes (each a different pattern, every other
- * one with immediate data) and one inline message, and loads only if every completion and every byte was right; it
- * says what it did, or what went wrong, in the kernel log. `rmmod` unloads it (it holds nothing once loaded).
+ * Loaded with `modprobe vrdma_kverbs_test [device=vrdma0] [messages=64] [size=5000] [srq=1]`, it connects a QP to
+ * itself over the device's link-local GID, sends `messages` messages of `size` bytes (each a different pattern, every
+ * other one with immediate data) and one inline message, and loads only if every completion and every byte was
+ * right; it says what it did, or what went wrong, in the kernel log. `rmmod` unloads it (it holds nothing once
+ * loaded). With srq=1 the receives are posted to a shared receive queue armed with a limit of 1, and the module also
+ * waits for the SRQ-limit event the last receive raises.
  */
 #include <linux/completion.h>
 #include <linux/dma-mapping.h>
@@ -25,6 +27,9 @@ MODULE_PARM_DESC(messages, "messages to send and receive (1..256, default 64)");
 static uint size = 5000;
 module_param(size, uint, 0444);
 MODULE_PARM_DESC(size, "bytes per message (1..65536, default 5000: spans pages)");
+static bool srq;
+module_param(srq, bool, 0444);
+MODULE_PARM_DESC(srq, "receive through a shared receive queue (default no)");
 
 #define INLINE_LEN 48
 #define TIMEOUT (10 * HZ)
@@ -34,6 +39,8 @@ struct kv_test {
 	struct ib_pd *pd;
 	struct ib_cq *cq;
 	struct ib_qp *qp;
+	struct ib_srq *srq;		/* srq=1: where the receives are posted */
+	struct completion limit_event;	/* IB_EVENT_SRQ_LIMIT_REACHED */
 	u8 *send_buf;			/* messages * size, then INLINE_LEN */
 	u8 *recv_buf;			/* (messages + 1) * size */
 	u64 send_dma;
@@ -49,6 +56,16 @@ static void kv_comp_handler(struct ib_cq *cq, void *context)
 
 	t->events++;
 	complete(&t->event);
+}
+
+static void kv_srq_event(struct ib_event *event, void *context)
+{
+	struct kv_test *t = context;
+
+	if (event->event == IB_EVENT_SRQ_LIMIT_REACHED && event->element.srq == t->srq)
+		complete(&t->limit_event);
+	else
+		pr_warn("vrdma_kverbs_test: unexpected event %s\n", ib_event_msg(event->event));
 }
 
 static u8 kv_byte(u32 message, u32 i)
@@ -129,7 +146,7 @@ static int kv_post(struct kv_test *t)
 
 		sge = (struct ib_sge){ .addr = t->recv_dma + (u64)m * size, .length = size,
 				       .lkey = t->pd->local_dma_lkey };
-		ret = ib_post_recv(t->qp, &wr, &bad_recv);
+		ret = t->srq ? ib_post_srq_recv(t->srq, &wr, &bad_recv) : ib_post_recv(t->qp, &wr, &bad_recv);
 		if (ret)
 			return ret;
 	}
@@ -247,6 +264,21 @@ static int kv_run(struct kv_test *t)
 	if (IS_ERR(t->cq))
 		return PTR_ERR(t->cq);
 	qp_attr.send_cq = qp_attr.recv_cq = t->cq;
+	if (srq) {
+		struct ib_srq_init_attr srq_attr = { .event_handler = kv_srq_event, .srq_context = t,
+						     .attr = { .max_wr = messages + 1, .max_sge = 1 } };
+		struct ib_srq_attr limit = { .srq_limit = 1 };
+
+		t->srq = ib_create_srq(t->pd, &srq_attr);
+		if (IS_ERR(t->srq))
+			return PTR_ERR(t->srq);
+		/* Armed: the event comes when fewer than one receive is left, after the last message. */
+		ret = ib_modify_srq(t->srq, &limit, IB_SRQ_LIMIT);
+		if (ret)
+			return ret;
+		qp_attr.srq = t->srq;
+		qp_attr.cap.max_recv_wr = qp_attr.cap.max_recv_sge = 0;
+	}
 	t->qp = ib_create_qp(t->pd, &qp_attr);
 	if (IS_ERR(t->qp))
 		return PTR_ERR(t->qp);
@@ -285,6 +317,10 @@ static int kv_run(struct kv_test *t)
 		return ret;
 	}
 	ret = kv_wait(t);
+	if (!ret && t->srq && !wait_for_completion_timeout(&t->limit_event, TIMEOUT)) {
+		pr_err("vrdma_kverbs_test: no SRQ limit event after %d s\n", TIMEOUT / HZ);
+		ret = -ETIMEDOUT;
+	}
 	ib_dma_sync_single_for_cpu(t->ibdev, t->recv_dma, recv_len, DMA_FROM_DEVICE);
 	return ret ?: kv_check_data(t);
 }
@@ -299,6 +335,8 @@ static void kv_teardown(struct kv_test *t)
 		ib_dma_unmap_single(t->ibdev, t->send_dma, send_len, DMA_TO_DEVICE);
 	if (!IS_ERR_OR_NULL(t->qp))
 		ib_destroy_qp(t->qp);
+	if (!IS_ERR_OR_NULL(t->srq))
+		ib_destroy_srq(t->srq);
 	if (!IS_ERR_OR_NULL(t->cq))
 		ib_destroy_cq(t->cq);
 	if (!IS_ERR_OR_NULL(t->pd))
@@ -320,6 +358,7 @@ static int __init kv_init(void)
 	if (!t)
 		return -ENOMEM;
 	init_completion(&t->event);
+	init_completion(&t->limit_event);
 	t->ibdev = ib_device_get_by_name(device, RDMA_DRIVER_UNKNOWN);
 	if (!t->ibdev) {
 		pr_err("vrdma_kverbs_test: no RDMA device %s\n", device);
@@ -329,8 +368,9 @@ static int __init kv_init(void)
 	ret = kv_run(t);
 	kv_teardown(t);
 	if (!ret)
-		pr_info("vrdma_kverbs_test: %s: RC QP %#x to itself: %u messages of %u bytes and one of %u inline sent, received and checked; %u completion events\n",
-			device, t->qpn, messages, size, INLINE_LEN, t->events);
+		pr_info("vrdma_kverbs_test: %s: RC QP %#x to itself: %u messages of %u bytes and one of %u inline sent, received and checked; %u completion events%s\n",
+			device, t->qpn, messages, size, INLINE_LEN, t->events,
+			srq ? "; receives through an SRQ, its limit event seen" : "");
 	else
 		pr_err("vrdma_kverbs_test: %s: failed: %d\n", device, ret);
 	ib_device_put(t->ibdev);

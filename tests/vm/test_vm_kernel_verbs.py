@@ -1,6 +1,6 @@
 """Kernel consumers in a guest: vrdma_kverbs_test.ko (guest-driver/tests) uses the kernel verbs API on vrdma0 (a PD
-with the local DMA lkey, a CQ with a completion handler, an RC QP posted to and polled with no command) and loads
-only if every completion and every byte was right."""
+with the local DMA lkey, a CQ with a completion handler, an RC QP posted to and polled with no command, and with
+srq=1 a shared receive queue and its limit event) and loads only if every completion and every byte was right."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield cluster
 
 
-@pytest.mark.parametrize("params", [(), ("messages=8", "size=65536")], ids=["64 x 5000 B", "8 x 64 KiB"])
+@pytest.mark.parametrize("params", [(), ("messages=8", "size=65536"), ("srq=1",)],
+                         ids=["64 x 5000 B", "8 x 64 KiB", "64 x 5000 B through an SRQ"])
 def test_the_kernel_verbs_test_module_moves_its_data_checked(guest: Cluster, params: tuple[str, ...]) -> None:
     vm = guest[0]
     assert guest.backend is not None
@@ -31,9 +32,10 @@ def test_the_kernel_verbs_test_module_moves_its_data_checked(guest: Cluster, par
     loaded = vm.run(["modprobe", "vrdma_kverbs_test", *params])
     log = vm.run(["dmesg"]).check("dmesg").stdout
     assert loaded.exit_status == 0, log
-    messages, size = (8, 65536) if params else (64, 5000)
+    messages, size = (8, 65536) if "size=65536" in params else (64, 5000)
+    through_srq = "; receives through an SRQ, its limit event seen" if "srq=1" in params else ""
     found = re.search(rf"vrdma0: RC QP 0x[0-9a-f]+ to itself: {messages} messages of {size} bytes and one of 48 "
-                      r"inline sent, received and checked; (\d+) completion events", log)
+                      rf"inline sent, received and checked; (\d+) completion events{through_srq}$", log, re.M)
     assert found, log
     assert int(found.group(1)) >= 1  # the completion handler ran: the CQ was armed and the device raised events
     vm.run(["rmmod", "vrdma_kverbs_test"]).check("rmmod vrdma_kverbs_test")
