@@ -39,6 +39,13 @@ struct vrdma_dev {
 	void *cmd_buf;			/* request, then response: PAGE_SIZE, kmalloc'd (DMA-able) */
 	bool broken;			/* a timed-out command leaves the queue unusable */
 	bool lost;			/* the device forgot our objects: commands fail, the driver probes again */
+	/*
+	 * Set once a lost device was reset: it no longer touches the kernel's rings, which are the driver's to flush
+	 * (vrdma_kcq_poll completes what was outstanding with IB_WC_WR_FLUSH_ERR). kflush_work runs the kernel CQs'
+	 * completion handlers so that their users poll.
+	 */
+	bool quiesced;
+	struct work_struct kflush_work;
 
 	/* Event queue buffers, recycled after each event. */
 	struct vrdma_event *events;
@@ -55,7 +62,7 @@ struct vrdma_dev {
 	struct pci_dev *db_pdev;
 	void __iomem *db_header;
 	void __iomem *db_region;	/* the whole region: the kernel's queues' slots are in pages the device names */
-	struct xarray kqps;		/* the kernel's QPs by QPN: what a kernel CQE names */
+	struct xarray kqps;		/* the kernel's QPs by QPN: what a kernel CQE names (irq-safe lock) */
 
 	struct vrdma_resp_query_device attr;
 	struct vrdma_resp_query_port port;
@@ -248,6 +255,7 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr);
 int vrdma_kqp_destroy(struct vrdma_qp *qp);
 int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr);
 int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
+void vrdma_kflush(struct work_struct *work);
 int vrdma_ksrq_create(struct vrdma_srq *srq, struct ib_srq_init_attr *attr);
 int vrdma_ksrq_destroy(struct vrdma_srq *srq);
 int vrdma_ksrq_post_recv(struct vrdma_srq *srq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);

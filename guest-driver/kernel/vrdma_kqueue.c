@@ -140,6 +140,8 @@ static void vrdma_kcq_wc(struct vrdma_dev *dev, const struct vrdma_cqe *cqe, str
 	wc->port_num = 1;
 }
 
+static int vrdma_kcq_flush(struct vrdma_dev *dev, struct vrdma_cq *cq, int num_entries, struct ib_wc *wc);
+
 int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
 {
 	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
@@ -156,6 +158,9 @@ int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
 		cq->cons++;
 	}
 	smp_store_release(&hdr->cons, cpu_to_le32(cq->cons));  /* their slots are the device's again */
+	/* All the device wrote is read: once it is reset, what its QPs still hold completes here, flushed. */
+	if (n < num_entries && READ_ONCE(dev->quiesced))
+		n += vrdma_kcq_flush(dev, cq, num_entries - n, wc + n);
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return n;
 }
@@ -255,12 +260,12 @@ int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
 	cap->max_send_sge = qp->sq.max_sge;
 	cap->max_recv_sge = qp->rq.max_sge;
 	qp->cap = *cap;
-	ret = xa_insert(&dev->kqps, ibqp->qp_num, qp, GFP_KERNEL);
+	ret = xa_insert_irq(&dev->kqps, ibqp->qp_num, qp, GFP_KERNEL);
 	if (ret)
 		goto err_destroy;
 	ret = vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL, NULL, 0, NULL);
 	if (ret) {
-		xa_erase(&dev->kqps, ibqp->qp_num);
+		xa_erase_irq(&dev->kqps, ibqp->qp_num);
 		goto err_free;  /* vrdma_publish destroyed it in the device */
 	}
 	return 0;
@@ -277,11 +282,11 @@ int vrdma_kqp_destroy(struct vrdma_qp *qp)
 	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
 	int ret;
 
-	xa_erase(&dev->kqps, qp->ibqp.qp_num);
+	xa_erase_irq(&dev->kqps, qp->ibqp.qp_num);  /* under the lock vrdma_kcq_flush holds: it is done with it */
 	ret = vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL);
 	if (ret) {
 		/* The device keeps it: so does the driver (its completions name it again once it is back). */
-		if (xa_insert(&dev->kqps, qp->ibqp.qp_num, qp, GFP_KERNEL))
+		if (xa_insert_irq(&dev->kqps, qp->ibqp.qp_num, qp, GFP_KERNEL))
 			dev_warn(&dev->vdev->dev, "QP %#x kept, but its completions no longer name it\n",
 				 qp->ibqp.qp_num);
 		return ret;
@@ -387,7 +392,9 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const 
 			break;
 		q->prod++;
 	}
-	if (q->prod != posted) {
+	if (q->prod != posted && READ_ONCE(dev->quiesced)) {
+		schedule_work(&dev->kflush_work);  /* no device to take them: they complete flushed */
+	} else if (q->prod != posted) {
 		/* writel orders the WQEs' stores before it; then, as libvrdma does, wake a parked engine. */
 		writel(q->prod, vrdma_kdb(dev, q->db_index));
 		mb();
@@ -432,7 +439,9 @@ static int vrdma_kqueue_post_recv(struct vrdma_dev *dev, struct vrdma_kbuf *kbuf
 		}
 		q->prod++;
 	}
-	if (q->prod != posted)
+	if (q->prod != posted && READ_ONCE(dev->quiesced))
+		schedule_work(&dev->kflush_work);  /* no device to take them: a QP's complete flushed */
+	else if (q->prod != posted)
 		writel(q->prod, vrdma_kdb(dev, q->db_index));  /* the device reads receive queues when it needs one */
 	spin_unlock_irqrestore(&q->lock, flags);
 	if (ret)
@@ -525,4 +534,82 @@ int vrdma_ksrq_post_recv(struct vrdma_srq *srq, const struct ib_recv_wr *wr, con
 	struct vrdma_srq_ring_hdr *hdr = srq->kbuf.va;
 
 	return vrdma_kqueue_post_recv(to_vdev(srq->ibsrq.device), &srq->kbuf, &srq->rq, &hdr->cons, wr, bad_wr);
+}
+
+/* -- device loss ---------------------------------------------------------------------------------------------- */
+
+/*
+ * The outstanding WQEs of one queue, from the device's consumer index to the driver's producer index, as flushed
+ * completions. Only once the device is reset: its consumer index is the driver's from then on.
+ */
+static int vrdma_kqueue_flush(struct vrdma_qp *qp, struct vrdma_kqueue *q, __le32 *cons, bool send,
+			      int num_entries, struct ib_wc *wc)
+{
+	unsigned long flags;
+	int n = 0;
+	u32 at;
+
+	spin_lock_irqsave(&q->lock, flags);
+	at = le32_to_cpu(READ_ONCE(*cons));
+	if (q->prod - at > q->depth)
+		at = q->prod - q->depth;  /* not an index the device could have left: flush what the ring holds */
+	for (; n < num_entries && at != q->prod; n++, at++) {
+		/* wr_id is the first field of both WQE kinds */
+		const __le64 *wr_id = qp->kbuf.va + q->offset + (size_t)(at & (q->depth - 1)) * q->stride;
+
+		memset(&wc[n], 0, sizeof(wc[n]));
+		wc[n].wr_id = le64_to_cpu(*wr_id);
+		wc[n].status = IB_WC_WR_FLUSH_ERR;
+		wc[n].opcode = send ? IB_WC_SEND : IB_WC_RECV;
+		wc[n].qp = &qp->ibqp;
+		wc[n].port_num = 1;
+	}
+	WRITE_ONCE(*cons, cpu_to_le32(at));
+	spin_unlock_irqrestore(&q->lock, flags);
+	return n;
+}
+
+/*
+ * The device was lost and reset: every kernel QP feeding @cq completes its outstanding work requests with
+ * IB_WC_WR_FLUSH_ERR, as a QP in the error state does, so that the kernel's RDMA users (ib_drain_qp, a ULP waiting
+ * for its I/O) see their work end instead of waiting for a device that is gone. Receives posted to an SRQ stay
+ * there, as the verbs define for a QP in error. Called with the CQ's lock held.
+ */
+static int vrdma_kcq_flush(struct vrdma_dev *dev, struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
+{
+	struct vrdma_qp *qp;
+	unsigned long index, flags;
+	int n = 0;
+
+	xa_lock_irqsave(&dev->kqps, flags);  /* a QP being destroyed is erased under it first */
+	xa_for_each(&dev->kqps, index, qp) {
+		struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+
+		if (n == num_entries)
+			break;
+		if (qp->ibqp.send_cq == &cq->ibcq)
+			n += vrdma_kqueue_flush(qp, &qp->sq, &hdr->sq_cons, true, num_entries - n, wc + n);
+		if (qp->ibqp.recv_cq == &cq->ibcq && !qp->ibqp.srq)
+			n += vrdma_kqueue_flush(qp, &qp->rq, &hdr->rq_cons, false, num_entries - n, wc + n);
+	}
+	xa_unlock_irqrestore(&dev->kqps, flags);
+	return n;
+}
+
+/*
+ * Run the completion handler of every kernel CQ once the device is reset (and after each later post), so that their
+ * users poll and find their flushed work: the device raises no more events. Under the CQs' xarray lock, as the event
+ * dispatcher runs handlers, so that no CQ is destroyed under it.
+ */
+void vrdma_kflush(struct work_struct *work)
+{
+	struct vrdma_dev *dev = container_of(work, struct vrdma_dev, kflush_work);
+	struct vrdma_cq *cq;
+	unsigned long index, flags;
+
+	xa_lock_irqsave(&dev->cqs, flags);
+	xa_for_each(&dev->cqs, index, cq)
+		if (cq->kbuf.va && cq->ibcq.comp_handler)
+			cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	xa_unlock_irqrestore(&dev->cqs, flags);
 }

@@ -72,6 +72,18 @@ static void vrdma_recover(struct work_struct *work)
 
 	device_lock(rec->dev);
 	dev = vdev->priv;
+	if (dev) {
+		/*
+		 * Stop the device before anyone is told: once reset it no longer reads or writes the kernel's rings, so
+		 * the driver can complete what they hold (flushed) without racing a device that might still be alive
+		 * (a command timeout). The kernel's RDMA users then see their work end before they tear down.
+		 */
+		mutex_lock(&dev->cmd_lock);
+		virtio_reset_device(vdev);
+		WRITE_ONCE(dev->quiesced, true);
+		mutex_unlock(&dev->cmd_lock);
+		schedule_work(&dev->kflush_work);
+	}
 	if (dev && dev->registered) {
 		struct ib_event ev = { .device = &dev->ib_dev, .event = IB_EVENT_DEVICE_FATAL,
 				       .element.port_num = 1 };
@@ -168,7 +180,8 @@ static int vrdma_probe(struct virtio_device *vdev)
 	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
-	xa_init(&dev->kqps);
+	xa_init_flags(&dev->kqps, XA_FLAGS_LOCK_IRQ);
+	INIT_WORK(&dev->kflush_work, vrdma_kflush);
 
 	ret = vrdma_read_config(dev);
 	if (ret)
@@ -227,6 +240,7 @@ static void vrdma_remove(struct virtio_device *vdev)
 
 	/* Unregistering frees every verbs object through the device, so the queues must still run. */
 	vrdma_unregister_ib(dev);
+	cancel_work_sync(&dev->kflush_work);  /* no kernel CQ is left for it */
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 	vrdma_doorbell_unpair(dev);

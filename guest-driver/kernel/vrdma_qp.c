@@ -230,6 +230,16 @@ static int vrdma_modify_qp_locked(struct vrdma_qp *qp, struct ib_qp_attr *attr, 
 		a->traffic_class = grh->traffic_class;
 		a->flow_label = cpu_to_le32(grh->flow_label);
 	}
+	if (next == IB_QPS_ERR && READ_ONCE(to_vdev(ibqp->device)->lost)) {
+		/*
+		 * The device is gone, and with it every QP's state: in error is what the QP is. A kernel QP's work then
+		 * completes flushed (vrdma_kcq_flush), which is what ib_drain_qp waits for.
+		 */
+		qp->state = next;
+		if (qp->kbuf.va && READ_ONCE(to_vdev(ibqp->device)->quiesced))
+			schedule_work(&to_vdev(ibqp->device)->kflush_work);
+		return 0;
+	}
 	if (vrdma_defer_init(qp, next, mask, a)) {
 		qp->state = next;
 		return 0;

@@ -9,7 +9,9 @@
  * other one with immediate data) and one inline message, and loads only if every completion and every byte was
  * right; it says what it did, or what went wrong, in the kernel log. `rmmod` unloads it (it holds nothing once
  * loaded). With srq=1 the receives are posted to a shared receive queue armed with a limit of 1, and the module also
- * waits for the SRQ-limit event the last receive raises.
+ * waits for the SRQ-limit event the last receive raises. With await_loss=SECONDS it then posts `messages` receives
+ * that no message will match, logs "waiting for the device to be lost", and loads only if, within that time, the
+ * device is lost and every one of them completes with IB_WC_WR_FLUSH_ERR, as does a send posted after that.
  */
 #include <linux/completion.h>
 #include <linux/dma-mapping.h>
@@ -30,6 +32,9 @@ MODULE_PARM_DESC(size, "bytes per message (1..65536, default 5000: spans pages)"
 static bool srq;
 module_param(srq, bool, 0444);
 MODULE_PARM_DESC(srq, "receive through a shared receive queue (default no)");
+static uint await_loss;
+module_param(await_loss, uint, 0444);
+MODULE_PARM_DESC(await_loss, "then wait this many seconds for the device's loss to flush posted receives (0: no)");
 
 #define INLINE_LEN 48
 #define TIMEOUT (10 * HZ)
@@ -325,6 +330,78 @@ static int kv_run(struct kv_test *t)
 	return ret ?: kv_check_data(t);
 }
 
+/* Poll until `want` completions arrived (each flushed, with the expected wr_id) or `timeout` jiffies passed. */
+static int kv_wait_flushed(struct kv_test *t, u32 want, u64 first_wr_id, unsigned long timeout)
+{
+	unsigned long deadline = jiffies + timeout;
+	u32 got = 0;
+	struct ib_wc wc;
+
+	while (got < want) {
+		while (got < want && ib_poll_cq(t->cq, 1, &wc) > 0) {
+			if (wc.status != IB_WC_WR_FLUSH_ERR || wc.wr_id != first_wr_id + got || wc.qp != t->qp) {
+				pr_err("vrdma_kverbs_test: completion %u of %u: wr_id %#llx status %d (%s), expected %#llx flushed\n",
+				       got, want, wc.wr_id, wc.status, ib_wc_status_msg(wc.status), first_wr_id + got);
+				return -EIO;
+			}
+			got++;
+		}
+		if (got == want)
+			break;
+		if (ib_req_notify_cq(t->cq, IB_CQ_NEXT_COMP | IB_CQ_REPORT_MISSED_EVENTS) > 0)
+			continue;
+		if (time_after(jiffies, deadline) ||
+		    !wait_for_completion_timeout(&t->event, max_t(long, deadline - jiffies, 1))) {
+			pr_err("vrdma_kverbs_test: %u of %u flushed completions after %u s\n", got, want, await_loss);
+			return -ETIMEDOUT;
+		}
+	}
+	return 0;
+}
+
+/*
+ * await_loss: receives nothing will match, then the device lost (the test restarts the backend): each completes
+ * flushed, and so does a send posted once the device is gone. The module holds the device until it returns.
+ */
+static int kv_await_loss(struct kv_test *t)
+{
+	const struct ib_recv_wr *bad_recv;
+	const struct ib_send_wr *bad_send;
+	struct ib_sge sge = { .addr = t->recv_dma, .length = size, .lkey = t->pd->local_dma_lkey };
+	ktime_t start;
+	u32 m;
+	int ret;
+
+	for (m = 0; m < messages; m++) {
+		struct ib_recv_wr wr = { .wr_id = 0x20000 + m, .sg_list = &sge, .num_sge = 1 };
+
+		ret = ib_post_recv(t->qp, &wr, &bad_recv);
+		if (ret)
+			return ret;
+	}
+	pr_info("vrdma_kverbs_test: %s: %u receives posted, waiting for the device to be lost\n", device, messages);
+	start = ktime_get();
+	ret = kv_wait_flushed(t, messages, 0x20000, (unsigned long)await_loss * HZ);
+	if (ret)
+		return ret;
+	{
+		struct ib_send_wr wr = { .wr_id = 0x30000, .sg_list = &sge, .num_sge = 1, .opcode = IB_WR_SEND,
+					 .send_flags = IB_SEND_SIGNALED };
+
+		sge.addr = t->send_dma;
+		ret = ib_post_send(t->qp, &wr, &bad_send);
+		if (ret) {
+			pr_err("vrdma_kverbs_test: posting a send after the loss: %d\n", ret);
+			return ret;
+		}
+	}
+	ret = kv_wait_flushed(t, 1, 0x30000, TIMEOUT);
+	if (!ret)
+		pr_info("vrdma_kverbs_test: %s: device lost: %u receives and a send posted after it completed flushed (IB_WC_WR_FLUSH_ERR) in %lld ms\n",
+			device, messages, ktime_ms_delta(ktime_get(), start));
+	return ret;
+}
+
 static void kv_teardown(struct kv_test *t)
 {
 	size_t send_len = (size_t)messages * size + INLINE_LEN, recv_len = (size_t)(messages + 1) * size;
@@ -350,8 +427,8 @@ static int __init kv_init(void)
 	struct kv_test *t;
 	int ret;
 
-	if (!messages || messages > 256 || !size || size > 65536) {
-		pr_err("vrdma_kverbs_test: messages must be 1..256 and size 1..65536\n");
+	if (!messages || messages > 256 || !size || size > 65536 || await_loss > 3600 || (await_loss && srq)) {
+		pr_err("vrdma_kverbs_test: messages must be 1..256, size 1..65536, await_loss 0..3600 and not with srq\n");
 		return -EINVAL;
 	}
 	t = kzalloc(sizeof(*t), GFP_KERNEL);
@@ -366,6 +443,8 @@ static int __init kv_init(void)
 		return -ENODEV;
 	}
 	ret = kv_run(t);
+	if (!ret && await_loss)
+		ret = kv_await_loss(t);
 	kv_teardown(t);
 	if (!ret)
 		pr_info("vrdma_kverbs_test: %s: RC QP %#x to itself: %u messages of %u bytes and one of %u inline sent, received and checked; %u completion events%s\n",
