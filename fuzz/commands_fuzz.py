@@ -296,6 +296,7 @@ def seeds() -> dict[str, bytes]:
         s.cmd("QUERY_PORT", "vrdma_cmd_query_port", port=1)
         o = _objects(s, srq=srq)
         s.cmd("QUERY_QP", "vrdma_cmd_destroy", handle=o["qp"])
+        s.cmd("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", handle=o["qp"])
         s.cmd("MODIFY_CQ", "vrdma_cmd_modify_cq", handle=o["cq"], cq_count=4, cq_period=10)
         if srq:
             s.cmd("QUERY_SRQ", "vrdma_cmd_destroy", handle=o["srq"])

@@ -69,6 +69,7 @@ class CommandAttacks(_Attacker):
             (c("MODIFY_CQ", "vrdma_cmd_modify_cq", seq, handle=rng.choice(h["cq"]), cq_count=rng.randrange(8),
                cq_period=rng.randrange(100)), 8),
             (c("QUERY_QP", "vrdma_cmd_destroy", seq, handle=rng.choice(any_handle)), 100),
+            (c("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", seq, handle=rng.choice(any_handle)), 56),
             (c("MODIFY_QP", "vrdma_cmd_modify_qp", seq, handle=rng.choice(h["qp"]), attr_mask=rng.getrandbits(21),
                attr={"qp_state": rng.randrange(8), "dest_qp_num": v.qp.qpn, "dgid": list(GID["vm1"])}), 8),
             (c("CREATE_SRQ", "vrdma_cmd_create_srq", seq, ucontext=s.verbs.ucontext, pd=s.pd, depth=16, stride=128,

@@ -19,7 +19,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 5
+#define VRDMA_ABI_VERSION 6
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */
@@ -74,6 +74,7 @@
 #define VRDMA_CMD_QUERY_COUNTERS 24
 #define VRDMA_CMD_ALLOC_XRCD 25
 #define VRDMA_CMD_DEALLOC_XRCD 26
+#define VRDMA_CMD_QUERY_QP_COUNTERS 27
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
@@ -350,6 +351,20 @@ struct vrdma_resp_query_counters {
 	__le64 events_dropped;
 	__le64 ud_dropped;        /* datagrams nobody took */
 	__le64 uc_dropped;        /* UC messages lost (no destination ready, no receive, a bad rkey or receive) */
+};
+
+/*
+ * QUERY_QP_COUNTERS (request: struct vrdma_cmd_destroy, the QP's handle): one QP's share of the port's counters of
+ * the same names, from its creation on (a QP's value never exceeds the port's).
+ */
+struct vrdma_resp_query_qp_counters {
+	struct vrdma_resp_hdr hdr;
+	__le64 send_wqes;         /* its send WQEs executed, successfully or not */
+	__le64 recv_wqes;         /* receive WQEs it consumed (from its receive queue or its SRQ) */
+	__le64 bytes;             /* payload of the requests it made or served, and of datagrams it sent or took */
+	__le64 error_cqes;        /* its completions in error, flushes included */
+	__le64 flushed;           /* its WQEs completed with WR_FLUSH_ERR */
+	__le64 rnr_waits;         /* receiver-not-ready waits of its requests */
 };
 
 struct vrdma_resp_query_port {
@@ -707,6 +722,7 @@ VRDMA_ASSERT_SIZE(vrdma_resp_query_device, 120);
 VRDMA_ASSERT_SIZE(vrdma_cmd_query_port, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_port, 40);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 104);
+VRDMA_ASSERT_SIZE(vrdma_resp_query_qp_counters, 56);
 VRDMA_ASSERT_SIZE(vrdma_event, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_add_gid, 32);
 VRDMA_ASSERT_SIZE(vrdma_cmd_del_gid, 16);

@@ -16,6 +16,8 @@
 
 #define VRDMA_CMD_TIMEOUT_MS 5000
 #define VRDMA_EVENT_BUFFERS 16
+#define VRDMA_NUM_STATS 12		/* the port's counters (QUERY_COUNTERS), a QP counter's too */
+#define VRDMA_NUM_QP_STATS 6		/* a QP's (QUERY_QP_COUNTERS) */
 
 struct vrdma_dev {
 	struct ib_device ib_dev;	/* first: allocated by ib_alloc_device() */
@@ -66,6 +68,12 @@ struct vrdma_dev {
 
 	struct vrdma_resp_query_device attr;
 	struct vrdma_resp_query_port port;
+
+	/* QP counters (vrdma_counter.c): the live ones, and the last values of those the core freed. */
+	struct mutex counters_lock;
+	struct list_head counters;
+	u64 counted_history[VRDMA_NUM_STATS];
+	struct ida counter_ids;
 };
 
 struct vrdma_user_mmap_entry {
@@ -158,6 +166,9 @@ struct vrdma_qp {
 	struct vrdma_kbuf kbuf;
 	struct vrdma_kqueue sq;
 	struct vrdma_kqueue rq;
+	/* Bound to a QP counter (ibqp.counter): its place there and its counters at binding (vrdma_counter.c). */
+	struct list_head counter_node;
+	u64 counter_base[VRDMA_NUM_QP_STATS];
 };
 
 struct vrdma_ah {
@@ -237,6 +248,16 @@ int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struc
 int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init, struct ib_udata *udata);
 int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags);
 void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event);
+
+/* counters (vrdma_counter.c): the port's and QP counters */
+struct rdma_counter;
+struct rdma_hw_stats *vrdma_alloc_hw_port_stats(struct ib_device *ibdev, u32 port);
+int vrdma_get_hw_stats(struct ib_device *ibdev, struct rdma_hw_stats *stats, u32 port, int index);
+struct rdma_hw_stats *vrdma_counter_alloc_stats(struct rdma_counter *counter);
+int vrdma_counter_bind_qp(struct rdma_counter *counter, struct ib_qp *ibqp);
+int vrdma_counter_unbind_qp(struct ib_qp *ibqp);
+int vrdma_counter_update_stats(struct rdma_counter *counter);
+int vrdma_counter_dealloc(struct rdma_counter *counter);
 
 /* How a QP's rings are laid out in its buffer: the provider's choice for a user QP, the driver's for a kernel one. */
 struct vrdma_qp_layout {

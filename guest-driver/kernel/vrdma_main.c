@@ -182,6 +182,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->kqps, XA_FLAGS_LOCK_IRQ);
 	INIT_WORK(&dev->kflush_work, vrdma_kflush);
+	mutex_init(&dev->counters_lock);
+	INIT_LIST_HEAD(&dev->counters);
+	ida_init(&dev->counter_ids);
 
 	ret = vrdma_read_config(dev);
 	if (ret)
@@ -246,6 +249,7 @@ static void vrdma_remove(struct virtio_device *vdev)
 	vrdma_doorbell_unpair(dev);
 	kfree(dev->events);
 	vrdma_cmd_fini(dev);
+	ida_destroy(&dev->counter_ids);
 	ib_dealloc_device(&dev->ib_dev);
 }
 

@@ -336,40 +336,6 @@ static int vrdma_dealloc_xrcd(struct ib_xrcd *ibxrcd, struct ib_udata *udata)
 	return vrdma_destroy_handle(to_vdev(ibxrcd->device), VRDMA_CMD_DEALLOC_XRCD, xrcd->handle);
 }
 
-/* The port's counters (`rdma statistic`, hw_counters in sysfs): the device's data engine keeps them. */
-static const struct rdma_stat_desc vrdma_counter_descs[] = {
-	{ .name = "send_wqes" }, { .name = "recv_wqes" }, { .name = "cqes" }, { .name = "bytes" },
-	{ .name = "error_cqes" }, { .name = "flushed" }, { .name = "rnr_waits" }, { .name = "cq_overflows" },
-	{ .name = "qp_fatal" }, { .name = "events_dropped" }, { .name = "ud_dropped" }, { .name = "uc_dropped" },
-};
-static_assert(sizeof(struct vrdma_resp_query_counters) ==
-	      sizeof(struct vrdma_resp_hdr) + ARRAY_SIZE(vrdma_counter_descs) * sizeof(__le64),
-	      "one name per counter of QUERY_COUNTERS, in its order");
-
-static struct rdma_hw_stats *vrdma_alloc_hw_port_stats(struct ib_device *ibdev, u32 port)
-{
-	return rdma_alloc_hw_stats_struct(vrdma_counter_descs, ARRAY_SIZE(vrdma_counter_descs),
-					  RDMA_HW_STATS_DEFAULT_LIFESPAN);
-}
-
-static int vrdma_get_hw_stats(struct ib_device *ibdev, struct rdma_hw_stats *stats, u32 port, int index)
-{
-	struct vrdma_cmd_query_port cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_COUNTERS), .port = 1 };
-	struct vrdma_resp_query_counters resp;
-	const __le64 *counters = &resp.send_wqes;
-	int ret;
-	u32 i;
-
-	if (port != 1)
-		return -EINVAL;
-	ret = vrdma_cmd_exec(to_vdev(ibdev), &cmd, sizeof(cmd), &resp, sizeof(resp));
-	if (ret)
-		return ret;
-	for (i = 0; i < ARRAY_SIZE(vrdma_counter_descs); i++)
-		stats->value[i] = le64_to_cpu(counters[i]);
-	return ARRAY_SIZE(vrdma_counter_descs);
-}
-
 static const struct ib_device_ops vrdma_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
@@ -384,6 +350,11 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
 	.create_srq = vrdma_create_srq,
+	.counter_alloc_stats = vrdma_counter_alloc_stats,
+	.counter_bind_qp = vrdma_counter_bind_qp,
+	.counter_dealloc = vrdma_counter_dealloc,
+	.counter_unbind_qp = vrdma_counter_unbind_qp,
+	.counter_update_stats = vrdma_counter_update_stats,
 	.create_user_ah = vrdma_create_ah,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,

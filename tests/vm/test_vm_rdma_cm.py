@@ -5,7 +5,9 @@ datagrams on UD QPs, messages on UC QPs and, through XRC domains, into XRC SRQs.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 
 import pytest
 
@@ -50,6 +52,55 @@ def test_rping_verifies_1000_iterations(two_guests: Cluster) -> None:
     stats = vm1.run(["rdma", "statistic", "show", "link", "vrdma0/1"]).check("rdma statistic show").stdout
     found = dict(re.findall(r"(\w+) (\d+)", stats.split("vrdma0/1", 1)[1]))
     assert int(found["send_wqes"]) >= after["send_wqes"] - before["send_wqes"] and int(found["bytes"]) > 0, stats
+
+
+def test_rdma_statistic_qp_counts_each_qp_and_the_port_still_adds_up(two_guests: Cluster) -> None:
+    """QP counters: with auto mode by QP type, the RDMA core binds each new RC QP to a counter, which counts what
+    that QP does (the device's per-QP counters). The port's counters still add up to the engine's, while the
+    counter lives and after it is gone."""
+    vm0, vm1 = two_guests[0], two_guests[1]
+    backend = two_guests.backend
+    assert backend is not None
+    link = ["link", "vrdma0/1"]
+    for vm in (vm0, vm1):
+        vm.run(["rdma", "statistic", "qp", "set", *link, "auto", "type", "on"]).check("rdma statistic qp set auto")
+    try:
+        gid = verbs.ipv4_gid_index(vm0, "vrdma0")
+        argv = ["ibv_rc_pingpong", "-d", "vrdma0", "-g", str(gid), "-s", "4096", "-n", "100000000"]
+        server = vm0.agent.spawn(argv)
+        verbs.wait_listening(vm0, verbs.PINGPONG_PORT, timeout=60, server_pid=server)
+        client = vm1.agent.spawn([*argv, vm0.address])
+        try:
+            def pingpong_counter() -> dict[str, object] | None:
+                shown = vm1.run(["rdma", "-j", "statistic", "qp", "show", *link]).check("rdma statistic qp show")
+                rc = [c for c in json.loads(shown.stdout or "[]") if c.get("qp-type") == "RC"]
+                return rc[0] if rc and int(rc[0]["send_wqes"]) >= 100 else None
+
+            deadline = time.monotonic() + 120
+            while (counter := pingpong_counter()) is None:
+                assert time.monotonic() < deadline, "no RC QP counter with 100 sends within 120 s"
+                time.sleep(0.5)
+            # One QP, the ping-pong's; every send a 4 KiB message out and every receive one in.
+            assert len(counter["lqpn"]) == 1, counter  # type: ignore[arg-type]
+            assert int(counter["recv_wqes"]) >= 99 and int(counter["error_cqes"]) == 0, counter  # type: ignore
+            assert int(counter["bytes"]) >= 4096 * int(counter["send_wqes"]), counter  # type: ignore[call-overload]
+        finally:
+            vm1.agent.kill(client)
+            vm0.agent.kill(server)
+        # The QP is gone, and its counter with it; the port's counters (hw_counters and rdma statistic show, where
+        # the core adds the counters' values back) are the engine's, nothing counted twice.
+        deadline = time.monotonic() + 30
+        qp_show = ["rdma", "-j", "statistic", "qp", "show", *link]
+        while vm1.run(qp_show).check("rdma statistic qp show").stdout.strip() not in ("", "[]"):
+            assert time.monotonic() < deadline, "the QP counter outlived the ping-pong by 30 s"
+            time.sleep(0.2)
+        shown = vm1.run(["rdma", "-j", "statistic", "show", *link]).check("rdma statistic show").stdout
+        engine = vm_counters(backend, "vm1")["engine"]
+        port = json.loads(shown)[0]
+        assert all(int(port[name]) == engine[name] for name in engine), (port, engine)
+    finally:
+        for vm in (vm0, vm1):
+            vm.run(["rdma", "statistic", "qp", "set", *link, "auto", "off"]).check("rdma statistic qp set auto off")
 
 
 def test_ucmatose_connects_and_moves_data_on_four_connections(two_guests: Cluster) -> None:

@@ -149,6 +149,12 @@ def _query_qp(objs: DeviceObjects, request: Any, response: Any) -> None:
     objs.qps.query(int(request.handle), response.attr)
 
 
+def _query_qp_counters(objs: DeviceObjects, request: Any, response: Any) -> None:
+    _reserved_zero(request, "QUERY_QP_COUNTERS")
+    for name, value in objs.qps.counters(int(request.handle)).items():
+        setattr(response, name, value)
+
+
 def _create_srq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.db_index, response.srq_num = objs.srqs.create(request)
 
@@ -197,6 +203,7 @@ COMMANDS: dict[int, Command] = dict([
     _command("CREATE_QP", "vrdma_cmd_create_qp", "vrdma_resp_create_qp", _create_qp),
     _command("MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", _modify_qp),
     _command("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", _query_qp),
+    _command("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", "vrdma_resp_query_qp_counters", _query_qp_counters),
     _destroy("DESTROY_QP", lambda o: o.qps.destroy),
     _command("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq", _create_srq),
     _command("MODIFY_SRQ", "vrdma_cmd_modify_srq", "vrdma_resp_hdr", _modify_srq),

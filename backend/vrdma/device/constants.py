@@ -40,6 +40,7 @@ class CommandOpcode(IntEnum):
     QUERY_COUNTERS = 24
     ALLOC_XRCD = 25
     DEALLOC_XRCD = 26
+    QUERY_QP_COUNTERS = 27
 
 
 class EventType(IntEnum):

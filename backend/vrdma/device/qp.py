@@ -266,6 +266,11 @@ class QueuePairs(EngineObjectTable[Qp]):
             if bad:
                 raise CommandFailed(Status.INVALID, f"modify QP {qp.qpn:#x}: bad {what}")
 
+    def counters(self, handle: int) -> dict[str, int]:
+        """The QP's own counters, kept by the data engine from its creation on."""
+        qp = self.get(handle)
+        return self.seat.engine.qp_counters(self.seat.index, qp.slot)
+
     def query(self, handle: int, out: Any) -> None:
         qp = self.get(handle)
         state = self.state(qp)

@@ -158,6 +158,20 @@ struct vre_counters {
 				   * posted, a bad rkey or receive (UC has no acknowledgement: the sender succeeds) */
 };
 
+/*
+ * One QP's share of its device's counters (QUERY_QP_COUNTERS, `rdma statistic qp`), from its creation on: each
+ * field counts what the device's field of the same name counts, for this QP's work, so a QP's value never exceeds
+ * its device's.
+ */
+struct vre_qp_counters {
+	uint64_t send_wqes;       /* its send WQEs executed (successfully or not) */
+	uint64_t recv_wqes;       /* receive WQEs it consumed, from its receive queue or its SRQ */
+	uint64_t bytes;           /* payload of the requests it made or served (and of datagrams it sent or took) */
+	uint64_t error_cqes;      /* its completions in error, flushes included */
+	uint64_t flushed;         /* its WQEs completed with WR_FLUSH_ERR */
+	uint64_t rnr_waits;       /* receiver-not-ready waits of its requests */
+};
+
 struct vre_engine *vre_engine_new(uint32_t max_devices);
 void vre_engine_free(struct vre_engine *e);
 const char *vre_error(struct vre_engine *e);
@@ -183,6 +197,7 @@ int vre_gid_set(struct vre_engine *e, uint32_t dev, uint32_t index, const uint8_
 int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *config);
 int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_attr *attr);
 int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot);
+int vre_qp_counters(struct vre_engine *e, uint32_t dev, uint32_t slot, struct vre_qp_counters *out);
 void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 
 uint32_t vre_poll(struct vre_engine *e, uint32_t budget);

@@ -12,6 +12,7 @@ from vrdma.engine.api import (
     MAX_GIDS,
     NO_DEVICE,
     NO_SRQ,
+    QP_COUNTERS,
     QP_GSI,
     QP_KERNEL,
     QP_UC,
@@ -118,6 +119,11 @@ class Engine:
 
     def qp_state(self, dev: int, slot: int) -> int:
         return self._check(lib.vre_qp_state(self._e, dev, slot))
+
+    def qp_counters(self, dev: int, slot: int) -> dict[str, int]:
+        out = ffi.new("struct vre_qp_counters *")
+        self._check(lib.vre_qp_counters(self._e, dev, slot, out))
+        return {name: int(getattr(out, name)) for name in QP_COUNTERS}
 
     def destroy_qp(self, dev: int, slot: int) -> None:
         lib.vre_qp_destroy(self._e, dev, slot)

@@ -169,6 +169,16 @@ int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot)
 	return (int)qp->attr.state;
 }
 
+int vre_qp_counters(struct vre_engine *e, uint32_t dev, uint32_t slot, struct vre_qp_counters *out)
+{
+	struct vre_qp *qp = qp_at(vre_dev(e, dev), slot);
+
+	if (!qp)
+		return vre_fail(e, EINVAL, "no QP in slot %u", slot);
+	*out = qp->counters;
+	return 0;
+}
+
 void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 {
 	struct vre_device *d = vre_dev(e, dev);

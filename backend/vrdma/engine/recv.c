@@ -73,6 +73,7 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		*max_sge = qp->cfg.max_recv_sge;
 	}
 	d->counters.recv_wqes++;
+	qp->counters.recv_wqes++;
 	return TAKE_OK;
 }
 
@@ -99,6 +100,8 @@ VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		cq_push(e, d, d->cqs[qp->cfg.recv_cq], &cqe, false);
 		qp->rq_cons++;
 		d->counters.flushed++;
+		qp->counters.flushed++;
+		qp->counters.error_cqes++;
 		n++;
 	}
 	store_release(&hdr->rq_cons, qp->rq_cons);

@@ -70,6 +70,10 @@ VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre
 
 	qp->sq_head++;
 	store_release(&hdr->sq_cons, qp->sq_head);
+	if (status != VRDMA_WC_SUCCESS)
+		qp->counters.error_cqes++;
+	if (status == VRDMA_WC_WR_FLUSH_ERR)
+		qp->counters.flushed++;
 	if (status != VRDMA_WC_SUCCESS || qp->cfg.sq_sig_all || (w->send_flags & VRDMA_SEND_SIGNALED))
 		cq_push(e, d, d->cqs[qp->cfg.send_cq], &cqe, false);
 }
@@ -119,6 +123,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 	struct vre_qp *dqp;
 
 	d->counters.send_wqes++;
+	qp->counters.send_wqes++;
 	status = local_data(&r);
 	if (status != VRDMA_WC_SUCCESS)
 		goto local_error;
@@ -164,6 +169,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 			qp->rnr_left--;
 		qp->rnr_until = e->now + (int64_t)rnr_timer_us[dqp->attr.min_rnr_timer & 31] * 1000;
 		d->counters.rnr_waits++;
+		qp->counters.rnr_waits++;
 		return EXEC_WAIT;
 	case RESP_FAILED:
 		return EXEC_DONE;

@@ -23,10 +23,12 @@ static struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint3
 	return mr;
 }
 
-static void count_bytes(const struct vre_request *r, struct vre_device *dd)
+static void count_bytes(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp)
 {
 	r->d->counters.bytes += r->len;
 	dd->counters.bytes += r->len;
+	r->qp->counters.bytes += r->len;
+	dqp->counters.bytes += r->len;
 }
 
 /* A SEND, SEND with immediate or WRITE with immediate: a receive WQE of the destination takes it. */
@@ -69,6 +71,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 		rcqe.status = rstatus;
 		rcqe.byte_len = 0;
 		cq_push(e, dd, rx->cq, &rcqe, false);
+		dqp->counters.error_cqes++;
 		if (uc)
 			return RESP_DROPPED;
 		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_REQ_ERR);
@@ -90,7 +93,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 		rcqe.imm_data = h->imm_data;
 		rcqe.wc_flags = VRDMA_WC_WITH_IMM;
 	}
-	count_bytes(r, dd);
+	count_bytes(r, dd, dqp);
 	cq_push(e, dd, rx->cq, &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
 	return RESP_DONE;
 }
@@ -156,6 +159,6 @@ VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, str
 		else
 			copy_segs(&far, 1, r->local, r->nlocal);
 	}
-	count_bytes(r, dd);
+	count_bytes(r, dd, dqp);
 	return RESP_DONE;
 }

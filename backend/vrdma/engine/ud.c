@@ -150,6 +150,7 @@ VRE_FN void ud_send(struct vre_request *r)
 		rcqe.status = rstatus;
 		rcqe.wc_flags = 0;
 		dd->counters.ud_dropped++;
+		dqp->counters.error_cqes++;
 	} else {
 		rcqe.network_hdr_type = network_header(s->grh, sgid, av, (uint32_t)r->len);
 		s->datagram[0] = (struct seg){ .buf = s->grh, .len = VRDMA_GRH_SIZE };
@@ -162,6 +163,8 @@ VRE_FN void ud_send(struct vre_request *r)
 		}
 		r->d->counters.bytes += r->len;
 		dd->counters.bytes += r->len;
+		r->qp->counters.bytes += r->len;
+		dqp->counters.bytes += r->len;
 	}
 	cq_push(e, dd, rx.cq, &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);
 	complete_send(e, r->d, r->qp, h, VRDMA_WC_SUCCESS, (uint32_t)r->len);

@@ -95,6 +95,7 @@ struct vre_qp {
 	uint32_t retry_left;
 	int64_t rnr_until;        /* CLOCK_MONOTONIC ns of the next attempt after an RNR or a timeout; 0: none */
 	uint32_t index;           /* position in the device's active list (VRE_NOT_ACTIVE: an XRC target, no SQ) */
+	struct vre_qp_counters counters;
 };
 
 #define VRE_NOT_ACTIVE UINT32_MAX

@@ -145,6 +145,10 @@ class FakeEngine:
     def qp_state(self, dev: int, slot: int) -> int:
         return self._existing("qp", dev, slot).qp_states[slot]
 
+    def qp_counters(self, dev: int, slot: int) -> dict[str, int]:
+        self._existing("qp", dev, slot)
+        return dict.fromkeys(api.QP_COUNTERS, 0)  # nothing runs here
+
     def destroy_qp(self, dev: int, slot: int) -> None:
         self._destroy("qp", dev, slot)
 

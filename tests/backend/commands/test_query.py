@@ -1,4 +1,5 @@
-"""QUERY_DEVICE, QUERY_PORT and QUERY_COUNTERS, and what the dispatcher refuses before any handler runs."""
+"""QUERY_DEVICE, QUERY_PORT, QUERY_COUNTERS and QUERY_QP_COUNTERS, and what the dispatcher refuses before any handler
+runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from command_helpers import Bystander, Vm, refused
 from vrdma.device import abi
 from vrdma.device.params import DEFAULT_LIMITS, query_fields
 from vrdma.device.status import Status
-from vrdma.engine.api import COUNTERS
+from vrdma.engine.api import COUNTERS, QP_COUNTERS
 
 pytestmark = pytest.mark.backend
 
@@ -46,6 +47,46 @@ def test_query_counters_reports_the_engines_counters(vm0: Vm, bystander: Bystand
     engine = backend.counters("vm0")["engine"]
     assert answer.send_wqes >= 1 and answer.rnr_waits >= 1
     assert all(getattr(answer, name) <= engine[name] for name in COUNTERS)  # counters only grow
+
+
+def wait_for(what: str, check: object) -> None:
+    deadline = time.monotonic() + 10
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)  # the engine runs in the backend process
+
+
+def test_query_qp_counters_reports_each_qps_share(vm0: Vm, bystander: Bystander, backend: BackendProcess) -> None:
+    # One QP's counters, named as the port's counters they are a share of.
+    fields = [name for name, _ in abi.ffi.typeof("struct vrdma_resp_query_qp_counters").fields]
+    assert fields == ["hdr", *QP_COUNTERS] and set(QP_COUNTERS) <= set(COUNTERS)
+    gid = bytes.fromhex("00000000000000000000ffffa9fe6401")
+    pd, cq, qp = vm0.verbs.loopback_qp(gid)
+    idle = vm0.verbs.create_qp(pd, cq, cq)  # a second QP of the same VM, doing nothing
+    mr = vm0.verbs.reg_mr(pd, 8192)
+
+    def qp_counters(which: object) -> object:
+        return vm0.call("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", "vrdma_resp_query_qp_counters",
+                        handle=which.handle)  # type: ignore[attr-defined]
+
+    assert all(getattr(qp_counters(qp), name) == 0 for name in QP_COUNTERS)  # from its creation on
+    vm0.verbs.post_recv(qp, [(mr.addr + 4096, 4096, mr.lkey)], wr_id=7)
+    vm0.verbs.post_send(qp, abi.const("VRDMA_WR_SEND"), [(mr.addr, 3000, mr.lkey)], wr_id=1)
+    vm0.verbs.post_send(qp, abi.const("VRDMA_WR_RDMA_WRITE"), [(mr.addr, 1000, mr.lkey)], wr_id=2,
+                        remote_addr=mr.addr + 4096, rkey=mr.rkey)
+    wait_for("the engine ran both sends", lambda: qp_counters(qp).send_wqes == 2)  # type: ignore[attr-defined]
+    completions: list[object] = []
+    wait_for("the three completions", lambda: completions.extend(vm0.verbs.poll_cq(cq)) or len(completions) == 3)
+    mine = qp_counters(qp)
+    # The SEND and the WRITE, each counted as requester and as responder: the QP is its own peer.
+    assert (mine.send_wqes, mine.recv_wqes, mine.bytes, mine.error_cqes) == (2, 1, 2 * 4000, 0)  # type: ignore
+    port = vm0.call("QUERY_COUNTERS", "vrdma_cmd_query_port", "vrdma_resp_query_counters", port=1)
+    assert all(getattr(mine, name) <= getattr(port, name) for name in QP_COUNTERS)
+    assert all(getattr(qp_counters(idle), name) == 0 for name in QP_COUNTERS)
+    assert refused(lambda: vm0.call("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", "vrdma_resp_query_qp_counters",
+                                    handle=0x7FFF0001)) == Status.INVALID
+    assert refused(lambda: vm0.call("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", "vrdma_resp_query_qp_counters",
+                                    handle=qp.handle, reserved=1)) == Status.INVALID
 
 
 @pytest.mark.parametrize("command", ["QUERY_PORT", "QUERY_COUNTERS"])
