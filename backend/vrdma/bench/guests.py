@@ -33,7 +33,10 @@ LAT_TOOLS = ["ib_write_lat", "ib_send_lat"]
 LAT_ITERATIONS = 300
 REG_MR_SCRIPT = Path(__file__).parents[1] / "harness" / "guest" / "reg_mr.py"
 QP_SCALE_SCRIPT = Path(__file__).parents[1] / "harness" / "guest" / "qp_scale.py"
-UD_ITERATIONS = {"vrdma0": 20000, "rxe0": 2000}
+# Fewer datagrams than ib_send_bw's receive ring (16000): UD has no flow control, so a sender that outruns the
+# receiver's reposting loses datagrams as UD defines, and the server then waits for the missing ones until it gives
+# up (seen once in a TCG guest at 20000: 19104 received).
+UD_ITERATIONS = {"vrdma0": 10000, "rxe0": 2000}
 QP_CREATES = 1000
 CM_CONNECTIONS = 100
 CMTIME_PORT = 7471
