@@ -297,6 +297,7 @@ def seeds() -> dict[str, bytes]:
         o = _objects(s, srq=srq)
         s.cmd("QUERY_QP", "vrdma_cmd_destroy", handle=o["qp"])
         s.cmd("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", handle=o["qp"])
+        s.cmd("ALLOC_MR", "vrdma_cmd_alloc_mr", pd=o["pd"], max_pages=4)  # the kernel's only: refused here
         s.cmd("MODIFY_CQ", "vrdma_cmd_modify_cq", handle=o["cq"], cq_count=4, cq_period=10)
         if srq:
             s.cmd("QUERY_SRQ", "vrdma_cmd_destroy", handle=o["srq"])

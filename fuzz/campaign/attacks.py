@@ -70,6 +70,7 @@ class CommandAttacks(_Attacker):
                cq_period=rng.randrange(100)), 8),
             (c("QUERY_QP", "vrdma_cmd_destroy", seq, handle=rng.choice(any_handle)), 100),
             (c("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", seq, handle=rng.choice(any_handle)), 56),
+            (c("ALLOC_MR", "vrdma_cmd_alloc_mr", seq, pd=s.pd, max_pages=rng.choice([0, 1, 512, 513])), 16),
             (c("MODIFY_QP", "vrdma_cmd_modify_qp", seq, handle=rng.choice(h["qp"]), attr_mask=rng.getrandbits(21),
                attr={"qp_state": rng.randrange(8), "dest_qp_num": v.qp.qpn, "dgid": list(GID["vm1"])}), 8),
             (c("CREATE_SRQ", "vrdma_cmd_create_srq", seq, ucontext=s.verbs.ucontext, pd=s.pd, depth=16, stride=128,

@@ -71,6 +71,13 @@ static void fill_sges(struct in *in, struct vm *vm, struct vrdma_sge *sge, uint3
 }
 
 /* One send WQE at the send queue's producer index. */
+/* The opcodes the device knows (any byte, now and then: unknown ones are refused). */
+static const uint8_t send_opcodes[] = {
+	VRDMA_WR_RDMA_WRITE, VRDMA_WR_RDMA_WRITE_WITH_IMM, VRDMA_WR_SEND, VRDMA_WR_SEND_WITH_IMM, VRDMA_WR_RDMA_READ,
+	VRDMA_WR_ATOMIC_CMP_AND_SWP, VRDMA_WR_ATOMIC_FETCH_AND_ADD, VRDMA_WR_LOCAL_INV, VRDMA_WR_SEND_WITH_INV,
+	VRDMA_WR_REG_MR,
+};
+
 static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 {
 	union {
@@ -85,7 +92,7 @@ static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 
 	memset(&w, 0, sizeof(w));
 	w.s.hdr.wr_id = u16(in);
-	w.s.hdr.opcode = flags & 0x80 ? u8(in) : u8(in) % 7;
+	w.s.hdr.opcode = flags & 0x80 ? u8(in) : send_opcodes[u8(in) % sizeof(send_opcodes)];
 	w.s.hdr.send_flags = u8(in) & 0xf;
 	w.s.hdr.num_sge = (uint8_t)(u8(in) % (qp->cfg.max_send_sge + 2));
 	w.s.hdr.imm_data = u32(in);
@@ -118,6 +125,27 @@ static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 		w.s.hdr.ud.hop_limit = u8(in);
 		w.s.hdr.ud.traffic_class = u8(in);
 		w.s.hdr.ud.flow_label = u32(in);
+	}
+	if (w.s.hdr.opcode == VRDMA_WR_LOCAL_INV || w.s.hdr.opcode == VRDMA_WR_SEND_WITH_INV) {
+		/* The key to invalidate: of an MR of this VM (LOCAL_INV) or the destination's, or anything. */
+		struct mr_rec *inv = pick_mr(w.s.hdr.opcode == VRDMA_WR_LOCAL_INV ? vm : &vms[dest], u8(in));
+
+		w.s.hdr.imm_data = inv && !(flags & 1) ? inv->rkey : u32(in);
+	}
+	if (w.s.hdr.opcode == VRDMA_WR_REG_MR) {
+		/* A fast registration: an MR of this VM by a key of its slot with a new low byte, a page list in guest
+		 * memory (or anywhere), an IOVA, a length and access flags near or past what fits. */
+		struct mr_rec *mr = pick_mr(vm, u8(in));
+		struct vre_pages_desc pages;
+		struct ring_rec rec;
+
+		read_pages(in, vm, 1 + u8(in) % 8, &pages, &rec);
+		w.s.hdr.reg.key = mr && !(flags & 1) ? (mr->lkey & ~0xffu) | u8(in) : u32(in);
+		w.s.hdr.reg.iova = flags & 2 ? u64(in) : (uint64_t)u16(in) << 8;
+		w.s.hdr.reg.length = flags & 4 ? u64(in) : (uint64_t)u16(in) * (1 + u8(in) % 8);
+		w.s.hdr.reg.page_list = pages.addr + (flags & 8 ? u8(in) : 0);
+		w.s.hdr.reg.npages = flags & 16 ? u32(in) : pages.npages;
+		w.s.hdr.reg.access = u8(in) & 0x1f;
 	}
 	if (w.s.hdr.send_flags & VRDMA_SEND_INLINE) {
 		uint32_t len = flags & 4 ? u16(in) : u16(in) % (qp->cfg.max_inline + 1);

@@ -16,6 +16,17 @@ void op_mr_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.pd = u8(in) % 4;
 	c.lkey = key_for(in, slot, vm->lim.max_mr, flags & 1);
 	c.rkey = key_for(in, slot, vm->lim.max_mr, flags & 2);
+	if (flags & 64 && !(flags & 128)) {
+		/* A fast-registration MR: room for pages, nothing mapped (REG_MR work requests map it). */
+		c.rkey = c.lkey;
+		c.max_pages = 1 + u8(in) % 16;
+		ret = vre_mr_create(e, dev, slot, &c);
+		CHECK(ret <= 0);
+		if (ret == 0)
+			vm->mrs[slot] = (struct mr_rec){ .live = true, .lkey = c.lkey, .rkey = c.rkey, .iova = 0,
+							 .length = 0 };
+		return;
+	}
 	c.access = flags & 4 ? u32(in) : u8(in) & 0xf;
 	c.page_offset = flags & 8 ? u16(in) : (u8(in) % 8) * 8;
 	if (flags & 16) {

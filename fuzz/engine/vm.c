@@ -307,9 +307,10 @@ uint64_t pages_for(uint64_t bytes)
 }
 
 /* A key (or QP number) naming `slot` of a table of `table` entries in its low bits, as the model makes them. */
+/* A key naming `slot` as the model makes them (VRDMA_KEY_SLOT_SHIFT), random around it; or anything. */
 uint32_t key_for(struct in *in, uint32_t slot, uint32_t table, bool raw)
 {
-	return raw ? u32(in) : ((uint32_t)u16(in) * table) | (slot & (table - 1));
+	return raw ? u32(in) : (((uint32_t)u16(in) * table) | (slot & (table - 1))) << VRDMA_KEY_SLOT_SHIFT | u8(in);
 }
 
 /* -- GIDs and Q_Keys: small pools, so that a datagram finds a device and a QP as often as it misses ------------- */

@@ -19,7 +19,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 6
+#define VRDMA_ABI_VERSION 7
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */
@@ -46,6 +46,13 @@
  * ever has this key.
  */
 #define VRDMA_LOCAL_DMA_LKEY 0
+
+/*
+ * An MR's keys: the MR's slot in the bits from VRDMA_KEY_SLOT_SHIFT up, random bits above it, and a low byte that is
+ * the consumer's to change for a fast-registration MR (ib_update_fast_reg_key: each REG_MR work request gives the
+ * MR a new key with the same slot bits, so that a stale key stops working).
+ */
+#define VRDMA_KEY_SLOT_SHIFT 8
 
 /* Control commands */
 #define VRDMA_CMD_QUERY_DEVICE 1
@@ -75,6 +82,7 @@
 #define VRDMA_CMD_ALLOC_XRCD 25
 #define VRDMA_CMD_DEALLOC_XRCD 26
 #define VRDMA_CMD_QUERY_QP_COUNTERS 27
+#define VRDMA_CMD_ALLOC_MR 28
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
@@ -113,6 +121,7 @@
 #define VRDMA_ACCESS_REMOTE_WRITE 2
 #define VRDMA_ACCESS_REMOTE_READ 4
 #define VRDMA_ACCESS_REMOTE_ATOMIC 8
+#define VRDMA_ALL_ACCESS 0xf
 
 /* QP types and states, modify masks (the InfiniBand values) */
 #define VRDMA_QPT_GSI 1           /* QP1 of the port: datagrams of the MAD layer (the IB CM's among them) */
@@ -174,6 +183,9 @@
 #define VRDMA_WR_RDMA_READ 4
 #define VRDMA_WR_ATOMIC_CMP_AND_SWP 5
 #define VRDMA_WR_ATOMIC_FETCH_AND_ADD 6
+#define VRDMA_WR_LOCAL_INV 7          /* imm_data: the key of a fast-registration MR of the QP's PD to invalidate */
+#define VRDMA_WR_SEND_WITH_INV 9      /* a SEND; imm_data: the key the responder invalidates (an MR of its PD) */
+#define VRDMA_WR_REG_MR 0x20          /* fast registration: the WQE's reg part maps a fast-registration MR */
 #define VRDMA_SEND_FENCE 1
 #define VRDMA_SEND_SIGNALED 2
 #define VRDMA_SEND_SOLICITED 4
@@ -185,6 +197,7 @@
 #define VRDMA_WC_LOC_QP_OP_ERR 2
 #define VRDMA_WC_LOC_PROT_ERR 4
 #define VRDMA_WC_WR_FLUSH_ERR 5
+#define VRDMA_WC_MW_BIND_ERR 6
 #define VRDMA_WC_LOC_ACCESS_ERR 8
 #define VRDMA_WC_REM_INV_REQ_ERR 9
 #define VRDMA_WC_REM_ACCESS_ERR 10
@@ -198,10 +211,13 @@
 #define VRDMA_WC_OP_RDMA_READ 2
 #define VRDMA_WC_OP_COMP_SWAP 3
 #define VRDMA_WC_OP_FETCH_ADD 4
+#define VRDMA_WC_OP_LOCAL_INV 6
+#define VRDMA_WC_OP_REG_MR 8
 #define VRDMA_WC_OP_RECV 128
 #define VRDMA_WC_OP_RECV_RDMA_WITH_IMM 129
 #define VRDMA_WC_GRH 1
 #define VRDMA_WC_WITH_IMM 2
+#define VRDMA_WC_WITH_INV 4       /* a SEND_WITH_INV arrived: imm_data holds the key it invalidated */
 
 /*
  * A context's doorbell page (a user context's, or the kernel's): 32-bit slots. Slot 0 is the device's: nonzero while its data engine is parked,
@@ -327,7 +343,7 @@ struct vrdma_resp_query_device {
 	__le32 max_srq_sge;
 	__le32 max_ah;
 	__le32 max_inline_data;
-	__le32 reserved;
+	__le32 max_fast_reg_pages;  /* pages a fast-registration MR maps at most (ALLOC_MR, REG_MR work requests) */
 };
 
 struct vrdma_cmd_query_port {
@@ -452,6 +468,23 @@ struct vrdma_cmd_reg_mr {
 	__le32 page_offset;       /* offset of the first byte in the first page */
 	__le32 reserved;
 	struct vrdma_page_list pages;
+};
+
+/*
+ * ALLOC_MR: a fast-registration MR of a PD, with room for max_pages pages and nothing mapped: REG_MR work requests
+ * map it (and give it a new key each time), LOCAL_INV and SEND_WITH_INV work requests unmap it; DEREG_MR frees it.
+ * Its lkey and rkey are one key.
+ */
+struct vrdma_cmd_alloc_mr {
+	struct vrdma_cmd_hdr hdr;
+	__le32 pd;
+	__le32 max_pages;         /* 1 .. max_fast_reg_pages */
+};
+
+struct vrdma_resp_alloc_mr {
+	struct vrdma_resp_hdr hdr;
+	__le32 handle;
+	__le32 key;
 };
 
 struct vrdma_resp_reg_mr {
@@ -660,6 +693,15 @@ struct vrdma_send_wqe {
 			__le32 reserved1[3];
 		};
 		struct vrdma_ud_av ud;    /* UD and GSI */
+		struct {          /* REG_MR: map the fast-registration MR whose slot `key` names */
+			__le64 iova;      /* its first byte's address; the first page's offset is iova's */
+			__le64 length;
+			__le64 page_list; /* guest-physical address of npages __le64 page addresses, inside one page */
+			__le32 key;       /* its new lkey and rkey: the same slot bits, a new low byte */
+			__le32 access;    /* VRDMA_ACCESS_* */
+			__le32 npages;    /* 4 KiB pages, 1 .. the MR's max_pages */
+			__le32 reserved2;
+		} reg;
 	};
 };
 
@@ -723,6 +765,8 @@ VRDMA_ASSERT_SIZE(vrdma_cmd_query_port, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_port, 40);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 104);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_qp_counters, 56);
+VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_mr, 16);
+VRDMA_ASSERT_SIZE(vrdma_resp_alloc_mr, 16);
 VRDMA_ASSERT_SIZE(vrdma_event, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_add_gid, 32);
 VRDMA_ASSERT_SIZE(vrdma_cmd_del_gid, 16);

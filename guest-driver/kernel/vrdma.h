@@ -104,6 +104,10 @@ struct vrdma_mr {
 	u32 handle;
 	struct ib_umem *umem;
 	bool dma;			/* get_dma_mr's: the local DMA lkey, no device object */
+	/* A fast-registration MR (alloc_mr): the page list ib_map_mr_sg fills and REG_MR work requests name. */
+	__le64 *pages;
+	u32 npages;
+	u32 max_pages;
 };
 
 /* A kernel consumer's ring: kernel pages the device reads and writes (vrdma_kqueue.c). */
@@ -228,6 +232,8 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 v
 				struct ib_udata *udata);
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access);
+struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_num_sg);
+int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents, unsigned int *sg_offset);
 int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, struct ib_udata *udata);
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int vrdma_modify_cq(struct ib_cq *ibcq, u16 cq_count, u16 cq_period);

@@ -16,8 +16,9 @@
 
 /* The kernel's verbs values are the device's for everything posted and completed here. */
 static_assert(IB_WR_RDMA_WRITE == VRDMA_WR_RDMA_WRITE && IB_WR_SEND_WITH_IMM == VRDMA_WR_SEND_WITH_IMM &&
-	      IB_WR_RDMA_READ == VRDMA_WR_RDMA_READ && IB_WR_ATOMIC_FETCH_AND_ADD == VRDMA_WR_ATOMIC_FETCH_AND_ADD,
-	      "work request opcodes are the IB values");
+	      IB_WR_RDMA_READ == VRDMA_WR_RDMA_READ && IB_WR_ATOMIC_FETCH_AND_ADD == VRDMA_WR_ATOMIC_FETCH_AND_ADD &&
+	      IB_WR_LOCAL_INV == VRDMA_WR_LOCAL_INV && IB_WR_SEND_WITH_INV == VRDMA_WR_SEND_WITH_INV &&
+	      IB_WR_REG_MR == VRDMA_WR_REG_MR, "work request opcodes are the IB values");
 static_assert(IB_SEND_SIGNALED == VRDMA_SEND_SIGNALED && IB_SEND_SOLICITED == VRDMA_SEND_SOLICITED &&
 	      IB_SEND_FENCE == VRDMA_SEND_FENCE, "send flags are the IB values");
 static_assert(IB_WC_SUCCESS == VRDMA_WC_SUCCESS && IB_WC_WR_FLUSH_ERR == VRDMA_WC_WR_FLUSH_ERR &&
@@ -25,7 +26,9 @@ static_assert(IB_WC_SUCCESS == VRDMA_WC_SUCCESS && IB_WC_WR_FLUSH_ERR == VRDMA_W
 	      "completion statuses are the IB values");
 static_assert(IB_WC_RECV == VRDMA_WC_OP_RECV && IB_WC_RECV_RDMA_WITH_IMM == VRDMA_WC_OP_RECV_RDMA_WITH_IMM &&
 	      IB_WC_FETCH_ADD == VRDMA_WC_OP_FETCH_ADD && IB_WC_WITH_IMM == VRDMA_WC_WITH_IMM &&
-	      IB_WC_GRH == VRDMA_WC_GRH, "completion opcodes and flags are the IB values");
+	      IB_WC_GRH == VRDMA_WC_GRH && IB_WC_LOCAL_INV == VRDMA_WC_OP_LOCAL_INV &&
+	      IB_WC_REG_MR == VRDMA_WC_OP_REG_MR && IB_WC_WITH_INVALIDATE == VRDMA_WC_WITH_INV &&
+	      IB_WC_MW_BIND_ERR == VRDMA_WC_MW_BIND_ERR, "completion opcodes and flags are the IB values");
 static_assert(RDMA_NETWORK_ROCE_V1 == VRDMA_NETWORK_ROCE_V1 && RDMA_NETWORK_IPV4 == VRDMA_NETWORK_IPV4 &&
 	      RDMA_NETWORK_IPV6 == VRDMA_NETWORK_IPV6, "network header types are the kernel's");
 
@@ -127,10 +130,13 @@ static void vrdma_kcq_wc(struct vrdma_dev *dev, const struct vrdma_cqe *cqe, str
 	wc->vendor_err = cqe->status;
 	wc->opcode = cqe->opcode;
 	wc->byte_len = le32_to_cpu(cqe->byte_len);
-	wc->ex.imm_data = (__force __be32)cqe->imm_data;  /* carried as posted: network order */
+	if (cqe->wc_flags & VRDMA_WC_WITH_INV)
+		wc->ex.invalidate_rkey = le32_to_cpu(cqe->imm_data);  /* the key the sender invalidated here */
+	else
+		wc->ex.imm_data = (__force __be32)cqe->imm_data;  /* carried as posted: network order */
 	wc->qp = vrdma_kqp_by_qpn(dev, le32_to_cpu(cqe->qp_num));
 	wc->src_qp = le32_to_cpu(cqe->src_qp);
-	wc->wc_flags = cqe->wc_flags & (VRDMA_WC_WITH_IMM | VRDMA_WC_GRH);
+	wc->wc_flags = cqe->wc_flags & (VRDMA_WC_WITH_IMM | VRDMA_WC_GRH | VRDMA_WC_WITH_INV);
 	if (cqe->network_hdr_type) {
 		/* A datagram: the 40 bytes ahead of its payload are this network header (ib_init_ah_attr_from_wc). */
 		wc->network_hdr_type = cqe->network_hdr_type;
@@ -312,8 +318,8 @@ static int vrdma_kqp_write_send(struct vrdma_qp *qp, const struct ib_send_wr *wr
 	u32 i, len = 0;
 
 	memset(wqe, 0, sizeof(*wqe));
-	if (qp->ibqp.qp_type == IB_QPT_UC && wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM &&
-	    wr->opcode != IB_WR_RDMA_WRITE && wr->opcode != IB_WR_RDMA_WRITE_WITH_IMM)
+	if (qp->ibqp.qp_type == IB_QPT_UC && (wr->opcode == IB_WR_RDMA_READ || wr->opcode == IB_WR_ATOMIC_CMP_AND_SWP ||
+					      wr->opcode == IB_WR_ATOMIC_FETCH_AND_ADD))
 		return -EINVAL;  /* UC has no responses: no READ, no atomics */
 	if (qp->ibqp.qp_type == IB_QPT_UD || qp->ibqp.qp_type == IB_QPT_GSI) {
 		/* A datagram: its address vector goes with it (the device routes by it; no AH is a device object). */
@@ -340,8 +346,27 @@ static int vrdma_kqp_write_send(struct vrdma_qp *qp, const struct ib_send_wr *wr
 	case IB_WR_SEND:
 	case IB_WR_SEND_WITH_IMM:
 		break;
+	case IB_WR_SEND_WITH_INV:
+	case IB_WR_LOCAL_INV:
+		wqe->imm_data = cpu_to_le32(wr->ex.invalidate_rkey);
+		break;
+	case IB_WR_REG_MR: {
+		const struct ib_reg_wr *reg = reg_wr(wr);
+		struct vrdma_mr *mr = container_of(reg->mr, struct vrdma_mr, ibmr);
+
+		if (!mr->pages)
+			return -EINVAL;  /* not a fast-registration MR */
+		/* The device reads the page list when it executes this: the MR is not mapped again before. */
+		wqe->reg.iova = cpu_to_le64(mr->ibmr.iova);
+		wqe->reg.length = cpu_to_le64(mr->ibmr.length);
+		wqe->reg.page_list = cpu_to_le64(virt_to_phys(mr->pages));
+		wqe->reg.key = cpu_to_le32(reg->key);
+		wqe->reg.access = cpu_to_le32(reg->access & VRDMA_ALL_ACCESS);
+		wqe->reg.npages = cpu_to_le32(mr->npages);
+		break;
+	}
 	default:
-		return -EINVAL;  /* not an operation of the device (yet): fast registration, invalidation */
+		return -EINVAL;  /* not an operation of the device (yet): memory windows */
 	}
 	wqe->wr_id = cpu_to_le64(wr->wr_id);
 	wqe->opcode = wr->opcode;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Memory regions: a user buffer pinned and registered with the device, which translates its pages once.
+ * Memory regions: a user buffer pinned and registered with the device, which translates its pages once; the
+ * kernel's DMA MR (the local DMA lkey); and fast-registration MRs, which the kernel's RDMA users map with REG_MR
+ * work requests (vrdma_kqueue.c) after ib_map_mr_sg filled their page list.
  */
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -12,7 +14,8 @@
 #define VRDMA_MR_ACCESS (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ | \
 			 IB_ACCESS_REMOTE_ATOMIC)
 
-static_assert(IB_ACCESS_REMOTE_ATOMIC == VRDMA_ACCESS_REMOTE_ATOMIC, "access flags are the IB values");
+static_assert(IB_ACCESS_REMOTE_ATOMIC == VRDMA_ACCESS_REMOTE_ATOMIC && VRDMA_MR_ACCESS == VRDMA_ALL_ACCESS,
+	      "access flags are the IB values");
 
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
 				struct ib_udata *udata)
@@ -66,9 +69,71 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	ret = vrdma_destroy_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, mr->handle);
 	if (ret)
 		return ret;
-	ib_umem_release(mr->umem);
+	ib_umem_release(mr->umem);  /* (none for a fast-registration MR) */
+	kfree(mr->pages);
 	kfree(mr);
 	return 0;
+}
+
+/*
+ * A fast-registration MR (IB_MR_TYPE_MEM_REG): the device's MR of the PD with room for max_num_sg pages, nothing
+ * mapped, one key for lkey and rkey. Its page list is a physically contiguous kernel buffer of guest-physical page
+ * addresses: the device reads it when it executes the REG_MR work request that names it.
+ */
+struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_num_sg)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_cmd_alloc_mr cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_ALLOC_MR),
+					  .pd = cpu_to_le32(container_of(ibpd, struct vrdma_pd, ibpd)->handle),
+					  .max_pages = cpu_to_le32(max_num_sg) };
+	struct vrdma_resp_alloc_mr resp;
+	struct vrdma_mr *mr;
+	int ret;
+
+	if (type != IB_MR_TYPE_MEM_REG)
+		return ERR_PTR(-EOPNOTSUPP);  /* no SG_GAPS or integrity MRs */
+	if (!max_num_sg || max_num_sg > le32_to_cpu(dev->attr.max_fast_reg_pages))
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->pages = kcalloc(max_num_sg, sizeof(*mr->pages), GFP_KERNEL);
+	if (!mr->pages) {
+		ret = -ENOMEM;
+		goto err_free;
+	}
+	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		goto err_free;
+	mr->handle = le32_to_cpu(resp.handle);
+	mr->ibmr.lkey = mr->ibmr.rkey = le32_to_cpu(resp.key);
+	mr->max_pages = max_num_sg;
+	return &mr->ibmr;
+
+err_free:
+	kfree(mr->pages);
+	kfree(mr);
+	return ERR_PTR(ret);
+}
+
+static int vrdma_set_page(struct ib_mr *ibmr, u64 addr)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+
+	if (mr->npages == mr->max_pages)
+		return -ENOMEM;
+	mr->pages[mr->npages++] = cpu_to_le64(addr);  /* a DMA address: guest-physical (no IOMMU: vrdma_kqueue.c) */
+	return 0;
+}
+
+int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents, unsigned int *sg_offset)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+
+	if (!mr->pages || ibmr->page_size != VRDMA_PAGE_SIZE)
+		return -EINVAL;  /* the device maps 4 KiB pages */
+	mr->npages = 0;
+	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vrdma_set_page);
 }
 
 /*

@@ -48,6 +48,9 @@ static int vrdma_query_device(struct ib_device *ibdev, struct ib_device_attr *at
 	attr->max_pkeys = 1;
 	attr->kernel_cap_flags = IBK_LOCAL_DMA_LKEY;  /* kernel PDs use it: no DMA MR per PD */
 	attr->device_cap_flags = IB_DEVICE_XRC;
+	attr->max_fast_reg_page_list_len = le32_to_cpu(a->max_fast_reg_pages);
+	if (attr->max_fast_reg_page_list_len)  /* fast registration, local and remote invalidation */
+		attr->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 	attr->atomic_cap = IB_ATOMIC_HCA;	/* the engine does atomics with host atomics: one coherent view */
 	attr->local_ca_ack_delay = 15;
 	return 0;
@@ -343,6 +346,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 
 	.add_gid = vrdma_add_gid,
 	.alloc_hw_port_stats = vrdma_alloc_hw_port_stats,
+	.alloc_mr = vrdma_alloc_mr,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.alloc_xrcd = vrdma_alloc_xrcd,
@@ -370,6 +374,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.get_hw_stats = vrdma_get_hw_stats,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
+	.map_mr_sg = vrdma_map_mr_sg,
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
 	.modify_cq = vrdma_modify_cq,

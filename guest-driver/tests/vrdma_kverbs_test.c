@@ -12,6 +12,9 @@
  * waits for the SRQ-limit event the last receive raises. With await_loss=SECONDS it then posts `messages` receives
  * that no message will match, logs "waiting for the device to be lost", and loads only if, within that time, the
  * device is lost and every one of them completes with IB_WC_WR_FLUSH_ERR, as does a send posted after that.
+ * With frwr=1 it then registers a DMA-mapped buffer by fast registration (ib_alloc_mr, ib_map_mr_sg, IB_WR_REG_MR
+ * with a new key), RDMA-writes the messages into it and reads them back through that key, invalidates it
+ * (IB_WR_LOCAL_INV), and checks that a write with the invalidated key fails with IB_WC_REM_ACCESS_ERR.
  */
 #include <linux/completion.h>
 #include <linux/dma-mapping.h>
@@ -32,6 +35,9 @@ MODULE_PARM_DESC(size, "bytes per message (1..65536, default 5000: spans pages)"
 static bool srq;
 module_param(srq, bool, 0444);
 MODULE_PARM_DESC(srq, "receive through a shared receive queue (default no)");
+static bool frwr;
+module_param(frwr, bool, 0444);
+MODULE_PARM_DESC(frwr, "then fast registration, RDMA through its key, local invalidation (default no)");
 static uint await_loss;
 module_param(await_loss, uint, 0444);
 MODULE_PARM_DESC(await_loss, "then wait this many seconds for the device's loss to flush posted receives (0: no)");
@@ -109,7 +115,7 @@ static int kv_connect(struct kv_test *t)
 	attr.qp_state = IB_QPS_INIT;
 	attr.pkey_index = 0;
 	attr.port_num = 1;
-	attr.qp_access_flags = IB_ACCESS_LOCAL_WRITE;
+	attr.qp_access_flags = IB_ACCESS_LOCAL_WRITE | (frwr ? IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ : 0);
 	ret = ib_modify_qp(t->qp, &attr, IB_QP_STATE | IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS);
 	if (ret)
 		return ret;
@@ -402,6 +408,123 @@ static int kv_await_loss(struct kv_test *t)
 	return ret;
 }
 
+/* The next completion, waiting on the completion handler (re-armed, missed events reported), or -ETIMEDOUT. */
+static int kv_next_wc(struct kv_test *t, struct ib_wc *wc)
+{
+	unsigned long deadline = jiffies + TIMEOUT;
+
+	for (;;) {
+		if (ib_poll_cq(t->cq, 1, wc) > 0)
+			return 0;
+		if (ib_req_notify_cq(t->cq, IB_CQ_NEXT_COMP | IB_CQ_REPORT_MISSED_EVENTS) > 0)
+			continue;
+		if (time_after(jiffies, deadline) ||
+		    !wait_for_completion_timeout(&t->event, max_t(long, deadline - jiffies, 1)))
+			return -ETIMEDOUT;
+	}
+}
+
+static int kv_expect(struct kv_test *t, u64 wr_id, enum ib_wc_opcode opcode, enum ib_wc_status status)
+{
+	struct ib_wc wc;
+	int ret = kv_next_wc(t, &wc);
+
+	if (ret) {
+		pr_err("vrdma_kverbs_test: frwr: no completion for %#llx\n", wr_id);
+		return ret;
+	}
+	if (wc.wr_id != wr_id || wc.status != status || (status == IB_WC_SUCCESS && wc.opcode != opcode)) {
+		pr_err("vrdma_kverbs_test: frwr: completion %#llx opcode %d status %d (%s), expected %#llx opcode %d status %d\n",
+		       wc.wr_id, wc.opcode, wc.status, ib_wc_status_msg(wc.status), wr_id, opcode, status);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* frwr=1: fast registration of a buffer, RDMA through its key, local invalidation, the stale key refused. */
+static int kv_frwr(struct kv_test *t)
+{
+	size_t len = (size_t)messages * size;
+	u32 npages = DIV_ROUND_UP(len, PAGE_SIZE) + 1;  /* one more: the buffer may start inside a page */
+	const struct ib_send_wr *bad;
+	struct scatterlist sg;
+	struct ib_sge wsge = { .addr = t->send_dma, .length = len, .lkey = t->pd->local_dma_lkey };
+	struct ib_sge rsge = { .addr = t->recv_dma, .length = len, .lkey = t->pd->local_dma_lkey };
+	struct ib_reg_wr reg = { .wr = { .wr_id = 0x40000, .opcode = IB_WR_REG_MR, .send_flags = IB_SEND_SIGNALED },
+				 .access = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ };
+	struct ib_rdma_wr write = { .wr = { .wr_id = 0x40001, .opcode = IB_WR_RDMA_WRITE, .sg_list = &wsge,
+					    .num_sge = 1, .send_flags = IB_SEND_SIGNALED } };
+	struct ib_rdma_wr read = { .wr = { .wr_id = 0x40002, .opcode = IB_WR_RDMA_READ, .sg_list = &rsge,
+					   .num_sge = 1, .send_flags = IB_SEND_SIGNALED } };
+	struct ib_send_wr inv = { .wr_id = 0x40003, .opcode = IB_WR_LOCAL_INV, .send_flags = IB_SEND_SIGNALED };
+	struct ib_mr *mr;
+	u8 *buf;
+	int ret, n;
+
+	if (npages > t->ibdev->attrs.max_fast_reg_page_list_len) {
+		pr_err("vrdma_kverbs_test: frwr: %zu bytes need %u pages, the device maps %u\n", len, npages,
+		       t->ibdev->attrs.max_fast_reg_page_list_len);
+		return -EINVAL;
+	}
+	buf = kzalloc(len, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	sg_init_one(&sg, buf, len);
+	ret = -ENOMEM;
+	if (ib_dma_map_sg(t->ibdev, &sg, 1, DMA_BIDIRECTIONAL) != 1)
+		goto out_free;
+	mr = ib_alloc_mr(t->pd, IB_MR_TYPE_MEM_REG, npages);
+	if (IS_ERR(mr)) {
+		ret = PTR_ERR(mr);
+		goto out_unmap;
+	}
+	n = ib_map_mr_sg(mr, &sg, 1, NULL, PAGE_SIZE);
+	if (n != 1) {
+		pr_err("vrdma_kverbs_test: frwr: ib_map_mr_sg mapped %d of 1\n", n);
+		ret = n < 0 ? n : -EIO;
+		goto out_mr;
+	}
+	ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));
+	reg.mr = mr;
+	reg.key = mr->rkey;
+	write.remote_addr = read.remote_addr = mr->iova;
+	write.rkey = read.rkey = mr->rkey;
+	inv.ex.invalidate_rkey = mr->rkey;
+	reg.wr.next = &write.wr;
+	write.wr.next = &read.wr;
+	read.wr.next = &inv;
+	memset(t->recv_buf, 0, len);
+	ib_dma_sync_single_for_device(t->ibdev, t->recv_dma, len, DMA_FROM_DEVICE);
+	ret = ib_post_send(t->qp, &reg.wr, &bad) ?:
+	      kv_expect(t, 0x40000, IB_WC_REG_MR, IB_WC_SUCCESS) ?:
+	      kv_expect(t, 0x40001, IB_WC_RDMA_WRITE, IB_WC_SUCCESS) ?:
+	      kv_expect(t, 0x40002, IB_WC_RDMA_READ, IB_WC_SUCCESS) ?:
+	      kv_expect(t, 0x40003, IB_WC_LOCAL_INV, IB_WC_SUCCESS);
+	if (ret)
+		goto out_mr;
+	dma_sync_sg_for_cpu(t->ibdev->dma_device, &sg, 1, DMA_BIDIRECTIONAL);
+	ib_dma_sync_single_for_cpu(t->ibdev, t->recv_dma, len, DMA_FROM_DEVICE);
+	if (memcmp(buf, t->send_buf, len) || memcmp(t->recv_buf, t->send_buf, len)) {
+		pr_err("vrdma_kverbs_test: frwr: the bytes written through the key, or read back, differ\n");
+		ret = -EIO;
+		goto out_mr;
+	}
+	/* The key is gone with the invalidation: a write through it is a remote access error. */
+	write.wr.wr_id = 0x40004;
+	write.wr.next = NULL;
+	ret = ib_post_send(t->qp, &write.wr, &bad) ?: kv_expect(t, 0x40004, 0, IB_WC_REM_ACCESS_ERR);
+	if (!ret)
+		pr_info("vrdma_kverbs_test: %s: fast registration of %u pages (key %#x): %zu bytes written and read back through it, invalidated, the stale key refused\n",
+			device, npages, mr->rkey, len);
+out_mr:
+	ib_dereg_mr(mr);
+out_unmap:
+	ib_dma_unmap_sg(t->ibdev, &sg, 1, DMA_BIDIRECTIONAL);
+out_free:
+	kfree(buf);
+	return ret;
+}
+
 static void kv_teardown(struct kv_test *t)
 {
 	size_t send_len = (size_t)messages * size + INLINE_LEN, recv_len = (size_t)(messages + 1) * size;
@@ -427,8 +550,8 @@ static int __init kv_init(void)
 	struct kv_test *t;
 	int ret;
 
-	if (!messages || messages > 256 || !size || size > 65536 || await_loss > 3600 || (await_loss && srq)) {
-		pr_err("vrdma_kverbs_test: messages must be 1..256, size 1..65536, await_loss 0..3600 and not with srq\n");
+	if (!messages || messages > 256 || !size || size > 65536 || await_loss > 3600 || (await_loss && (srq || frwr))) {
+		pr_err("vrdma_kverbs_test: messages must be 1..256, size 1..65536, await_loss 0..3600 and alone\n");
 		return -EINVAL;
 	}
 	t = kzalloc(sizeof(*t), GFP_KERNEL);
@@ -443,6 +566,8 @@ static int __init kv_init(void)
 		return -ENODEV;
 	}
 	ret = kv_run(t);
+	if (!ret && frwr)
+		ret = kv_frwr(t);
 	if (!ret && await_loss)
 		ret = kv_await_loss(t);
 	kv_teardown(t);

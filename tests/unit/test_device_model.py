@@ -148,9 +148,10 @@ def test_an_mr_key_names_its_engine_slot_and_the_engine_gets_the_checked_page_li
     ctx = driver.ucontext()
     pd = driver.pd(ctx.handle)
     mr = driver.mr(pd.handle, length=3 * PAGE)
-    slot_mask = DEFAULT_LIMITS.max_mr - 1
-    assert mr.lkey != mr.rkey and mr.lkey & slot_mask == mr.rkey & slot_mask == mr.handle & slot_mask
-    created = engine.devices[0].objects["mr"][mr.lkey & slot_mask]  # type: ignore[union-attr]
+    slot_mask, shift = DEFAULT_LIMITS.max_mr - 1, abi.const("VRDMA_KEY_SLOT_SHIFT")
+    assert mr.lkey != mr.rkey and (mr.lkey >> shift) & slot_mask == (mr.rkey >> shift) & slot_mask == \
+        mr.handle & slot_mask
+    created = engine.devices[0].objects["mr"][(mr.lkey >> shift) & slot_mask]  # type: ignore[union-attr]
     assert created["pages"] == {"addr": PAGE, "npages": 3, "levels": 1} and created["length"] == 3 * PAGE
     driver.mr(pd.handle, access=abi.const("VRDMA_ACCESS_REMOTE_WRITE"), expect=Status.INVALID)
     driver.mr(pd.handle, length=DEFAULT_LIMITS.max_mr_size + 1, expect=Status.INVALID)

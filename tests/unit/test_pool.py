@@ -34,12 +34,13 @@ def test_handle_pools_stay_bounded_however_many_objects_come_and_go() -> None:
     assert len({table.add(i) for i in range(512)} | set(held)) == 1024 and table.full()
 
 
-def test_keys_carry_the_slot_and_differ_above_it() -> None:
+def test_keys_carry_the_slot_above_their_low_byte_and_differ_around_it() -> None:
     pool: Pool[str] = Pool("mr", 4096)
     handle = pool.add("mr")
     slot = pool.slot(handle)
     keys = {pool.key(slot) for _ in range(64)}
-    assert all(key & 4095 == slot for key in keys) and len(keys) > 60
+    assert all((key >> 8) & 4095 == slot for key in keys) and len(keys) > 60
+    assert len({key & 0xFF for key in keys}) > 16 and len({key >> 20 for key in keys}) > 16
     lkey = pool.key(slot)
     assert pool.key(slot, avoid=lkey) != lkey
 
@@ -47,11 +48,11 @@ def test_keys_carry_the_slot_and_differ_above_it() -> None:
 def test_no_key_is_the_local_dma_lkey(monkeypatch: pytest.MonkeyPatch) -> None:
     """Slot 0 with random bits 0 would be key 0, the local DMA lkey (it names guest RAM in the kernel's work
     requests, never an MR): the pool draws again."""
-    draws = iter([0, 0, 5])
+    draws = iter([0, 0, 5, 7])  # (high bits, low byte) of each try
     monkeypatch.setattr(pool_module.secrets, "randbits", lambda bits: next(draws))
     pool: Pool[str] = Pool("mr", 4096)
     assert RESERVED_KEY == abi.const("VRDMA_LOCAL_DMA_LKEY") == 0
-    assert pool.key(0) == 5 << 12
+    assert pool.key(0) == 5 << 20 | 7
 
 
 def test_free_slots_come_back_lowest_first_only_once_given() -> None:

@@ -1,6 +1,7 @@
 """Kernel consumers in a guest: vrdma_kverbs_test.ko (guest-driver/tests) uses the kernel verbs API on vrdma0 (a PD
 with the local DMA lkey, a CQ with a completion handler, an RC QP posted to and polled with no command, and with
-srq=1 a shared receive queue and its limit event) and loads only if every completion and every byte was right."""
+srq=1 a shared receive queue and its limit event, with frwr=1 fast registration, RDMA through the key it gives,
+and local invalidation) and loads only if every completion and every byte was right."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def guest(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield cluster
 
 
-@pytest.mark.parametrize("params", [(), ("messages=8", "size=65536"), ("srq=1",)],
-                         ids=["64 x 5000 B", "8 x 64 KiB", "64 x 5000 B through an SRQ"])
+@pytest.mark.parametrize("params", [(), ("messages=8", "size=65536"), ("srq=1",), ("frwr=1",)],
+                         ids=["64 x 5000 B", "8 x 64 KiB", "64 x 5000 B through an SRQ",
+                              "then fast registration and invalidation"])
 def test_the_kernel_verbs_test_module_moves_its_data_checked(guest: Cluster, params: tuple[str, ...]) -> None:
     vm = guest[0]
     assert guest.backend is not None
@@ -38,9 +40,13 @@ def test_the_kernel_verbs_test_module_moves_its_data_checked(guest: Cluster, par
                       rf"inline sent, received and checked; (\d+) completion events{through_srq}$", log, re.M)
     assert found, log
     assert int(found.group(1)) >= 1  # the completion handler ran: the CQ was armed and the device raised events
+    if "frwr=1" in params:
+        assert re.search(rf"vrdma0: fast registration of \d+ pages \(key 0x[0-9a-f]+\): {messages * size} bytes "
+                         r"written and read back through it, invalidated, the stale key refused", log), log
     vm.run(["rmmod", "vrdma_kverbs_test"]).check("rmmod vrdma_kverbs_test")
     after = vm_counters(guest.backend, "vm0")
     # The data went through the device's engine (not around it), and the module left no object behind.
     assert after["engine"]["bytes"] - before["engine"]["bytes"] >= messages * size + 48
-    assert after["engine"]["error_cqes"] == before["engine"]["error_cqes"]
+    # (frwr=1 ends with its one intended error: a write through the invalidated key)
+    assert after["engine"]["error_cqes"] - before["engine"]["error_cqes"] == ("frwr=1" in params)
     assert after["objects"] == before["objects"]

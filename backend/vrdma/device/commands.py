@@ -128,6 +128,10 @@ def _reg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.lkey, response.rkey = objs.mrs.register(request)
 
 
+def _alloc_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.key = objs.mrs.allocate(request)
+
+
 def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.db_index = objs.cqs.create(request)
 
@@ -196,6 +200,7 @@ COMMANDS: dict[int, Command] = dict([
     _command("ALLOC_XRCD", "vrdma_cmd_alloc_xrcd", "vrdma_resp_alloc_xrcd", _alloc_xrcd),
     _destroy("DEALLOC_XRCD", lambda o: o.xrcds.dealloc),
     _command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
+    _command("ALLOC_MR", "vrdma_cmd_alloc_mr", "vrdma_resp_alloc_mr", _alloc_mr),
     _destroy("DEREG_MR", lambda o: o.mrs.deregister),
     _command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", _create_cq),
     _destroy("DESTROY_CQ", lambda o: o.cqs.destroy),

@@ -41,6 +41,7 @@ class CommandOpcode(IntEnum):
     ALLOC_XRCD = 25
     DEALLOC_XRCD = 26
     QUERY_QP_COUNTERS = 27
+    ALLOC_MR = 28
 
 
 class EventType(IntEnum):

@@ -42,7 +42,7 @@ class DeviceObjects:
         self.gids = GidTable(owner, limits.gid_table_len, seat)
         self.ucontexts = UserContexts(limits.doorbell_pages, set_alive)
         self.pds = ProtectionDomains(limits.max_pd, self.ucontexts)
-        self.mrs = MemoryRegions(seat, limits.max_mr, limits.max_mr_size, self.pds)
+        self.mrs = MemoryRegions(seat, limits.max_mr, limits.max_mr_size, limits.max_fast_reg_pages, self.pds)
         self.cqs = CompletionQueues(seat, limits.max_cq, limits.max_cqe, self.ucontexts)
         self.xrcds = XrcDomains(limits.max_xrcd)
         self.srqs = SharedReceiveQueues(seat, limits.max_srq, limits.max_srq_wr, limits.max_srq_sge, self.ucontexts,

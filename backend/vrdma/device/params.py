@@ -37,6 +37,9 @@ class DeviceLimits:
     max_cq: int = _limit(32768, config=True, query=True, engine="max_cq")
     max_cqe: int = _limit(65536, config=True, query=True, engine="max_cqe")
     max_mr: int = _limit(4096, config=True, query=True, engine="max_mr")
+    # Pages one fast-registration MR maps (one page-list page of 512, 2 MiB in 4 KiB pages): ULPs register each I/O's
+    # pages with REG_MR work requests (nvme-rdma asks for up to 256, xprtrdma and iSER fewer).
+    max_fast_reg_pages: int = _limit(512, query=True)
     # Two levels of page-list pages: 512 * 512 pages of 4 KiB (the engine gets it in pages: engine_limits).
     max_mr_size: int = _limit(1 * GIB, config=True, query=True)
     # Pages translated for all of one VM's MRs and rings together (an HCA's translation-table size): 16 GiB

@@ -23,6 +23,7 @@ T = TypeVar("T")
 HANDLE_BITS = 32
 KEY_BITS = 32
 RESERVED_KEY = abi.const("VRDMA_LOCAL_DMA_LKEY")
+KEY_SLOT_SHIFT = abi.const("VRDMA_KEY_SLOT_SHIFT")
 
 
 class WireNumbers:
@@ -112,9 +113,12 @@ class Pool(Generic[T]):
         self.objects.clear()
 
     def key(self, slot: int, avoid: int = -1) -> int:
-        """A key naming ``slot``: random bits above the slot bits, so that one key does not reveal another. Never
+        """A key naming ``slot`` (an MR's): the slot from bit KEY_SLOT_SHIFT up, random bits above it and in the
+        low byte (which a fast-registration MR's consumer changes), so that one key does not reveal another. Never
         ``avoid`` and never RESERVED_KEY (the local DMA lkey, which names no object)."""
+        high = KEY_BITS - KEY_SLOT_SHIFT - self.slot_bits
         while True:
-            key = (secrets.randbits(KEY_BITS - self.slot_bits) << self.slot_bits) | slot
+            key = (secrets.randbits(high) << (KEY_SLOT_SHIFT + self.slot_bits) | slot << KEY_SLOT_SHIFT |
+                   secrets.randbits(KEY_SLOT_SHIFT))
             if key not in (avoid, RESERVED_KEY):
                 return key

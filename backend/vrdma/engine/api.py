@@ -11,7 +11,7 @@ This module imports no C: importing it costs nothing and needs no build.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict
 
 from vrdma.errors import VrdmaError
 
@@ -69,6 +69,7 @@ class MrConfig(TypedDict):
     iova: int
     length: int
     pages: PagesDesc
+    max_pages: NotRequired[int]  # a fast-registration MR: room for this many pages, nothing mapped
 
 
 class CqConfig(TypedDict):

@@ -72,6 +72,10 @@ struct vre_mr_config {
 	uint64_t iova;
 	uint64_t length;
 	struct vre_pages_desc pages;
+	/* Nonzero: a fast-registration MR (ALLOC_MR) with room for this many pages, nothing mapped (no pages, no
+	 * length) until a REG_MR work request of its PD maps it. */
+	uint32_t max_pages;
+	uint32_t reserved;
 };
 
 struct vre_cq_config {

@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0-only
-/* Memory regions: their pages translated at registration, and the key and range checks of every access. */
+/*
+ * Memory regions: their pages translated at registration, and the key and range checks of every access. A
+ * fast-registration MR (ALLOC_MR) has room for its pages from the start and is mapped and unmapped by work
+ * requests of its PD's QPs: REG_MR reads a page list out of guest RAM, LOCAL_INV (or a SEND_WITH_INV arriving)
+ * unmaps it, as an HCA's memory-management extensions do.
+ */
 #include <errno.h>
+#include <stdlib.h>
 
 #include "vre.h"
 
 VRE_FN struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote)
 {
-	struct vre_mr *mr = mr_at(d, key & (d->lim.max_mr - 1));
+	struct vre_mr *mr = mr_at(d, key_slot(d, key));
 
 	if (!mr || !mr->mem.valid || (remote ? mr->cfg.rkey : mr->cfg.lkey) != key)
 		return NULL;
@@ -26,6 +32,37 @@ VRE_FN bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint6
 	return true;
 }
 
+/* A fast-registration MR: room for max_pages pages, charged to the translation budget now; nothing mapped. */
+static int fast_mr_create(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_mr_config *c)
+{
+	struct vre_mr *mr;
+
+	if (c->pages.npages || c->length || c->max_pages > d->lim.max_mr_pages || c->lkey != c->rkey)
+		return vre_fail(e, EINVAL, "a fast-registration MR of %u pages has no pages, length or second key yet",
+				c->max_pages);
+	if (c->max_pages > d->lim.max_pages_total - d->pages_in_use)
+		return vre_fail(e, ENOMEM, "a fast-registration MR of %u pages: the device has %llu of %u pages "
+				"translated", c->max_pages, (unsigned long long)d->pages_in_use,
+				d->lim.max_pages_total);
+	mr = calloc(1, sizeof(*mr));
+	if (mr) {
+		mr->mem.gpa = calloc(c->max_pages, sizeof(*mr->mem.gpa));
+		mr->mem.hva = calloc(c->max_pages, sizeof(*mr->mem.hva));
+	}
+	if (!mr || !mr->mem.gpa || !mr->mem.hva) {
+		if (mr) {
+			free(mr->mem.gpa);
+			free(mr->mem.hva);
+		}
+		free(mr);
+		return vre_fail(e, ENOMEM, "no memory for a fast-registration MR of %u pages", c->max_pages);
+	}
+	mr->cfg = *c;
+	d->pages_in_use += c->max_pages;
+	d->mrs[slot] = mr;
+	return 0;
+}
+
 int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_mr_config *c)
 {
 	struct vre_device *d = vre_dev(e, dev);
@@ -34,8 +71,10 @@ int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 
 	if (!mr_slot_free(d, slot))
 		return vre_fail(e, EINVAL, "MR slot %u unusable", slot);
-	if ((c->lkey & (d->lim.max_mr - 1)) != slot || (c->rkey & (d->lim.max_mr - 1)) != slot)
+	if (key_slot(d, c->lkey) != slot || key_slot(d, c->rkey) != slot)
 		return vre_fail(e, EINVAL, "MR keys do not name slot %u", slot);
+	if (c->max_pages)
+		return fast_mr_create(e, d, slot, c);
 	if (c->page_offset >= PAGE_SIZE || c->length > (uint64_t)c->pages.npages * PAGE_SIZE - c->page_offset ||
 	    c->iova + c->length < c->iova)
 		return vre_fail(e, EINVAL, "MR of %llu bytes at page offset %u does not fit its %u pages",
@@ -51,6 +90,60 @@ int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 void vre_mr_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 {
 	struct vre_device *d = vre_dev(e, dev);
+	struct vre_mr *mr = mr_take(d, slot);
 
-	obj_free(d, mr_take(d, slot), offsetof(struct vre_mr, mem));
+	if (mr && mr->cfg.max_pages) {
+		mr->mem.npages = mr->cfg.max_pages;  /* what it was charged, mapped or not */
+		mem_put(d, &mr->mem);
+		free(mr);
+		return;
+	}
+	obj_free(d, mr, offsetof(struct vre_mr, mem));
+}
+
+VRE_FN uint8_t mr_fast_register(struct vre_device *d, uint32_t pd, const struct vrdma_send_wqe *w)
+{
+	struct vre_mr *mr = mr_at(d, key_slot(d, w->reg.key));
+	uint32_t n = w->reg.npages, access = w->reg.access;
+	uint64_t iova = w->reg.iova, length = w->reg.length, offset = iova & (PAGE_SIZE - 1);
+	bool remote_needs_local = (access & (VRDMA_ACCESS_REMOTE_WRITE | VRDMA_ACCESS_REMOTE_ATOMIC)) &&
+				  !(access & VRDMA_ACCESS_LOCAL_WRITE);
+	const uint64_t *list;
+
+	if (!mr || !mr->cfg.max_pages || mr->cfg.pd != pd || mr->mem.valid)
+		return VRDMA_WC_LOC_PROT_ERR;  /* not a fast-registration MR of this PD, or mapped (invalidate first) */
+	if (!n || n > mr->cfg.max_pages || (access & ~VRDMA_ALL_ACCESS) || remote_needs_local ||
+	    length > (uint64_t)n * PAGE_SIZE - offset || iova + length < iova || (w->reg.page_list & 7))
+		return VRDMA_WC_LOC_QP_OP_ERR;
+	list = (const uint64_t *)gpa_range(d, w->reg.page_list, (uint64_t)n * sizeof(*list));
+	if (!list)
+		return VRDMA_WC_LOC_PROT_ERR;
+	mr->mem.npages = 0;  /* nothing usable until every page is */
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t gpa = __atomic_load_n(&list[i], __ATOMIC_RELAXED);
+		uint8_t *hva = gpa & (PAGE_SIZE - 1) ? NULL : gpa_range(d, gpa, PAGE_SIZE);
+
+		if (!hva)
+			return VRDMA_WC_LOC_PROT_ERR;  /* a page that is not the guest's RAM */
+		mr->mem.gpa[i] = gpa;
+		mr->mem.hva[i] = hva;
+	}
+	mr->mem.npages = n;
+	mr->cfg.lkey = mr->cfg.rkey = w->reg.key;
+	mr->cfg.access = access;
+	mr->cfg.iova = iova;
+	mr->cfg.length = length;
+	mr->cfg.page_offset = (uint32_t)offset;
+	mr->mem.valid = true;
+	return VRDMA_WC_SUCCESS;
+}
+
+VRE_FN uint8_t mr_invalidate(struct vre_device *d, uint32_t pd, uint32_t key)
+{
+	struct vre_mr *mr = mr_at(d, key_slot(d, key));
+
+	if (!mr || !mr->cfg.max_pages || mr->cfg.pd != pd || mr->cfg.rkey != key)
+		return VRDMA_WC_LOC_PROT_ERR;  /* only a fast-registration MR of this PD, by its current key */
+	mr->mem.valid = false;
+	return VRDMA_WC_SUCCESS;
 }

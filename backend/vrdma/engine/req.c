@@ -124,6 +124,14 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 
 	d->counters.send_wqes++;
 	qp->counters.send_wqes++;
+	if (r.op && (r.op->flags & OP_LOCAL)) {
+		/* Fast registration or local invalidation: nothing leaves the device, nothing waits. */
+		status = r.op->local(d, qp, &w->hdr);
+		complete_send(e, d, qp, &w->hdr, status, 0);
+		if (status != VRDMA_WC_SUCCESS)
+			qp_to_error(e, d, qp, 0);
+		return EXEC_DONE;
+	}
 	status = local_data(&r);
 	if (status != VRDMA_WC_SUCCESS)
 		goto local_error;

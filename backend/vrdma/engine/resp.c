@@ -56,6 +56,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 				  .byte_len = (uint32_t)r->len, .qp_num = dqp->cfg.qpn, .src_qp = r->qp->cfg.qpn };
 	uint8_t rstatus = VRDMA_WC_SUCCESS;
 	uint64_t room = 0;
+	bool invalid;
 
 	if (r->op->flags & OP_REMOTE) {
 		rcqe.opcode = VRDMA_WC_OP_RECV_RDMA_WITH_IMM;  /* the data went to the rkey's memory, not the WQE's */
@@ -67,6 +68,10 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 		if (rstatus == VRDMA_WC_SUCCESS && room < r->len)
 			rstatus = VRDMA_WC_LOC_LEN_ERR;
 	}
+	/* SEND_WITH_INV: the key it names goes with the message, or the message is an invalid request. */
+	if (rstatus == VRDMA_WC_SUCCESS && (r->op->flags & OP_INV) &&
+	    mr_invalidate(dd, rx->pd, h->imm_data) != VRDMA_WC_SUCCESS)
+		rstatus = VRDMA_WC_REM_INV_REQ_ERR;
 	if (rstatus != VRDMA_WC_SUCCESS) {
 		rcqe.status = rstatus;
 		rcqe.byte_len = 0;
@@ -75,8 +80,8 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 		if (uc)
 			return RESP_DROPPED;
 		qp_to_error(e, dd, dqp, VRDMA_EVENT_QP_REQ_ERR);
-		complete_send(e, r->d, r->qp, h, rstatus == VRDMA_WC_LOC_LEN_ERR ? VRDMA_WC_REM_INV_REQ_ERR :
-			      VRDMA_WC_REM_OP_ERR, 0);
+		invalid = rstatus == VRDMA_WC_LOC_LEN_ERR || rstatus == VRDMA_WC_REM_INV_REQ_ERR;
+		complete_send(e, r->d, r->qp, h, invalid ? VRDMA_WC_REM_INV_REQ_ERR : VRDMA_WC_REM_OP_ERR, 0);
 		qp_to_error(e, r->d, r->qp, 0);
 		return RESP_FAILED;
 	}
@@ -92,6 +97,10 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 	if (r->op->flags & OP_IMM) {
 		rcqe.imm_data = h->imm_data;
 		rcqe.wc_flags = VRDMA_WC_WITH_IMM;
+	}
+	if (r->op->flags & OP_INV) {
+		rcqe.imm_data = h->imm_data;  /* the key it invalidated */
+		rcqe.wc_flags = VRDMA_WC_WITH_INV;
 	}
 	count_bytes(r, dd, dqp);
 	cq_push(e, dd, rx->cq, &rcqe, h->send_flags & VRDMA_SEND_SOLICITED);

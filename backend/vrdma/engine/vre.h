@@ -265,8 +265,18 @@ VRE_FN uint64_t qp_ring_pages(uint32_t sq_depth, uint32_t sq_stride, uint32_t rq
 
 /* -- mr.c -------------------------------------------------------------------------------------------------- */
 
+/* The MR table slot a key names (VRDMA_KEY_SLOT_SHIFT: the low byte is the key's variable part). */
+static inline uint32_t key_slot(const struct vre_device *d, uint32_t key)
+{
+	return (key >> VRDMA_KEY_SLOT_SHIFT) & (d->lim.max_mr - 1);
+}
+
 VRE_FN struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote);
 VRE_FN bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off);
+/* Work requests on fast-registration MRs of PD `pd`: map one (REG_MR), unmap one by its key (LOCAL_INV, and the
+ * responder's side of SEND_WITH_INV). A completion status: VRDMA_WC_SUCCESS or why not. */
+VRE_FN uint8_t mr_fast_register(struct vre_device *d, uint32_t pd, const struct vrdma_send_wqe *w);
+VRE_FN uint8_t mr_invalidate(struct vre_device *d, uint32_t pd, uint32_t key);
 
 /* -- cq.c -------------------------------------------------------------------------------------------------- */
 
@@ -294,6 +304,8 @@ enum vre_op_flags {
 	OP_IMM = 1 << 3,          /* carries immediate data to the receiver's completion */
 	OP_ATOMIC = 1 << 4,       /* 8 aligned bytes, one SGE */
 	OP_PAYLOAD = 1 << 5,      /* sends its local data to the destination (inline allowed) */
+	OP_LOCAL = 1 << 6,        /* done by the requester alone, on its own device (the row's `local` does it) */
+	OP_INV = 1 << 7,          /* invalidates the key in imm_data at the responder, with the receive it takes */
 };
 
 struct vre_opcode {
@@ -301,6 +313,8 @@ struct vre_opcode {
 	uint32_t flags;           /* enum vre_op_flags */
 	uint32_t remote_access;   /* the VRDMA_ACCESS_REMOTE_* bit the MR and the QP must grant (OP_REMOTE) */
 	uint8_t wc_opcode;        /* the requester's completion opcode */
+	/* OP_LOCAL: the whole operation, on the QP's own device; its completion status */
+	uint8_t (*local)(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_send_wqe *w);
 };
 
 /* The opcode's row, or NULL for an opcode the device does not know. */

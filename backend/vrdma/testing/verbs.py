@@ -200,6 +200,12 @@ class SimVerbs:
                          iova=buf.gpa, length=size, page_offset=0, pages=self.page_list(buf))
         return SimMr(int(resp.handle), int(resp.lkey), int(resp.rkey), buf)
 
+    def alloc_mr(self, pd: int, max_pages: int) -> tuple[int, int]:
+        """A fast-registration MR (the kernel's): its handle and key."""
+        resp = self.call("VRDMA_CMD_ALLOC_MR", "vrdma_cmd_alloc_mr", "vrdma_resp_alloc_mr", pd=pd,
+                         max_pages=max_pages)
+        return int(resp.handle), int(resp.key)
+
     def create_cq(self, entries: int = 64) -> SimCq:
         buf = self.alloc(PAGE + entries * CQE_SIZE)
         # CQE slots start as a sentinel (the index page stays zero): a CQE the device never wrote cannot read as
@@ -336,6 +342,22 @@ class SimVerbs:
         self.put_wqe(qp.sq, abi.to_bytes(wqe) + body)
         if ring:
             self.ring_send(qp)
+
+    def post_reg_mr(self, qp: SimQp, key: int, iova: int, length: int, pages: list[int], access: int = ALL_ACCESS,
+                    wr_id: int = 0, page_list: int | None = None, npages: int | None = None) -> None:
+        """A REG_MR work request mapping the fast-registration MR ``key`` names onto ``pages`` (guest-physical
+        addresses), written as a page list into fresh guest memory unless ``page_list`` names one."""
+        if page_list is None:
+            buf = self.alloc(max(8 * len(pages), 8))
+            self.memory.write(buf.gpa, struct.pack(f"<{len(pages)}Q", *pages))
+            page_list = buf.gpa
+        wqe = abi.new("vrdma_send_wqe", wr_id=wr_id, opcode=abi.const("VRDMA_WR_REG_MR"),
+                      send_flags=abi.const("VRDMA_SEND_SIGNALED"))
+        wqe.reg.iova, wqe.reg.length, wqe.reg.page_list = iova, length, page_list
+        wqe.reg.key, wqe.reg.access = key, access
+        wqe.reg.npages = len(pages) if npages is None else npages
+        self.put_wqe(qp.sq, abi.to_bytes(wqe))
+        self.ring_send(qp)
 
     def ring_send(self, qp: SimQp) -> None:
         """Store the send queue's producer index; wake the device if its engine is parked (as libvrdma does)."""
