@@ -38,11 +38,17 @@ PACKAGES = [
     "rdmacm-utils",
     "perftest",
     "python3-pyverbs",
+    "nvme-cli",            # NVMe over Fabrics: nvme connect/disconnect/list
+    "fio",                 # I/O with verification on the remote namespaces
 ]
-# Kernel modules loaded at boot, with everything modules.dep says they need.
+# Kernel modules shipped, with everything modules.dep says they need: rc.sysinit loads the virtio and RDMA ones at
+# boot, the rest are loaded when a test asks for them (NVMe over Fabrics, host and target, over RDMA and TCP).
 MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
            "ib_core", "ib_uverbs", "ib_umad", "rdma_ucm", "rdma_rxe",
-           "crc32_generic"]  # rxe asks the crypto API for "crc32" by name: no modules.dep edge
+           "crc32_generic",  # rxe asks the crypto API for "crc32" by name: no modules.dep edge
+           "nvme_rdma", "nvmet_rdma", "nvme_tcp", "nvmet_tcp",
+           # t10-pi asks the crypto API for these by name, too
+           "crc64_rocksoft_generic", "crct10dif_generic"]
 # Paths dropped from the unpacked packages: documentation and data nothing in the guest reads.
 EXCLUDES = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
             "usr/share/bash-completion", "lib/udev/hwdb.d", "usr/lib/udev/hwdb.d"]
