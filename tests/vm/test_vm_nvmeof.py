@@ -6,15 +6,24 @@ registered with IB_WR_REG_MR, and invalidated locally or by the target's SEND_WI
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from vrdma.harness import nvmeof
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
+from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +59,33 @@ def test_fio_verifies_every_block_written_to_the_remote_namespace(two_guests: Cl
     assert {k: v for k, v in after["vm1"]["objects"].items() if k != "cq"} == \
         {k: v for k, v in before["vm1"]["objects"].items() if k != "cq"}
     assert host.run(["sh", "-c", "lsmod | grep -c '^nvme_rdma' || true"]).stdout.strip() == "0"
+
+
+def test_the_target_survives_a_host_that_dies_mid_io(products: Products,
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The host guest's QEMU is killed while fio writes to the remote namespace: the backend drops that VM, the
+    target's QPs to it fail (no responder: retries run out) and nvmet tears the controller down; the target guest,
+    its device and the backend go on, and the target unloads cleanly."""
+    with Cluster(2, tmp_path_factory.mktemp("nvmeof-host-dies"), products=products) as cluster:
+        target_vm, host_vm = cluster[0], cluster[1]
+        assert cluster.backend is not None
+        with nvmeof.target(target_vm, "rdma", size_mib=64) as exported:
+            host_vm.run(["modprobe", "nvme_rdma"]).check("modprobe nvme_rdma")
+            host_vm.run(["nvme", "connect", "-t", "rdma", "-a", target_vm.address, "-s", str(nvmeof.PORT),
+                         "-n", exported.nqn]).check("nvme connect")
+            host_vm.agent.spawn(["fio", "--name=until-killed", "--filename=/dev/nvme0n1", "--direct=1",
+                                 "--ioengine=libaio", "--rw=randwrite", "--bs=4k", "--iodepth=32",
+                                 "--time_based", "--runtime=600"])
+            wait_until("the target busy with the host's writes",
+                       lambda: vm_counters(cluster.backend, "vm0")["engine"]["recv_wqes"] > 2000, 120)
+            assert host_vm.process is not None
+            host_vm.process.kill()  # the host VM is gone, mid-I/O
+            wait_until("nvmet to drop the dead host's controller",
+                       lambda: "nvmet: ctrl 1" in target_vm.run(["dmesg"]).stdout
+                       and vm_counters(cluster.backend, "vm0")["objects"]["qp"] <= 1, 180)
+        # The target unloaded (the context above tore it down); its device and the backend serve on.
+        log = target_vm.run(["dmesg"]).check("dmesg").stdout
+        assert "WARNING" not in log and "BUG" not in log, log[-3000:]
+        target_vm.run(["modprobe", "vrdma_kverbs_test", "messages=8"]).check("the target's device after the host died")
+        target_vm.run(["rmmod", "vrdma_kverbs_test"]).check("rmmod vrdma_kverbs_test")
+        assert cluster.backend.running
