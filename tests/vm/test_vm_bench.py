@@ -22,7 +22,10 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     results = {r["name"]: r for r in json.loads(out.read_text())}
     assert {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct", "memcpy_1mib_gbps",
             "backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us", "backend_write_rate_8b_mops",
-            "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms"} <= set(results)
+            "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms",
+            # NVMe over Fabrics over vrdma and rxe, and NVMe/TCP over virtio-net, in the same guests
+            *(f"{name}_{io}" for name in ("vrdma_nvmeof", "rxe_nvmeof", "nvmetcp")
+              for io in ("randread_4k_iops", "seqread_128k_gbps"))} <= set(results)
     for name, result in results.items():
         assert result["command"].startswith("vrdma bench"), name
         value = result["value"]

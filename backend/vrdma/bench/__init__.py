@@ -46,6 +46,9 @@ def ratios(results: list[Metric]) -> list[Metric]:
     ratio("vrdma_qp_create_vs_rxe", "vrdma_qp_create_per_s", "rxe_qp_create_per_s")
     ratio("vrdma_cm_connect_vs_rxe", "vrdma_cm_connect_per_s", "rxe_cm_connect_per_s")
     ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    for io, unit in (("randread_4k", "iops"), ("seqread_128k", "gbps")):
+        ratio(f"vrdma_nvmeof_{io}_vs_nvmetcp", f"vrdma_nvmeof_{io}_{unit}", f"nvmetcp_{io}_{unit}")
+        ratio(f"vrdma_nvmeof_{io}_vs_rxe", f"vrdma_nvmeof_{io}_{unit}", f"rxe_nvmeof_{io}_{unit}")
     return out
 
 
@@ -60,7 +63,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
     log.info("vrdma and rxe side by side in two guests (%s)",
-             ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime"]))
+             ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime",
+                                               "NVMe-oF and NVMe/TCP with fio"]))
     guest_results, sweeps = guests_vs_rxe()
     results += guest_results
     results += ratios(results)

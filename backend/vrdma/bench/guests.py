@@ -44,6 +44,8 @@ CMTIME_PORT = 7471
 # established; its second figure is that total, in microseconds.
 FULL_CONNECT = re.compile(r"^qp_conn\s+(\d+)\n.*?^full connect\s+\d+\s+(\d+)", flags=re.M | re.S)
 GUEST_MEMORY_MIB = 3072  # room for a 1 GiB registration next to the guest's own RAM disk
+NVMEOF_NAMESPACE_MIB = 256
+NVMEOF_RUNTIME_S = 5  # per fio run: TCG guests reach a steady rate within a second
 
 
 def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]]]:
@@ -62,6 +64,8 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
         # rdma_cm picks the device by IP address, and vrdma0 and rxe0 would share eth0's: each is measured alone
         # (vrdma0 before rxe0 exists, rxe0 once vrdma is unloaded, at the end).
         results.append(cm_connect_rate(server, client, "vrdma0", accel))
+        results += nvmeof_rates(server, client, "vrdma", "rdma", accel)
+        results += nvmeof_rates(server, client, "nvmetcp", "tcp", accel)
         for vm in guests:
             verbs.add_rxe(vm, "rxe0")
         for device in ("vrdma0", "rxe0"):
@@ -112,7 +116,30 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
         for vm in guests:
             vm.run(["rmmod", "vrdma"]).check("rmmod vrdma (rxe0 alone on eth0 for rdma_cm)")
         results.append(cm_connect_rate(server, client, "rxe0", accel))
+        results += nvmeof_rates(server, client, "rxe", "rdma", accel)
     return results, sweeps
+
+
+def nvmeof_rates(target_vm: Any, host_vm: Any, name: str, transport: str, accel: str) -> list[Metric]:
+    """NVMe over Fabrics from ``host_vm`` to ``target_vm``: fio 4 KiB random reads at depth 32 (IOPS) and 128 KiB
+    sequential reads at depth 8 (bandwidth) on a RAM namespace written in full first. Over RDMA on whichever RDMA
+    device holds the target's address (vrdma0, or rxe0 once vrdma is unloaded), or NVMe/TCP over virtio-net."""
+    from vrdma.harness import nvmeof
+
+    label = "nvmetcp" if transport == "tcp" else f"{name}_nvmeof"
+    what = "NVMe/TCP over virtio-net" if transport == "tcp" else f"NVMe-oF over {name}"
+    timed = (f"--runtime={NVMEOF_RUNTIME_S}", "--time_based", f"--size={NVMEOF_NAMESPACE_MIB}M")
+    with nvmeof.target(target_vm, transport, size_mib=NVMEOF_NAMESPACE_MIB) as exported, \
+            nvmeof.host(host_vm, exported) as device:
+        nvmeof.fio_job(host_vm, device, "--rw=write", "--bs=1M", "--iodepth=4", f"--size={NVMEOF_NAMESPACE_MIB}M")
+        rand = nvmeof.fio_job(host_vm, device, "--rw=randread", "--bs=4k", "--iodepth=32", *timed)
+        seq = nvmeof.fio_job(host_vm, device, "--rw=read", "--bs=128k", "--iodepth=8", *timed)
+    log.info("%s: 4 KiB random reads %.0f IOPS, 128 KiB reads %.3f GB/s", what, rand["read"]["iops"],
+             seq["read"]["bw_bytes"] / 1e9)
+    return [Metric(f"{label}_randread_4k_iops", round(rand["read"]["iops"]), "IOPS",
+                   f"vrdma bench (fio 4 KiB random read, depth 32, {what}, two {accel} guests)"),
+            Metric(f"{label}_seqread_128k_gbps", round(seq["read"]["bw_bytes"] / 1e9, 3), "GB/s",
+                   f"vrdma bench (fio 128 KiB sequential read, depth 8, {what}, two {accel} guests)")]
 
 
 def cm_connect_rate(server: Any, client: Any, device: str, accel: str) -> Metric:
