@@ -40,13 +40,15 @@ PACKAGES = [
     "python3-pyverbs",
     "nvme-cli",            # NVMe over Fabrics: nvme connect/disconnect/list
     "fio",                 # I/O with verification on the remote namespaces
+    "nfs-kernel-server",   # NFS over RDMA: rpc.nfsd, rpc.mountd, exportfs (and nfs-common's mount.nfs)
 ]
 # Kernel modules shipped, with everything modules.dep says they need: rc.sysinit loads the virtio and RDMA ones at
-# boot, the rest are loaded when a test asks for them (NVMe over Fabrics, host and target, over RDMA and TCP).
+# boot, the rest are loaded when a test asks for them (NVMe over Fabrics, host and target, over RDMA and TCP; NFS).
 MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
            "ib_core", "ib_uverbs", "ib_umad", "rdma_ucm", "rdma_rxe",
            "crc32_generic",  # rxe asks the crypto API for "crc32" by name: no modules.dep edge
            "nvme_rdma", "nvmet_rdma", "nvme_tcp", "nvmet_tcp",
+           "nfsd", "nfsv4", "rpcrdma",  # NFS over RDMA, server and client
            # t10-pi asks the crypto API for these by name, too
            "crc64_rocksoft_generic", "crct10dif_generic"]
 # Paths dropped from the unpacked packages: documentation and data nothing in the guest reads.
