@@ -11,7 +11,6 @@ import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from vrdma.harness.errors import AgentError
 from vrdma.harness.vm import Vm
 
 log = logging.getLogger(__name__)
@@ -28,20 +27,11 @@ class Server:
     export: str
 
 
-def _sh(vm: Vm, script: str, what: str, timeout: float = 120.0) -> str:
-    result = vm.run(["sh", "-ec", script], timeout=timeout)
-    if result.exit_status != 0:
-        dmesg = vm.run(["dmesg"]).stdout.splitlines()[-30:]
-        raise AgentError(f"{what} in {vm.name} failed (exit {result.exit_status}):\n{result.stdout}{result.stderr}"
-                         f"\nkernel log:\n" + "\n".join(dmesg))
-    return result.stdout
-
-
 @contextlib.contextmanager
 def server(vm: Vm, size_mib: int = 128) -> Iterator[Server]:
     """nfsd in ``vm``: NFSv4 only, exporting a tmpfs of ``size_mib`` MiB as the root of its pseudo file system, on
     TCP 2049 and RDMA 20049; stopped and unloaded after."""
-    _sh(vm, f"""
+    vm.setup(f"""
 modprobe nfsd
 modprobe rpcrdma
 mkdir -p {EXPORT} /var/lib/nfs/v4recovery /run/rpc_pipefs
@@ -60,7 +50,7 @@ grep -q 'rdma {RDMA_PORT}' /proc/fs/nfsd/portlist
     try:
         yield Server(vm, EXPORT)
     finally:
-        _sh(vm, f"""
+        vm.setup(f"""
 rpc.nfsd 0
 exportfs -ua
 killall rpc.mountd || true
@@ -74,7 +64,7 @@ rmmod nfsd rpcrdma
 def mount(vm: Vm, srv: Server, timeout: float = 90.0) -> Iterator[str]:
     """The server's export mounted in ``vm`` over RDMA (NFSv4, `proto=rdma,port=20049`); yields the mount point;
     unmounted and unloaded after."""
-    _sh(vm, f"""
+    vm.setup(f"""
 modprobe nfsv4
 modprobe rpcrdma
 mkdir -p {MOUNTPOINT}
@@ -85,4 +75,4 @@ grep -q ' {MOUNTPOINT} nfs4 .*proto=rdma' /proc/mounts
     try:
         yield MOUNTPOINT
     finally:
-        _sh(vm, f"umount {MOUNTPOINT}\nrmmod nfsv4 rpcrdma", "unmounting NFS")
+        vm.setup(f"umount {MOUNTPOINT}\nrmmod nfsv4 rpcrdma", "unmounting NFS")

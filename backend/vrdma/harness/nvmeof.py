@@ -35,15 +35,6 @@ class Target:
     size_mib: int
 
 
-def _sh(vm: Vm, script: str, what: str, timeout: float = 120.0) -> str:
-    result = vm.run(["sh", "-ec", script], timeout=timeout)
-    if result.exit_status != 0:
-        dmesg = vm.run(["dmesg"]).stdout.splitlines()[-30:]
-        raise AgentError(f"{what} in {vm.name} failed (exit {result.exit_status}):\n{result.stdout}{result.stderr}"
-                         f"\nkernel log:\n" + "\n".join(dmesg))
-    return result.stdout
-
-
 @contextlib.contextmanager
 def target(vm: Vm, transport: str = "rdma", size_mib: int = 64, nqn: str = NQN) -> Iterator[Target]:
     """nvmet in ``vm`` exporting one namespace of ``size_mib`` MiB (a file in the guest's RAM, buffered: the
@@ -52,7 +43,7 @@ def target(vm: Vm, transport: str = "rdma", size_mib: int = 64, nqn: str = NQN) 
         raise ValueError(f"transport {transport!r} (one of {', '.join(TRANSPORTS)})")
     subsystem, port = f"{CONFIGFS}/nvmet/subsystems/{nqn}", f"{CONFIGFS}/nvmet/ports/1"
     q = shlex.quote
-    _sh(vm, f"""
+    vm.setup(f"""
 modprobe nvmet_{transport}
 grep -q ' {CONFIGFS} ' /proc/mounts || mount -t configfs none {CONFIGFS}
 truncate -s {size_mib}M {NAMESPACE_FILE}
@@ -74,7 +65,7 @@ ln -s {q(subsystem)} {port}/subsystems/{q(nqn)}
     try:
         yield Target(vm, transport, nqn, size_mib)
     finally:
-        _sh(vm, f"""
+        vm.setup(f"""
 rm -f {port}/subsystems/{q(nqn)}
 rmdir {port}
 echo 0 > {q(subsystem)}/namespaces/1/enable
@@ -88,15 +79,15 @@ rmmod nvmet_{transport} nvmet  # (modprobe -r fails on the RDMA core modules tha
 @contextlib.contextmanager
 def host(vm: Vm, target: Target, timeout: float = 60.0) -> Iterator[str]:
     """``nvme connect`` from ``vm`` to the target; yields the namespace's block device; disconnects and unloads."""
-    _sh(vm, f"modprobe nvme_{target.transport} && nvme connect -t {target.transport} -a {target.vm.address} "
-            f"-s {PORT} -n {shlex.quote(target.nqn)}", f"nvme connect ({target.transport})", timeout=timeout)
+    vm.setup(f"modprobe nvme_{target.transport}\nnvme connect -t {target.transport} -a {target.vm.address} "
+             f"-s {PORT} -n {shlex.quote(target.nqn)}", f"nvme connect ({target.transport})", timeout=timeout)
     try:
         device = _namespace(vm, target.nqn, timeout)
         log.info("%s: %s is %s of %s over %s", vm.name, device, target.nqn, target.vm.name, target.transport)
         yield device
     finally:
-        _sh(vm, f"nvme disconnect -n {shlex.quote(target.nqn)} && rmmod nvme_{target.transport} nvme_fabrics nvme_core",
-            "nvme disconnect")
+        vm.setup(f"nvme disconnect -n {shlex.quote(target.nqn)}\nrmmod nvme_{target.transport} nvme_fabrics nvme_core",
+                 "nvme disconnect")
 
 
 def _namespace(vm: Vm, nqn: str, timeout: float) -> str:

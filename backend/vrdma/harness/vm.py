@@ -31,7 +31,7 @@ import psutil
 
 from vrdma.harness import qemu_cmdline
 from vrdma.harness.agent import ExecResult, GuestAgent
-from vrdma.harness.errors import GuestBootTimeout, GuestPanicError, VmError
+from vrdma.harness.errors import AgentError, GuestBootTimeout, GuestPanicError, VmError
 from vrdma.harness.process import Managed, die_with_parent, find_process, is_running, record
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,17 @@ class Vm(Managed):
     def sh(self, script: str, timeout: float = 300.0) -> ExecResult:
         """Run a shell script in the guest."""
         return self.run(["/bin/sh", "-c", script], timeout=timeout)
+
+    def setup(self, script: str, what: str, timeout: float = 120.0) -> str:
+        """Run a set-up or tear-down script in the guest, stopping at its first failing command (sh -e); its output,
+        or AgentError with the output and the tail of the guest's kernel log, which says why a module or a mount
+        refused."""
+        result = self.run(["/bin/sh", "-ec", script], timeout=timeout)
+        if result.exit_status != 0:
+            dmesg = self.run(["dmesg"]).stdout.splitlines()[-30:]
+            raise AgentError(f"{what} in {self.name} failed (exit {result.exit_status}):\n{result.stdout}"
+                             f"{result.stderr}\nkernel log:\n" + "\n".join(dmesg))
+        return result.stdout
 
     # -- persistence for `vrdma vm` ---------------------------------------------------------------------------
 
