@@ -301,9 +301,29 @@ int vrdma_kqp_destroy(struct vrdma_qp *qp)
 	return 0;
 }
 
-static void *vrdma_kqueue_slot(struct vrdma_kbuf *kbuf, struct vrdma_kqueue *q)
+/* The WQE of free-running index @index in queue @q of ring @kbuf. */
+static void *vrdma_kqueue_at(struct vrdma_kbuf *kbuf, struct vrdma_kqueue *q, u32 index)
 {
-	return kbuf->va + q->offset + (size_t)(q->prod & (q->depth - 1)) * q->stride;
+	return kbuf->va + q->offset + (size_t)(index & (q->depth - 1)) * q->stride;
+}
+
+/*
+ * The WQEs up to q->prod are written: tell the device through the queue's doorbell slot (writel orders the WQEs'
+ * stores before it) and, for a send queue, wake a parked engine as libvrdma does. Once the device is gone they are
+ * the flush's: they complete flushed (vrdma_kcq_flush). Called with the queue's lock held.
+ */
+static void vrdma_kqueue_ring(struct vrdma_dev *dev, struct vrdma_kqueue *q, bool wake)
+{
+	if (READ_ONCE(dev->quiesced)) {
+		schedule_work(&dev->kflush_work);
+		return;
+	}
+	writel(q->prod, vrdma_kdb(dev, q->db_index));
+	if (!wake)
+		return;  /* the device reads receive queues when it needs one */
+	mb();
+	if (readl(vrdma_kdb_parked(dev, q->db_index)))
+		virtqueue_notify(dev->wake_vq);
 }
 
 /* Room for one more WQE: the device's consumer index (in the ring's header page) tells which slots it is done with. */
@@ -412,20 +432,13 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const 
 			ret = -ENOMEM;
 			break;
 		}
-		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_slot(&qp->kbuf, q));
+		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_at(&qp->kbuf, q, q->prod));
 		if (ret)
 			break;
 		q->prod++;
 	}
-	if (q->prod != posted && READ_ONCE(dev->quiesced)) {
-		schedule_work(&dev->kflush_work);  /* no device to take them: they complete flushed */
-	} else if (q->prod != posted) {
-		/* writel orders the WQEs' stores before it; then, as libvrdma does, wake a parked engine. */
-		writel(q->prod, vrdma_kdb(dev, q->db_index));
-		mb();
-		if (readl(vrdma_kdb_parked(dev, q->db_index)))
-			virtqueue_notify(dev->wake_vq);
-	}
+	if (q->prod != posted)
+		vrdma_kqueue_ring(dev, q, true);
 	spin_unlock_irqrestore(&q->lock, flags);
 	if (ret)
 		*bad_wr = wr;
@@ -443,7 +456,7 @@ static int vrdma_kqueue_post_recv(struct vrdma_dev *dev, struct vrdma_kbuf *kbuf
 	spin_lock_irqsave(&q->lock, flags);
 	posted = q->prod;
 	for (; wr; wr = wr->next) {
-		struct vrdma_recv_wqe *wqe = vrdma_kqueue_slot(kbuf, q);
+		struct vrdma_recv_wqe *wqe = vrdma_kqueue_at(kbuf, q, q->prod);
 		struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
 
 		if (vrdma_kqueue_full(q, cons)) {
@@ -464,10 +477,8 @@ static int vrdma_kqueue_post_recv(struct vrdma_dev *dev, struct vrdma_kbuf *kbuf
 		}
 		q->prod++;
 	}
-	if (q->prod != posted && READ_ONCE(dev->quiesced))
-		schedule_work(&dev->kflush_work);  /* no device to take them: a QP's complete flushed */
-	else if (q->prod != posted)
-		writel(q->prod, vrdma_kdb(dev, q->db_index));  /* the device reads receive queues when it needs one */
+	if (q->prod != posted)
+		vrdma_kqueue_ring(dev, q, false);
 	spin_unlock_irqrestore(&q->lock, flags);
 	if (ret)
 		*bad_wr = wr;
@@ -579,8 +590,7 @@ static int vrdma_kqueue_flush(struct vrdma_qp *qp, struct vrdma_kqueue *q, __le3
 	if (q->prod - at > q->depth)
 		at = q->prod - q->depth;  /* not an index the device could have left: flush what the ring holds */
 	for (; n < num_entries && at != q->prod; n++, at++) {
-		/* wr_id is the first field of both WQE kinds */
-		const __le64 *wr_id = qp->kbuf.va + q->offset + (size_t)(at & (q->depth - 1)) * q->stride;
+		const __le64 *wr_id = vrdma_kqueue_at(&qp->kbuf, q, at);  /* the first field of both WQE kinds */
 
 		memset(&wc[n], 0, sizeof(wc[n]));
 		wc[n].wr_id = le64_to_cpu(*wr_id);

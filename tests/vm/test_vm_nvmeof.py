@@ -5,11 +5,10 @@ registered with IB_WR_REG_MR, and invalidated locally or by the target's SEND_WI
 
 from __future__ import annotations
 
-import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from polling import wait_until
 
 from vrdma.harness import nvmeof
 from vrdma.harness.cluster import Cluster
@@ -17,13 +16,6 @@ from vrdma.harness.daemon import vm_counters
 from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +33,10 @@ def test_fio_verifies_every_block_written_to_the_remote_namespace(two_guests: Cl
     assert two_guests.backend is not None
     before = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
     with nvmeof.host(host, target) as device:
-        out = nvmeof.fio(host, device, *pattern, "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
+        job = nvmeof.fio_job(host, device, *pattern, "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
     # fio wrote the pattern and read every block back, each checked against its checksum.
-    size = int(re.search(r"--size=(\d+)M", " ".join(pattern)).group(1))  # type: ignore[union-attr]
-    written = re.search(r"WRITE: bw=.*io=([\d.]+)MiB", out)
-    read = re.search(r"READ: bw=.*io=([\d.]+)MiB", out)
-    assert written and read and float(written.group(1)) == float(read.group(1)) == size, out
+    size = int(next(arg for arg in pattern if arg.startswith("--size=")).removeprefix("--size=").removesuffix("M"))
+    assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == size << 20, job
     after = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
     for vm in ("vm0", "vm1"):
         moved = after[vm]["engine"]["bytes"] - before[vm]["engine"]["bytes"]

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from polling import wait_until
 
 from vrdma.harness import verbs
 from vrdma.harness.cluster import Cluster
@@ -27,15 +28,6 @@ ASYNC_LOG = "/tmp/vrdma-async-events.log"
 def guests(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(2, tmp_path_factory.mktemp("recovery"), products=products) as cluster:
         yield cluster
-
-
-def wait_until(what: str, check: object, timeout: float) -> float:
-    """Poll ``check()`` until it is true; return the seconds it took."""
-    start = time.monotonic()
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() - start < timeout, f"{what}: not within {timeout:g} s"
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def port_active(vm: Vm) -> bool:

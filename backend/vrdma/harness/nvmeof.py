@@ -107,19 +107,9 @@ def _namespace(vm: Vm, nqn: str, timeout: float) -> str:
         time.sleep(0.2)
 
 
-def fio(vm: Vm, device: str, *args: str, timeout: float = 600.0) -> str:
-    """fio on ``device`` (direct I/O, libaio), its output; raises with it when fio fails or reports an error."""
-    argv = ["fio", "--name=nvmeof", f"--filename={device}", "--direct=1", "--ioengine=libaio", "--group_reporting",
-            *args]
-    result = vm.run(argv, timeout=timeout)
-    if result.exit_status != 0 or "err= 0" not in result.stdout:
-        raise AgentError(f"{' '.join(argv)} in {vm.name} failed (exit {result.exit_status}):\n"
-                         f"{result.stdout[-3000:]}{result.stderr[-2000:]}")
-    return result.stdout
-
-
 def fio_job(vm: Vm, device: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
-    """fio on ``device`` as ``fio``, its one job's JSON results (read/write: iops, bw_bytes, ...)."""
+    """fio on ``device`` (direct I/O, libaio): its one job's JSON results (read/write: io_bytes, iops, bw_bytes, ...);
+    raises with fio's output when it fails or reports an error (a verification error among them)."""
     argv = ["fio", "--name=nvmeof", f"--filename={device}", "--direct=1", "--ioengine=libaio", "--group_reporting",
             "--output-format=json", *args]
     result = vm.run(argv, timeout=timeout)

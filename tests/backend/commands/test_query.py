@@ -8,6 +8,7 @@ import time
 import pytest
 from backend_process import BackendProcess
 from command_helpers import Bystander, Vm, refused
+from polling import wait_until
 
 from vrdma.device import abi
 from vrdma.device.params import DEFAULT_LIMITS, query_fields
@@ -49,13 +50,6 @@ def test_query_counters_reports_the_engines_counters(vm0: Vm, bystander: Bystand
     assert all(getattr(answer, name) <= engine[name] for name in COUNTERS)  # counters only grow
 
 
-def wait_for(what: str, check: object) -> None:
-    deadline = time.monotonic() + 10
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.001)  # the engine runs in the backend process
-
-
 def test_query_qp_counters_reports_each_qps_share(vm0: Vm, bystander: Bystander, backend: BackendProcess) -> None:
     # One QP's counters, named as the port's counters they are a share of.
     fields = [name for name, _ in abi.ffi.typeof("struct vrdma_resp_query_qp_counters").fields]
@@ -74,9 +68,11 @@ def test_query_qp_counters_reports_each_qps_share(vm0: Vm, bystander: Bystander,
     vm0.verbs.post_send(qp, abi.const("VRDMA_WR_SEND"), [(mr.addr, 3000, mr.lkey)], wr_id=1)
     vm0.verbs.post_send(qp, abi.const("VRDMA_WR_RDMA_WRITE"), [(mr.addr, 1000, mr.lkey)], wr_id=2,
                         remote_addr=mr.addr + 4096, rkey=mr.rkey)
-    wait_for("the engine ran both sends", lambda: qp_counters(qp).send_wqes == 2)  # type: ignore[attr-defined]
+    wait_until("the engine ran both sends", lambda: qp_counters(qp).send_wqes == 2, 10,  # type: ignore[attr-defined]
+               interval=0.001)
     completions: list[object] = []
-    wait_for("the three completions", lambda: completions.extend(vm0.verbs.poll_cq(cq)) or len(completions) == 3)
+    wait_until("the three completions", lambda: completions.extend(vm0.verbs.poll_cq(cq)) or len(completions) == 3,
+               10, interval=0.001)
     mine = qp_counters(qp)
     # The SEND and the WRITE, each counted as requester and as responder: the QP is its own peer.
     assert (mine.send_wqes, mine.recv_wqes, mine.bytes, mine.error_cqes) == (2, 1, 2 * 4000, 0)  # type: ignore
