@@ -199,6 +199,26 @@ def two_vms(backend: BackendProcess, make_side: Callable[[Frontend, BackendProce
 PATTERN_SIZE = 16 << 10
 
 
+def bystander_side(fe: Frontend, backend: BackendProcess, name: str, gid: bytes) -> SimSide:
+    """A VM beside a test's misbehaving ones: an RC QP connected to itself, ready for check_bystander."""
+    side = start_side(fe, backend, name, gid, 4096)
+    side.verbs.connect(side.qp, side.qp.qpn, gid)
+    return side
+
+
+def check_bystander(backend: BackendProcess, name: str, side: SimSide, before: dict[str, Any]) -> None:
+    """The bystander VM ``name``'s counters and objects are as they were (``before``: backend.counters of it),
+    and it is served as before: a SEND to itself arrives."""
+    after = backend.counters(name)
+    assert after["engine"] == before["engine"] and after["objects"] == before["objects"]
+    verbs = side.verbs
+    verbs.post_recv(side.qp, [(side.mr.addr + 2048, 64, side.mr.lkey)], wr_id=4)
+    verbs.memory.write(side.mr.addr, b"still here")
+    verbs.post_send(side.qp, abi.const("VRDMA_WR_SEND"), [(side.mr.addr, 10, side.mr.lkey)])
+    assert [c.status for c in wait_cqes(verbs, side.cq, 2)] == [abi.const("VRDMA_WC_SUCCESS")] * 2
+    assert verbs.memory.read(side.mr.addr + 2048, 10) == b"still here"
+
+
 def wait_cqes(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> list[Any]:
     """Exactly ``count`` completions from a CQ in simulated guest memory, polled until they arrived."""
     found: list[Any] = []

@@ -75,7 +75,7 @@ static void fill_sges(struct in *in, struct vm *vm, struct vrdma_sge *sge, uint3
 static const uint8_t send_opcodes[] = {
 	VRDMA_WR_RDMA_WRITE, VRDMA_WR_RDMA_WRITE_WITH_IMM, VRDMA_WR_SEND, VRDMA_WR_SEND_WITH_IMM, VRDMA_WR_RDMA_READ,
 	VRDMA_WR_ATOMIC_CMP_AND_SWP, VRDMA_WR_ATOMIC_FETCH_AND_ADD, VRDMA_WR_LOCAL_INV, VRDMA_WR_SEND_WITH_INV,
-	VRDMA_WR_REG_MR,
+	VRDMA_WR_REG_MR, VRDMA_WR_BIND_MW,
 };
 
 static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
@@ -146,6 +146,18 @@ static void put_send_wqe(struct in *in, struct vm *vm, struct qp_rec *qp)
 		w.s.hdr.reg.page_list = pages.addr + (flags & 8 ? u8(in) : 0);
 		w.s.hdr.reg.npages = flags & 16 ? u32(in) : pages.npages;
 		w.s.hdr.reg.access = u8(in) & 0x1f;
+	}
+	if (w.s.hdr.opcode == VRDMA_WR_BIND_MW) {
+		/* A bind: a window (or any key) of this VM, an MR of it (or any key), a range near or past the MR's,
+		 * window access flags or any; the key kept (so later accesses may use it) or a new low byte. */
+		struct mr_rec *mw = pick_mr(vm, u8(in)), *mr = pick_mr(vm, u8(in));
+
+		w.s.hdr.bind.mw_rkey = mw && !(flags & 1) ? mw->rkey : u32(in);
+		w.s.hdr.bind.new_rkey = flags & 2 ? (w.s.hdr.bind.mw_rkey & ~0xffu) | u8(in) : w.s.hdr.bind.mw_rkey;
+		w.s.hdr.bind.mr_lkey = mr && !(flags & 4) ? mr->lkey : u32(in);
+		w.s.hdr.bind.addr = (mr ? mr->iova : 0) + (flags & 8 ? u64(in) : u16(in));
+		w.s.hdr.bind.length = flags & 16 ? u64(in) : u16(in);
+		w.s.hdr.bind.access = flags & 32 ? u8(in) : u8(in) & VRDMA_MW_ACCESS;
 	}
 	if (w.s.hdr.send_flags & VRDMA_SEND_INLINE) {
 		uint32_t len = flags & 4 ? u16(in) : u16(in) % (qp->cfg.max_inline + 1);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only
-/* The engine fuzzer's object operations: MRs, CQs, SRQs and QPs created, modified and destroyed as the model
- * would, with arbitrary configurations. */
+/* The engine fuzzer's object operations: MRs (and memory windows), CQs, SRQs and QPs created, modified
+ * (reregistered) and destroyed as the model would, with arbitrary configurations. */
 #include "fuzz.h"
 
 void op_mr_create(struct in *in, struct vre_engine *e, uint32_t dev)
@@ -16,7 +16,17 @@ void op_mr_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.pd = u8(in) % 4;
 	c.lkey = key_for(in, slot, vm->lim.max_mr, flags & 1);
 	c.rkey = key_for(in, slot, vm->lim.max_mr, flags & 2);
-	if (flags & 64 && !(flags & 128)) {
+	if (flags & 64 && flags & 128) {
+		/* A memory window: an rkey, bound to nothing (BIND_MW work requests bind it). */
+		c.lkey = 0;
+		c.mw_type = 1 + (u8(in) & 1);
+		ret = vre_mr_create(e, dev, slot, &c);
+		CHECK(ret <= 0);
+		if (ret == 0)
+			vm->mrs[slot] = (struct mr_rec){ .live = true, .rkey = c.rkey };
+		return;
+	}
+	if (flags & 64) {
 		/* A fast-registration MR: room for pages, nothing mapped (REG_MR work requests map it). */
 		c.rkey = c.lkey;
 		c.max_pages = 1 + u8(in) % 16;
@@ -38,6 +48,19 @@ void op_mr_create(struct in *in, struct vre_engine *e, uint32_t dev)
 	c.iova = flags & 32 ? u64(in) : (uint64_t)u16(in) << 12;
 	read_pages(in, vm, c.page_offset < PAGE ? pages_for(c.page_offset + (c.length & 0xffffffffffULL)) : 1,
 		   &c.pages, &rec);
+	if (flags & 128 && slot < MAX_SLOTS && vm->mrs[slot].live) {
+		/* A reregistration of what the slot holds: its keys (else refused), new pages or none (kept). */
+		c.lkey = vm->mrs[slot].lkey;
+		c.rkey = vm->mrs[slot].rkey;
+		if (flags & 1)
+			c.pages.npages = 0;
+		ret = vre_mr_rereg(e, dev, slot, &c);
+		CHECK(ret <= 0);
+		if (ret == 0)
+			vm->mrs[slot] = (struct mr_rec){ .live = true, .lkey = c.lkey, .rkey = c.rkey, .iova = c.iova,
+							 .length = c.length };
+		return;
+	}
 	ret = vre_mr_create(e, dev, slot, &c);
 	CHECK(ret <= 0);
 	if (ret == 0) {

@@ -19,7 +19,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 7
+#define VRDMA_ABI_VERSION 8
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */
@@ -53,6 +53,7 @@
  * MR a new key with the same slot bits, so that a stale key stops working).
  */
 #define VRDMA_KEY_SLOT_SHIFT 8
+#define VRDMA_KEY_CONSUMER_MASK 0xff
 
 /* Control commands */
 #define VRDMA_CMD_QUERY_DEVICE 1
@@ -83,6 +84,9 @@
 #define VRDMA_CMD_DEALLOC_XRCD 26
 #define VRDMA_CMD_QUERY_QP_COUNTERS 27
 #define VRDMA_CMD_ALLOC_MR 28
+#define VRDMA_CMD_ALLOC_MW 29
+#define VRDMA_CMD_DEALLOC_MW 30
+#define VRDMA_CMD_REREG_MR 31
 
 /* Command status */
 #define VRDMA_STATUS_OK 0
@@ -121,7 +125,9 @@
 #define VRDMA_ACCESS_REMOTE_WRITE 2
 #define VRDMA_ACCESS_REMOTE_READ 4
 #define VRDMA_ACCESS_REMOTE_ATOMIC 8
-#define VRDMA_ALL_ACCESS 0xf
+#define VRDMA_ACCESS_MW_BIND 0x10     /* memory windows may be bound to the MR */
+#define VRDMA_ALL_ACCESS 0x1f
+#define VRDMA_MW_ACCESS 0xe           /* what a window grants: remote read, write, atomic */
 
 /* QP types and states, modify masks (the InfiniBand values) */
 #define VRDMA_QPT_GSI 1           /* QP1 of the port: datagrams of the MAD layer (the IB CM's among them) */
@@ -183,7 +189,8 @@
 #define VRDMA_WR_RDMA_READ 4
 #define VRDMA_WR_ATOMIC_CMP_AND_SWP 5
 #define VRDMA_WR_ATOMIC_FETCH_AND_ADD 6
-#define VRDMA_WR_LOCAL_INV 7          /* imm_data: the key of a fast-registration MR of the QP's PD to invalidate */
+#define VRDMA_WR_LOCAL_INV 7          /* imm_data: the key of a fast-registration MR or a type 2 window to invalidate */
+#define VRDMA_WR_BIND_MW 8            /* the WQE's bind part binds a memory window to a range of an MR */
 #define VRDMA_WR_SEND_WITH_INV 9      /* a SEND; imm_data: the key the responder invalidates (an MR of its PD) */
 #define VRDMA_WR_REG_MR 0x20          /* fast registration: the WQE's reg part maps a fast-registration MR */
 #define VRDMA_SEND_FENCE 1
@@ -211,6 +218,7 @@
 #define VRDMA_WC_OP_RDMA_READ 2
 #define VRDMA_WC_OP_COMP_SWAP 3
 #define VRDMA_WC_OP_FETCH_ADD 4
+#define VRDMA_WC_OP_BIND_MW 5
 #define VRDMA_WC_OP_LOCAL_INV 6
 #define VRDMA_WC_OP_REG_MR 8
 #define VRDMA_WC_OP_RECV 128
@@ -495,6 +503,47 @@ struct vrdma_resp_reg_mr {
 	__le32 reserved;
 };
 
+/*
+ * REREG_MR: change what an MR (of REG_MR) is, keeping its handle and keys. flags (the IB values): CHANGE_TRANSLATION
+ * takes iova, length, page_offset and pages as REG_MR does; CHANGE_PD moves it to pd; CHANGE_ACCESS gives it access.
+ * Fields of a change not asked for are ignored. Windows bound to the MR are unbound by any change. On failure the MR
+ * is as it was.
+ */
+#define VRDMA_REREG_TRANSLATION 1
+#define VRDMA_REREG_PD 2
+#define VRDMA_REREG_ACCESS 4
+
+struct vrdma_cmd_rereg_mr {
+	struct vrdma_cmd_hdr hdr;
+	__le32 handle;
+	__le32 flags;             /* VRDMA_REREG_* */
+	__le32 pd;
+	__le32 access;
+	__le64 iova;
+	__le64 length;
+	__le32 page_offset;
+	__le32 reserved;
+	struct vrdma_page_list pages;
+};
+
+/*
+ * ALLOC_MW: a memory window of a PD, type 1 or 2, bound to nothing. BIND_MW work requests of its PD's RC, UC and XRC
+ * QPs bind it to a range of an MR that has VRDMA_ACCESS_MW_BIND (a type 1 window again and again; a type 2 window
+ * only when free, and it is then the binding QP's alone); LOCAL_INV and SEND_WITH_INV free a type 2 window. Windows
+ * and MRs share the device's key table (max_mr). DEALLOC_MW (struct vrdma_cmd_destroy) frees it.
+ */
+struct vrdma_cmd_alloc_mw {
+	struct vrdma_cmd_hdr hdr;
+	__le32 pd;
+	__le32 type;              /* 1 or 2 */
+};
+
+struct vrdma_resp_alloc_mw {
+	struct vrdma_resp_hdr hdr;
+	__le32 handle;
+	__le32 rkey;
+};
+
 struct vrdma_cmd_create_cq {
 	struct vrdma_cmd_hdr hdr;
 	__le32 ucontext;          /* the owning user context, 0: the kernel (its doorbell page gets the CQ's arm slot) */
@@ -702,6 +751,14 @@ struct vrdma_send_wqe {
 			__le32 npages;    /* 4 KiB pages, 1 .. the MR's max_pages */
 			__le32 reserved2;
 		} reg;
+		struct {          /* BIND_MW: bind the window whose key is mw_rkey to [addr, addr + length) of an MR */
+			__le64 addr;      /* in the MR's address space (no zero-based windows) */
+			__le64 length;    /* 0: unbind */
+			__le32 mr_lkey;   /* the MR: of the QP's PD, with VRDMA_ACCESS_MW_BIND */
+			__le32 mw_rkey;   /* the window's key (its low byte aside: the consumer's) */
+			__le32 new_rkey;  /* its key from now: mw_rkey with another VRDMA_KEY_CONSUMER_MASK part */
+			__le32 access;    /* VRDMA_MW_ACCESS bits */
+		} bind;
 	};
 };
 
@@ -780,6 +837,9 @@ VRDMA_ASSERT_SIZE(vrdma_resp_alloc_xrcd, 16);
 VRDMA_ASSERT_SIZE(vrdma_page_list, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_reg_mr, 56);
 VRDMA_ASSERT_SIZE(vrdma_resp_reg_mr, 24);
+VRDMA_ASSERT_SIZE(vrdma_cmd_rereg_mr, 64);
+VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_mw, 16);
+VRDMA_ASSERT_SIZE(vrdma_resp_alloc_mw, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_create_cq, 32);
 VRDMA_ASSERT_SIZE(vrdma_resp_create_cq, 16);
 VRDMA_ASSERT_SIZE(vrdma_cmd_modify_cq, 16);

@@ -108,6 +108,13 @@ struct vrdma_mr {
 	__le64 *pages;
 	u32 npages;
 	u32 max_pages;
+	int access;			/* what it was registered (or reregistered) with */
+};
+
+/* A memory window: the device's, bound by BIND_MW work requests the provider writes into its QPs' rings. */
+struct vrdma_mw {
+	struct ib_mw ibmw;
+	u32 handle;
 };
 
 /* A kernel consumer's ring: kernel pages the device reads and writes (vrdma_kqueue.c). */
@@ -231,6 +238,10 @@ int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
 				struct ib_udata *udata);
 int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start, u64 length, u64 virt, int access,
+				  struct ib_pd *ibpd, struct ib_udata *udata);
+int vrdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
+int vrdma_dealloc_mw(struct ib_mw *ibmw);
 struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access);
 struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_num_sg);
 int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents, unsigned int *sg_offset);

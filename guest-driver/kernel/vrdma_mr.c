@@ -12,10 +12,12 @@
 #include "vrdma.h"
 
 #define VRDMA_MR_ACCESS (IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ | \
-			 IB_ACCESS_REMOTE_ATOMIC)
+			 IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_MW_BIND)
 
-static_assert(IB_ACCESS_REMOTE_ATOMIC == VRDMA_ACCESS_REMOTE_ATOMIC && VRDMA_MR_ACCESS == VRDMA_ALL_ACCESS,
-	      "access flags are the IB values");
+static_assert(IB_ACCESS_REMOTE_ATOMIC == VRDMA_ACCESS_REMOTE_ATOMIC && IB_ACCESS_MW_BIND == VRDMA_ACCESS_MW_BIND &&
+	      VRDMA_MR_ACCESS == VRDMA_ALL_ACCESS, "access flags are the IB values");
+static_assert(IB_MR_REREG_TRANS == VRDMA_REREG_TRANSLATION && IB_MR_REREG_PD == VRDMA_REREG_PD &&
+	      IB_MR_REREG_ACCESS == VRDMA_REREG_ACCESS, "reregistration flags are the IB values");
 
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
 				struct ib_udata *udata)
@@ -50,6 +52,7 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 v
 	mr->handle = le32_to_cpu(resp.handle);
 	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
 	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	mr->access = access;
 	return &mr->ibmr;
 
 err_free:
@@ -73,6 +76,82 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	kfree(mr->pages);
 	kfree(mr);
 	return 0;
+}
+
+/*
+ * ibv_rereg_mr: the device changes the MR in place (handle and keys stay); a new translation pins the new range
+ * first and lets the old one go only once the device has moved to it, so a refusal leaves the MR as it was.
+ */
+struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start, u64 length, u64 virt, int access,
+				  struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+	struct vrdma_dev *dev = to_vdev(ibmr->device);
+	struct vrdma_cmd_rereg_mr cmd = {};
+	struct vrdma_resp_reg_mr resp;
+	struct ib_umem *umem = NULL;
+	struct vrdma_pbl pbl;
+	int ret;
+
+	if (!mr->umem)
+		return ERR_PTR(-EOPNOTSUPP);  /* the DMA MR and fast-registration MRs are the kernel's */
+	if (flags & IB_MR_REREG_ACCESS) {
+		access &= ~IB_ACCESS_OPTIONAL;
+		if (access & ~VRDMA_MR_ACCESS)
+			return ERR_PTR(-EOPNOTSUPP);
+	} else {
+		access = mr->access;
+	}
+	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_REREG_MR);
+	cmd.handle = cpu_to_le32(mr->handle);
+	cmd.flags = cpu_to_le32(flags);
+	cmd.pd = cpu_to_le32(container_of(ibpd, struct vrdma_pd, ibpd)->handle);
+	cmd.access = cpu_to_le32(access);
+	if (flags & IB_MR_REREG_TRANS) {
+		ret = vrdma_pin(dev, start, length, access, &umem, &pbl);
+		if (ret)
+			return ERR_PTR(ret);
+		cmd.iova = cpu_to_le64(virt);
+		cmd.length = cpu_to_le64(length);
+		cmd.page_offset = cpu_to_le32(ib_umem_offset(umem));
+		cmd.pages = pbl.desc;
+		ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, umem);
+	} else {
+		ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	}
+	if (ret)
+		return ERR_PTR(ret);
+	if (umem) {
+		ib_umem_release(mr->umem);  /* the device reads the new pages now */
+		mr->umem = umem;
+	}
+	mr->access = access;
+	return NULL;  /* changed in place: the core keeps the ib_mr (and updates its PD, iova and length) */
+}
+
+/* A memory window of a PD: a key the provider's BIND_MW work requests point at part of an MR. */
+int vrdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct vrdma_mw *mw = container_of(ibmw, struct vrdma_mw, ibmw);
+	struct vrdma_cmd_alloc_mw cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_ALLOC_MW),
+					  .pd = cpu_to_le32(container_of(ibmw->pd, struct vrdma_pd, ibpd)->handle),
+					  .type = cpu_to_le32(ibmw->type) };
+	struct vrdma_resp_alloc_mw resp;
+	int ret;
+
+	static_assert(IB_MW_TYPE_1 == 1 && IB_MW_TYPE_2 == 2, "window types are the IB values");
+	ret = vrdma_cmd_exec(to_vdev(ibmw->device), &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	mw->handle = le32_to_cpu(resp.handle);
+	ibmw->rkey = le32_to_cpu(resp.rkey);
+	return 0;
+}
+
+int vrdma_dealloc_mw(struct ib_mw *ibmw)
+{
+	return vrdma_destroy_handle(to_vdev(ibmw->device), VRDMA_CMD_DEALLOC_MW,
+				    container_of(ibmw, struct vrdma_mw, ibmw)->handle);
 }
 
 /*

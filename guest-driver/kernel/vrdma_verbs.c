@@ -51,6 +51,9 @@ static int vrdma_query_device(struct ib_device *ibdev, struct ib_device_attr *at
 	attr->max_fast_reg_page_list_len = le32_to_cpu(a->max_fast_reg_pages);
 	if (attr->max_fast_reg_page_list_len)  /* fast registration, local and remote invalidation */
 		attr->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
+	/* Windows of type 1 and 2B (bound to the QP that binds them); they share the MRs' key table. */
+	attr->device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B;
+	attr->max_mw = attr->max_mr;
 	attr->atomic_cap = IB_ATOMIC_HCA;	/* the engine does atomics with host atomics: one coherent view */
 	attr->local_ca_ack_delay = 15;
 	return 0;
@@ -347,6 +350,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.add_gid = vrdma_add_gid,
 	.alloc_hw_port_stats = vrdma_alloc_hw_port_stats,
 	.alloc_mr = vrdma_alloc_mr,
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.alloc_xrcd = vrdma_alloc_xrcd,
@@ -360,6 +364,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.counter_unbind_qp = vrdma_counter_unbind_qp,
 	.counter_update_stats = vrdma_counter_update_stats,
 	.create_user_ah = vrdma_create_ah,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.dealloc_xrcd = vrdma_dealloc_xrcd,
@@ -390,10 +395,12 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
+	.rereg_user_mr = vrdma_rereg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, vrdma_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),

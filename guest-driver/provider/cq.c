@@ -124,6 +124,35 @@ static int flush_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, int ne, stru
 	return n;
 }
 
+/*
+ * A QP went back to RESET (or away): its completions not polled yet leave the CQ, as an HCA's driver cleans them
+ * (mlx5_cq_clean), so that a QP brought up again does not reap its own past (the flush errors of its last error
+ * state). The others move up to close the gap, walking down from the producer index: the device only writes
+ * at and past it, and only into the room the consumer index gives, which this only adds to.
+ */
+void vrdma_cq_clean(struct ibv_cq *ibcq, uint32_t qp_num)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_cq_ring_hdr *hdr = cq->buf.addr;
+	struct vrdma_cqe *ring = (struct vrdma_cqe *)((uint8_t *)cq->buf.addr + VRDMA_PAGE_SIZE);
+	uint32_t prod, freed = 0, mask = cq->entries - 1;
+
+	pthread_spin_lock(&cq->lock);
+	prod = __atomic_load_n(&hdr->prod, __ATOMIC_ACQUIRE);
+	if (prod - cq->cons <= cq->entries) {  /* (else not the device's index: vrdma_poll_cq says so) */
+		for (uint32_t i = prod; i != cq->cons;) {
+			i--;
+			if (ring[i & mask].qp_num == qp_num)
+				freed++;
+			else if (freed)
+				ring[(i + freed) & mask] = ring[i & mask];
+		}
+		cq->cons += freed;
+		__atomic_store_n(&hdr->cons, cq->cons, __ATOMIC_RELEASE);
+	}
+	pthread_spin_unlock(&cq->lock);
+}
+
 int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
@@ -154,6 +183,8 @@ int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 		w->qp_num = cqe->qp_num;
 		w->src_qp = cqe->src_qp;
 		w->wc_flags = cqe->wc_flags & (VRDMA_WC_WITH_IMM | VRDMA_WC_GRH);  /* libibverbs' values */
+		if (cqe->wc_flags & VRDMA_WC_WITH_INV)
+			w->wc_flags |= IBV_WC_WITH_INV;  /* imm_data: the invalidated rkey */
 		w->vendor_err = cqe->status;
 		cq->cons++;
 	}

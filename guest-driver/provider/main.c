@@ -68,7 +68,9 @@ static void vrdma_free_context(struct ibv_context *ibctx)
 }
 
 static const struct verbs_context_ops vrdma_ctx_ops = {
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
+	.bind_mw = vrdma_bind_mw,
 	.close_xrcd = vrdma_close_xrcd,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
@@ -76,6 +78,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.create_qp_ex = vrdma_create_qp_ex,
 	.create_srq = vrdma_create_srq,
 	.create_srq_ex = vrdma_create_srq_ex,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
@@ -99,6 +102,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.query_srq = vrdma_query_srq,
 	.reg_mr = vrdma_reg_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.rereg_mr = vrdma_rereg_mr,
 };
 
 /* The doorbell page the kernel describes must be one whole page at a page-aligned offset. */

@@ -249,6 +249,15 @@ struct ibv_qp *vrdma_open_qp(struct ibv_context *context, struct ibv_qp_open_att
 	return &qp->vqp.qp;
 }
 
+/* The QP's completions not polled yet leave its CQs (vrdma_cq_clean). */
+static void clean_cqs(struct ibv_qp *ibqp)
+{
+	if (ibqp->send_cq)
+		vrdma_cq_clean(ibqp->send_cq, ibqp->qp_num);
+	if (ibqp->recv_cq && ibqp->recv_cq != ibqp->send_cq)
+		vrdma_cq_clean(ibqp->recv_cq, ibqp->qp_num);
+}
+
 int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
@@ -270,6 +279,7 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask
 			ring_doorbell(qp->rq.db, 0);
 			pthread_spin_unlock(&qp->rq.lock);
 		}
+		clean_cqs(ibqp);
 	}
 	return 0;
 }
@@ -299,6 +309,7 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 		}
 	}
 	pthread_mutex_unlock(&ctx->qps_lock);
+	clean_cqs(ibqp);
 	buf_free(&qp->buf);
 	if (qp->sq.db) {  /* spinlocks of queues that exist (an XRC receive QP has none) */
 		pthread_spin_destroy(&qp->sq.lock);
@@ -308,26 +319,41 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	return 0;
 }
 
-/* The opcodes a QP of type `type` posts: UD sends, UC sends and writes (it has no responses), RC and XRC all. */
-static bool opcode_ok(enum ibv_qp_type type, enum ibv_wr_opcode op)
+/*
+ * The opcodes a QP of type `type` posts: UD sends; UC sends, writes, local invalidations and window binds (it has no
+ * responses); RC and XRC all. A BIND_MW work request binds a type 2 window; ibv_bind_mw (`bind_verb`) a type 1.
+ */
+static bool opcode_ok(enum ibv_qp_type type, const struct ibv_send_wr *wr, bool bind_verb)
 {
-	switch (op) {
+	switch (wr->opcode) {
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_IMM:
 		return true;
+	case IBV_WR_BIND_MW:
+		if (!wr->bind_mw.mw || wr->bind_mw.mw->type != (bind_verb ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2) ||
+		    (wr->bind_mw.bind_info.mw_access_flags & ~(VRDMA_MW_ACCESS | IBV_ACCESS_LOCAL_WRITE)) ||
+		    (wr->bind_mw.bind_info.length && !wr->bind_mw.bind_info.mr))
+			return false;  /* (no zero-based windows; a window's rights are remote ones) */
+		SWITCH_FALLTHROUGH;
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_LOCAL_INV:
 		return type != IBV_QPT_UD;
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_SEND_WITH_INV:
 		return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
 	default:
 		return false;
 	}
 }
 
-int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+static_assert(IBV_WR_LOCAL_INV == VRDMA_WR_LOCAL_INV && IBV_WR_BIND_MW == VRDMA_WR_BIND_MW &&
+	      IBV_WR_SEND_WITH_INV == VRDMA_WR_SEND_WITH_INV && IBV_WC_BIND_MW == VRDMA_WC_OP_BIND_MW &&
+	      IBV_WC_LOCAL_INV == VRDMA_WC_OP_LOCAL_INV, "work request and completion opcodes are libibverbs'");
+
+static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr, bool bind_verb)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct vrdma_context *ctx = to_vctx(ibqp->context);
@@ -353,7 +379,7 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 			ret = ENOMEM;
 			break;
 		}
-		if (!opcode_ok(ibqp->qp_type, wr->opcode) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge ||
+		if (!opcode_ok(ibqp->qp_type, wr, bind_verb) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge ||
 		    (ibqp->qp_type == IBV_QPT_UD && !wr->wr.ud.ah)) {
 			ret = EINVAL;
 			break;
@@ -377,6 +403,17 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 			wqe->ud = container_of(wr->wr.ud.ah, struct vrdma_ah, ibv_ah)->av;
 			wqe->ud.remote_qpn = wr->wr.ud.remote_qpn;
 			wqe->ud.remote_qkey = wr->wr.ud.remote_qkey;
+		} else if (wr->opcode == IBV_WR_BIND_MW) {
+			const struct ibv_mw_bind_info *info = &wr->bind_mw.bind_info;
+
+			wqe->bind.addr = info->addr;
+			wqe->bind.length = info->length;
+			wqe->bind.mr_lkey = info->mr ? info->mr->lkey : 0;
+			wqe->bind.mw_rkey = wr->bind_mw.mw->rkey;
+			wqe->bind.new_rkey = wr->bind_mw.rkey;
+			wqe->bind.access = info->mw_access_flags & VRDMA_MW_ACCESS;  /* (local write: nothing here) */
+		} else if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_SEND_WITH_INV) {
+			wqe->imm_data = wr->invalidate_rkey;  /* (the same word as imm_data) */
 		} else if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
 			wqe->remote_addr = wr->wr.rdma.remote_addr;
 			wqe->rkey = wr->wr.rdma.rkey;
@@ -416,6 +453,30 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 		wake_if_parked(ctx, qp);
 	}
 	pthread_spin_unlock(&q->lock);
+	return ret;
+}
+
+int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	return post_send(ibqp, wr, bad_wr, false);
+}
+
+/*
+ * ibv_bind_mw: a type 1 window, bound by a BIND_MW work request on the QP like a type 2 one, under the next key
+ * (ibv_inc_rkey), which the window takes once the request is posted.
+ */
+int vrdma_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind)
+{
+	struct ibv_send_wr wr = { .wr_id = mw_bind->wr_id, .opcode = IBV_WR_BIND_MW, .send_flags = mw_bind->send_flags,
+				  .bind_mw = { .mw = mw, .rkey = ibv_inc_rkey(mw->rkey),
+					       .bind_info = mw_bind->bind_info } }, *bad;
+	int ret;
+
+	if (mw->pd != ibqp->pd || (mw_bind->bind_info.mr && mw_bind->bind_info.mr->pd != ibqp->pd))
+		return EINVAL;
+	ret = post_send(ibqp, &wr, &bad, true);
+	if (!ret)
+		mw->rkey = wr.bind_mw.rkey;
 	return ret;
 }
 

@@ -149,6 +149,44 @@ int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
+/* The kernel and the device change the MR in place: handle and keys stay (libibverbs updates the ibv_mr). */
+int vrdma_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+	struct ibv_rereg_mr cmd;
+	struct ib_uverbs_rereg_mr_resp resp;
+
+	return ibv_cmd_rereg_mr(vmr, (uint32_t)flags, addr, length, (uintptr_t)addr, access, pd, &cmd, sizeof(cmd),
+				&resp, sizeof(resp));
+}
+
+/* -- memory windows: the device's keys; BIND_MW work requests (qp.c) bind them ------------------------------------ */
+
+struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	struct ibv_alloc_mw cmd;
+	struct ib_uverbs_alloc_mw_resp resp;
+	struct ibv_mw *mw;
+	int ret;
+
+	mw = calloc(1, sizeof(*mw));
+	if (!mw)
+		return vrdma_abandon(NULL, NULL, ENOMEM);
+	ret = ibv_cmd_alloc_mw(pd, type, mw, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (ret)
+		return vrdma_abandon(NULL, mw, ret);
+	return mw;
+}
+
+int vrdma_dealloc_mw(struct ibv_mw *mw)
+{
+	int ret = ibv_cmd_dealloc_mw(mw);
+
+	if (ret)
+		return ret;
+	free(mw);
+	return 0;
+}
+
 /* -- address handles -------------------------------------------------------------------------------------------- */
 
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)

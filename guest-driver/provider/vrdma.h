@@ -160,6 +160,10 @@ struct ibv_xrcd *vrdma_open_xrcd(struct ibv_context *context, struct ibv_xrcd_in
 int vrdma_close_xrcd(struct ibv_xrcd *ibxrcd);
 struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access);
 int vrdma_dereg_mr(struct verbs_mr *vmr);
+int vrdma_rereg_mr(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access);
+struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int vrdma_dealloc_mw(struct ibv_mw *mw);
+int vrdma_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind);
 struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel,
 				      int comp_vector);
 int vrdma_destroy_cq(struct ibv_cq *ibcq);
@@ -173,6 +177,7 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask
 int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask,
 			  struct ibv_qp_init_attr *init_attr);
 int vrdma_destroy_qp(struct ibv_qp *ibqp);
+void vrdma_cq_clean(struct ibv_cq *ibcq, uint32_t qp_num);
 int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr);

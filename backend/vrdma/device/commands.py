@@ -132,6 +132,14 @@ def _alloc_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.key = objs.mrs.allocate(request)
 
 
+def _rereg_mr(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.lkey, response.rkey = objs.mrs.reregister(request)
+
+
+def _alloc_mw(objs: DeviceObjects, request: Any, response: Any) -> None:
+    response.handle, response.rkey = objs.mrs.allocate_window(request)
+
+
 def _create_cq(objs: DeviceObjects, request: Any, response: Any) -> None:
     response.handle, response.db_index = objs.cqs.create(request)
 
@@ -202,6 +210,9 @@ COMMANDS: dict[int, Command] = dict([
     _command("REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", _reg_mr),
     _command("ALLOC_MR", "vrdma_cmd_alloc_mr", "vrdma_resp_alloc_mr", _alloc_mr),
     _destroy("DEREG_MR", lambda o: o.mrs.deregister),
+    _command("REREG_MR", "vrdma_cmd_rereg_mr", "vrdma_resp_reg_mr", _rereg_mr),
+    _command("ALLOC_MW", "vrdma_cmd_alloc_mw", "vrdma_resp_alloc_mw", _alloc_mw),
+    _destroy("DEALLOC_MW", lambda o: o.mrs.deallocate_window),
     _command("CREATE_CQ", "vrdma_cmd_create_cq", "vrdma_resp_create_cq", _create_cq),
     _destroy("DESTROY_CQ", lambda o: o.cqs.destroy),
     _command("MODIFY_CQ", "vrdma_cmd_modify_cq", "vrdma_resp_hdr", _modify_cq),

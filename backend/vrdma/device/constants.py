@@ -42,6 +42,9 @@ class CommandOpcode(IntEnum):
     DEALLOC_XRCD = 26
     QUERY_QP_COUNTERS = 27
     ALLOC_MR = 28
+    ALLOC_MW = 29
+    DEALLOC_MW = 30
+    REREG_MR = 31
 
 
 class EventType(IntEnum):
@@ -61,6 +64,7 @@ class Access(IntFlag):
     REMOTE_WRITE = 2
     REMOTE_READ = 4
     REMOTE_ATOMIC = 8
+    MW_BIND = 0x10
 
 
 class QpType(IntEnum):

@@ -75,7 +75,9 @@ struct vre_mr_config {
 	/* Nonzero: a fast-registration MR (ALLOC_MR) with room for this many pages, nothing mapped (no pages, no
 	 * length) until a REG_MR work request of its PD maps it. */
 	uint32_t max_pages;
-	uint32_t reserved;
+	/* 1 or 2: a memory window (ALLOC_MW) of that type, its rkey in rkey, bound to nothing until a BIND_MW work
+	 * request of its PD binds it (no lkey, pages, length or access). */
+	uint32_t mw_type;
 };
 
 struct vre_cq_config {
@@ -188,6 +190,9 @@ int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_r
 void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out);
 
 int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_mr_config *config);
+/* REREG_MR: the MR in `slot` becomes `config` (same keys; pages loaded anew when config has any, else kept); windows
+ * bound to it are unbound. On failure it is as it was. */
+int vre_mr_rereg(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_mr_config *config);
 void vre_mr_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_cq_config *config);
 int vre_cq_moderate(struct vre_engine *e, uint32_t dev, uint32_t slot, uint32_t count, uint32_t period_us);

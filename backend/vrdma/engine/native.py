@@ -87,6 +87,9 @@ class Engine:
     def create_mr(self, dev: int, slot: int, config: MrConfig) -> None:
         self._check(lib.vre_mr_create(self._e, dev, slot, ffi.new("struct vre_mr_config *", config)))
 
+    def rereg_mr(self, dev: int, slot: int, config: MrConfig) -> None:
+        self._check(lib.vre_mr_rereg(self._e, dev, slot, ffi.new("struct vre_mr_config *", config)))
+
     def destroy_mr(self, dev: int, slot: int) -> None:
         lib.vre_mr_destroy(self._e, dev, slot)
 

@@ -3,8 +3,8 @@
  * What each work request opcode does, as a table (the way rxe's opcode table drives its requester and responder):
  * whether it names remote memory and with which access right, whether it reads into its local SGEs, consumes a
  * receive WQE, carries immediate data, is an atomic, and which opcode its completion reports; a local operation
- * (fast registration, local invalidation) names the function that does it. req.c and resp.c consult the row
- * instead of comparing opcodes; an opcode with no row is refused.
+ * (fast registration, local invalidation, binding a memory window) names the function that does it. req.c and
+ * resp.c consult the row instead of comparing opcodes; an opcode with no row is refused.
  */
 #include "vre.h"
 
@@ -18,7 +18,7 @@ static uint8_t reg_mr(struct vre_device *d, const struct vre_qp *qp, const struc
 
 static uint8_t local_inv(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_send_wqe *w)
 {
-	return mr_invalidate(d, qp->cfg.pd, w->imm_data);
+	return mr_invalidate(d, qp->cfg.pd, qp->cfg.qpn, w->imm_data);
 }
 
 #define ROW(op_name, op_flags, access, wc) .name = op_name, .flags = op_flags, .remote_access = access, .wc_opcode = wc
@@ -37,6 +37,7 @@ static const struct vre_opcode opcodes[] = {
 	[VRDMA_WR_ATOMIC_FETCH_AND_ADD] = { ROW("ATOMIC_FETCH_AND_ADD", OP_REMOTE | OP_READS | OP_ATOMIC,
 						VRDMA_ACCESS_REMOTE_ATOMIC, VRDMA_WC_OP_FETCH_ADD) },
 	[VRDMA_WR_LOCAL_INV] = { ROW("LOCAL_INV", OP_LOCAL, 0, VRDMA_WC_OP_LOCAL_INV), .local = local_inv },
+	[VRDMA_WR_BIND_MW] = { ROW("BIND_MW", OP_LOCAL, 0, VRDMA_WC_OP_BIND_MW), .local = mw_bind },
 	[VRDMA_WR_SEND_WITH_INV] = { ROW("SEND_WITH_INV", OP_PAYLOAD | OP_RECV | OP_INV, 0, VRDMA_WC_OP_SEND) },
 	[VRDMA_WR_REG_MR] = { ROW("REG_MR", OP_LOCAL, 0, VRDMA_WC_OP_REG_MR), .local = reg_mr },
 };

@@ -11,16 +11,17 @@
 #include "vre.h"
 
 /* The responder's checks of a remote access: rkey, PD (the receive side's: an XRC target has its SRQ's), bounds,
- * MR and QP access rights. */
+ * MR (or window) and QP access rights. */
 static struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
 				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off)
 {
 	struct vre_mr *mr = mr_by_key(dd, rkey, true);
 
-	if (!mr || mr->cfg.pd != pd || !(mr->cfg.access & access) || !(dqp->attr.access_flags & access) ||
-	    !mr_range(mr, addr, len, off))
+	if (!mr || mr->cfg.pd != pd || !(mr->cfg.access & access) || !(dqp->attr.access_flags & access))
 		return NULL;
-	return mr;
+	if (mr->cfg.mw_type)
+		mr = mw_target(dd, mr, dqp->cfg.qpn, addr, len);  /* the window's rights, its MR's memory */
+	return mr && mr_range(mr, addr, len, off) ? mr : NULL;
 }
 
 static void count_bytes(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp)
@@ -70,7 +71,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 	}
 	/* SEND_WITH_INV: the key it names goes with the message, or the message is an invalid request. */
 	if (rstatus == VRDMA_WC_SUCCESS && (r->op->flags & OP_INV) &&
-	    mr_invalidate(dd, rx->pd, h->imm_data) != VRDMA_WC_SUCCESS)
+	    mr_invalidate(dd, rx->pd, dqp->cfg.qpn, h->imm_data) != VRDMA_WC_SUCCESS)
 		rstatus = VRDMA_WC_REM_INV_REQ_ERR;
 	if (rstatus != VRDMA_WC_SUCCESS) {
 		rcqe.status = rstatus;

@@ -58,7 +58,13 @@ struct vre_mem {
 
 struct vre_mr {
 	struct vre_mr_config cfg;
-	struct vre_mem mem;
+	struct vre_mem mem;       /* a window's: none; mem.valid while it is bound */
+	uint64_t gen;             /* the device's mr_gen when this MR was made or last (re)registered */
+	/* A window (cfg.mw_type): bound to [cfg.iova, cfg.iova + cfg.length) of the MR in target_slot whose gen is
+	 * target_gen (so a window outliving its MR reaches nothing); a type 2 window to the QP bound_qpn alone. */
+	uint32_t target_slot;
+	uint32_t bound_qpn;
+	uint64_t target_gen;
 };
 
 struct vre_cq {
@@ -123,6 +129,7 @@ struct vre_device {
 	uint32_t nactive;
 	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none): the only time CQs are scanned */
 	uint64_t pages_in_use;    /* translated pages of its MRs and rings, bounded by lim.max_pages_total */
+	uint64_t mr_gen;          /* MRs made, reregistered or fast-registered so far (struct vre_mr.gen) */
 	struct vre_counters counters;
 };
 
@@ -274,9 +281,15 @@ static inline uint32_t key_slot(const struct vre_device *d, uint32_t key)
 VRE_FN struct vre_mr *mr_by_key(struct vre_device *d, uint32_t key, bool remote);
 VRE_FN bool mr_range(const struct vre_mr *mr, uint64_t addr, uint64_t len, uint64_t *off);
 /* Work requests on fast-registration MRs of PD `pd`: map one (REG_MR), unmap one by its key (LOCAL_INV, and the
- * responder's side of SEND_WITH_INV). A completion status: VRDMA_WC_SUCCESS or why not. */
+ * responder's side of SEND_WITH_INV; a type 2 window too, by the QP it is bound to). A completion status:
+ * VRDMA_WC_SUCCESS or why not. */
 VRE_FN uint8_t mr_fast_register(struct vre_device *d, uint32_t pd, const struct vrdma_send_wqe *w);
-VRE_FN uint8_t mr_invalidate(struct vre_device *d, uint32_t pd, uint32_t key);
+VRE_FN uint8_t mr_invalidate(struct vre_device *d, uint32_t pd, uint32_t qpn, uint32_t key);
+/* BIND_MW of QP `qp`: bind (or unbind) a window of its PD to a range of an MR of its PD. */
+VRE_FN uint8_t mw_bind(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_send_wqe *w);
+/* The MR a bound window `mw` reaches for [addr, addr + len), as the responder QP `qpn` uses it, or NULL. */
+VRE_FN struct vre_mr *mw_target(struct vre_device *d, const struct vre_mr *mw, uint32_t qpn, uint64_t addr,
+				uint64_t len);
 
 /* -- cq.c -------------------------------------------------------------------------------------------------- */
 

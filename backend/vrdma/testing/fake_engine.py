@@ -105,6 +105,10 @@ class FakeEngine:
     def create_mr(self, dev: int, slot: int, config: api.MrConfig) -> None:
         self._create("mr", dev, slot, config)
 
+    def rereg_mr(self, dev: int, slot: int, config: api.MrConfig) -> None:
+        self._configure("rereg_mr", dev, slot)
+        self._existing("mr", dev, slot).objects["mr"][slot] = dict(config)
+
     def destroy_mr(self, dev: int, slot: int) -> None:
         self._destroy("mr", dev, slot)
 

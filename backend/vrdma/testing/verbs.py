@@ -22,7 +22,8 @@ from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError
 PBL = PBL_ENTRIES
 CQE_SIZE = CQE
 U32 = struct.Struct("<I")
-ALL_ACCESS = 0xF
+ALL_ACCESS = abi.const("VRDMA_ALL_ACCESS")  # an MR: local write, remote read, write and atomic, windows
+REMOTE_ACCESS = abi.const("VRDMA_MW_ACCESS")  # a QP: remote read, write and atomic
 
 
 def encode_command(struct: str, opcode: int, seq: int, **fields: Any) -> bytes:
@@ -206,6 +207,35 @@ class SimVerbs:
                          max_pages=max_pages)
         return int(resp.handle), int(resp.key)
 
+    def rereg_mr(self, mr: SimMr, flags: int, pd: int = 0, access: int = 0, buf: Buffer | None = None,
+                 iova: int | None = None, length: int | None = None) -> None:
+        """REREG_MR: ``flags`` (VRDMA_REREG_*) say which of pd, access and the translation (onto ``buf``) change."""
+        fields: dict[str, Any] = {"handle": mr.handle, "flags": flags, "pd": pd, "access": access}
+        if buf is not None:
+            fields.update(iova=buf.gpa if iova is None else iova, length=buf.size if length is None else length,
+                          page_offset=0, pages=self.page_list(buf))
+        self.call("VRDMA_CMD_REREG_MR", "vrdma_cmd_rereg_mr", "vrdma_resp_reg_mr", **fields)
+        mr.buf = buf or mr.buf
+
+    def alloc_mw(self, pd: int, mw_type: int) -> tuple[int, int]:
+        """A memory window: its handle and rkey."""
+        resp = self.call("VRDMA_CMD_ALLOC_MW", "vrdma_cmd_alloc_mw", "vrdma_resp_alloc_mw", pd=pd, type=mw_type)
+        return int(resp.handle), int(resp.rkey)
+
+    def dealloc_mw(self, handle: int) -> None:
+        self.call("VRDMA_CMD_DEALLOC_MW", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=handle)
+
+    def post_bind_mw(self, qp: SimQp, mw_rkey: int, new_rkey: int, mr_lkey: int, addr: int, length: int,
+                     access: int, wr_id: int = 0) -> None:
+        """A BIND_MW work request: the window ``mw_rkey`` names, bound to [addr, addr + length) of the MR
+        ``mr_lkey`` names with ``access``, known from now on as ``new_rkey``."""
+        wqe = abi.new("vrdma_send_wqe", wr_id=wr_id, opcode=abi.const("VRDMA_WR_BIND_MW"),
+                      send_flags=abi.const("VRDMA_SEND_SIGNALED"))
+        wqe.bind.addr, wqe.bind.length, wqe.bind.mr_lkey = addr, length, mr_lkey
+        wqe.bind.mw_rkey, wqe.bind.new_rkey, wqe.bind.access = mw_rkey, new_rkey, access
+        self.put_wqe(qp.sq, abi.to_bytes(wqe))
+        self.ring_send(qp)
+
     def create_cq(self, entries: int = 64) -> SimCq:
         buf = self.alloc(PAGE + entries * CQE_SIZE)
         # CQE slots start as a sentinel (the index page stays zero): a CQE the device never wrote cannot read as
@@ -273,7 +303,7 @@ class SimVerbs:
                   attr_mask=mask, attr=attr)
 
     def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
-                access: int = ALL_ACCESS - 1, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False,
+                access: int = REMOTE_ACCESS, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False,
                 xrc: str = "", timeout: int = 14, retry_cnt: int = 7) -> None:
         """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it (``uc``: ibv_uc_pingpong, which gives
         none of the attributes of acknowledgements; ``xrc`` "INI" or "TGT": ibv_xsrq_pingpong's send and receive

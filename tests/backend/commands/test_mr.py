@@ -45,7 +45,7 @@ def test_bad_registration_is_refused(vm0: Vm, bystander: Bystander, case: str) -
     pd = vm0.verbs.alloc_pd()
     overrides: dict[str, object] = {
         "remote write without local write": {"access": REMOTE_WRITE},
-        "unknown access bit": {"access": 0x10 | LOCAL_WRITE},
+        "unknown access bit": {"access": 0x20 | LOCAL_WRITE},
         "length 0": {"length": 0},
         "length past max_mr_size": {"length": DEFAULT_LIMITS.max_mr_size + 1},
         "page offset of a page": {"page_offset": PAGE},
