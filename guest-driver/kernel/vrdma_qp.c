@@ -205,7 +205,9 @@ static int vrdma_modify_qp_locked(struct vrdma_qp *qp, struct ib_qp_attr *attr, 
 	a->qp_state = cpu_to_le32(attr->qp_state);
 	a->cur_qp_state = cpu_to_le32(attr->cur_qp_state);
 	a->path_mtu = cpu_to_le32(attr->path_mtu);
-	a->qp_access_flags = cpu_to_le32(attr->qp_access_flags);
+	/* A QP's rights are remote read, write and atomic: FLUSH, relaxed ordering and the like are none of the
+	 * device's (it has no such operation), so they are not passed on. */
+	a->qp_access_flags = cpu_to_le32(attr->qp_access_flags & VRDMA_ALL_ACCESS);
 	a->rq_psn = cpu_to_le32(attr->rq_psn);
 	a->sq_psn = cpu_to_le32(attr->sq_psn);
 	a->dest_qp_num = cpu_to_le32(attr->dest_qp_num);

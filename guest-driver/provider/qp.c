@@ -129,8 +129,8 @@ static struct ibv_qp *create_xrc_recv_qp(struct ibv_context *context, struct ibv
 /*
  * RC, UC, UD and XRC send QPs: a buffer holding a header page, the send queue and (unless the QP has an SRQ or is
  * an XRC initiator, which receives nothing) its receive queue, pinned by the kernel; the doorbells the device
- * names. XRC receive QPs have none of it (create_xrc_recv_qp). The new posting API (send_ops_flags, ibv_wr_*) is
- * not offered.
+ * names. XRC receive QPs have none of it (create_xrc_recv_qp). With send_ops_flags, the QP also posts through the
+ * extended API (ibv_wr_*: qp_ex.c).
  */
 struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
 {
@@ -148,9 +148,12 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 		return create_xrc_recv_qp(context, attr);
 	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
 	     attr->qp_type != IBV_QPT_XRC_SEND) || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
-	    (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
-	    ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
-		errno = EOPNOTSUPP;
+	    (attr->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+					   IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) ||
+	    ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags) ||
+	    ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	     (attr->send_ops_flags & ~vrdma_qp_ops(attr->qp_type)))) {
+		errno = EOPNOTSUPP;  /* (no TSO, FLUSH or ATOMIC_WRITE; and only what the QP type has) */
 		return NULL;
 	}
 	if (cap->max_send_wr > (1u << 20) || (!no_rq && cap->max_recv_wr > (1u << 20)) || cap->max_send_sge > 255 ||
@@ -188,9 +191,10 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 	cmd.rq_stride = rq_stride;
 	cmd.sq_offset = VRDMA_PAGE_SIZE;
 	cmd.rq_offset = no_rq ? 0 : VRDMA_PAGE_SIZE + sq_bytes;
-	/* The core takes no creation-flags bit (there are none here, checked above): it gets the rest. */
+	/* The core takes no creation-flags bit (there are none here, checked above) and no send_ops_flags: it gets the
+	 * rest. */
 	core_attr = *attr;
-	core_attr.comp_mask &= ~IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	core_attr.comp_mask &= ~(IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);  /* (ours alone) */
 	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, &core_attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
 				   sizeof(resp));
 	if (ret)
@@ -205,6 +209,8 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 		goto err_free;
 	}
 	qp->max_inline = cap->max_inline_data;
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		vrdma_qp_ex_init(qp, attr->send_ops_flags);
 	cap->max_send_wr = sq_depth;
 	cap->max_recv_wr = rq_depth;
 	wake_cmd_init(qp);
@@ -320,50 +326,104 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 }
 
 /*
- * The opcodes a QP of type `type` posts: UD sends; UC sends, writes, local invalidations and window binds (it has no
- * responses); RC and XRC all. A BIND_MW work request binds a type 2 window; ibv_bind_mw (`bind_verb`) a type 1.
+ * The opcodes a QP of type `type` posts, as IBV_QP_EX_WITH_* bits (bit n: opcode n): UD sends; UC sends, writes,
+ * local invalidations and window binds (it has no responses); RC and XRC all.
  */
-static bool opcode_ok(enum ibv_qp_type type, const struct ibv_send_wr *wr, bool bind_verb)
+uint64_t vrdma_qp_ops(enum ibv_qp_type type)
 {
-	switch (wr->opcode) {
-	case IBV_WR_SEND:
-	case IBV_WR_SEND_WITH_IMM:
-		return true;
-	case IBV_WR_BIND_MW:
-		if (!wr->bind_mw.mw || wr->bind_mw.mw->type != (bind_verb ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2) ||
-		    (wr->bind_mw.bind_info.mw_access_flags & ~(VRDMA_MW_ACCESS | IBV_ACCESS_LOCAL_WRITE)) ||
-		    (wr->bind_mw.bind_info.length && !wr->bind_mw.bind_info.mr))
-			return false;  /* (no zero-based windows; a window's rights are remote ones) */
-		SWITCH_FALLTHROUGH;
-	case IBV_WR_RDMA_WRITE:
-	case IBV_WR_RDMA_WRITE_WITH_IMM:
-	case IBV_WR_LOCAL_INV:
-		return type != IBV_QPT_UD;
-	case IBV_WR_RDMA_READ:
-	case IBV_WR_ATOMIC_CMP_AND_SWP:
-	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-	case IBV_WR_SEND_WITH_INV:
-		return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
+	const uint64_t ud = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+	const uint64_t uc = ud | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+			    IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
+
+	switch (type) {
+	case IBV_QPT_UD:
+		return ud;
+	case IBV_QPT_UC:
+		return uc;
+	case IBV_QPT_RC:
+	case IBV_QPT_XRC_SEND:
+		return uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
 	default:
-		return false;
+		return 0;
 	}
 }
 
+/* A bind the device could take: a window, a remote right or local write (meaningless here) only, an MR unless the
+ * length is 0 (no zero-based windows). */
+bool vrdma_bind_ok(const struct ibv_mw *mw, const struct ibv_mw_bind_info *info)
+{
+	return mw && !(info->mw_access_flags & ~(VRDMA_MW_ACCESS | IBV_ACCESS_LOCAL_WRITE)) &&
+	       (info->mr || !info->length);
+}
+
+void vrdma_set_bind(struct vrdma_send_wqe *wqe, const struct ibv_mw *mw, uint32_t rkey,
+		    const struct ibv_mw_bind_info *info)
+{
+	wqe->bind.addr = info->addr;
+	wqe->bind.length = info->length;
+	wqe->bind.mr_lkey = info->mr ? info->mr->lkey : 0;
+	wqe->bind.mw_rkey = mw->rkey;
+	wqe->bind.new_rkey = rkey;
+	wqe->bind.access = info->mw_access_flags & VRDMA_MW_ACCESS;  /* (local write: nothing here) */
+}
+
+/* A BIND_MW work request binds a type 2 window; ibv_bind_mw (`bind_verb`) a type 1. */
+static bool opcode_ok(enum ibv_qp_type type, const struct ibv_send_wr *wr, bool bind_verb)
+{
+	if ((unsigned int)wr->opcode > IBV_WR_SEND_WITH_INV || !(vrdma_qp_ops(type) & (1ull << wr->opcode)))
+		return false;
+	return wr->opcode != IBV_WR_BIND_MW ||
+	       (vrdma_bind_ok(wr->bind_mw.mw, &wr->bind_mw.bind_info) &&
+		wr->bind_mw.mw->type == (bind_verb ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2));
+}
+
+static_assert(IBV_QP_EX_WITH_SEND_WITH_INV == 1 << IBV_WR_SEND_WITH_INV &&
+	      IBV_QP_EX_WITH_RDMA_WRITE == 1 << IBV_WR_RDMA_WRITE, "a send_ops_flags bit per opcode");
 static_assert(IBV_WR_LOCAL_INV == VRDMA_WR_LOCAL_INV && IBV_WR_BIND_MW == VRDMA_WR_BIND_MW &&
 	      IBV_WR_SEND_WITH_INV == VRDMA_WR_SEND_WITH_INV && IBV_WC_BIND_MW == VRDMA_WC_OP_BIND_MW &&
 	      IBV_WC_LOCAL_INV == VRDMA_WC_OP_LOCAL_INV, "work request and completion opcodes are libibverbs'");
+
+/*
+ * The next send WQE (zeroed, with its header) at the producer index, which moves past it; NULL when the ring is
+ * full. The device sees it only once vrdma_sq_publish rings the doorbell. Called with the send queue's lock held.
+ */
+struct vrdma_send_wqe *vrdma_send_slot(struct vrdma_qp *qp, uint64_t wr_id, enum ibv_wr_opcode opcode,
+				       unsigned int send_flags)
+{
+	struct vrdma_queue *q = &qp->sq;
+	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
+	struct vrdma_send_wqe *wqe;
+
+	if (ring_full(q, &hdr->sq_cons))
+		return NULL;
+	wqe = (struct vrdma_send_wqe *)(q->base + (size_t)(q->prod & (q->depth - 1)) * q->stride);
+	memset(wqe, 0, sizeof(*wqe));
+	wqe->wr_id = wr_id;
+	wqe->opcode = (uint8_t)opcode;
+	wqe->send_flags = (uint8_t)(send_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
+						  IBV_SEND_INLINE));
+	q->prod++;
+	return wqe;
+}
+
+/* Hand the device what was written since the last doorbell (send queue lock held). */
+void vrdma_sq_publish(struct vrdma_qp *qp)
+{
+	ring_doorbell(qp->sq.db, qp->sq.prod);
+	wake_if_parked(to_vctx(qp->vqp.qp.context), qp);
+}
 
 static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr, bool bind_verb)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct vrdma_context *ctx = to_vctx(ibqp->context);
 	struct vrdma_queue *q = &qp->sq;
-	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
 	uint32_t posted = 0;
 	int ret = 0;
 
-	if (!q->db) {
-		*bad_wr = wr;  /* an XRC receive QP: nothing is posted to it */
+	if (!q->db || ibqp->state < IBV_QPS_RTS) {
+		*bad_wr = wr;  /* an XRC receive QP (nothing is posted to it), or one not ready to send */
 		return EINVAL;
 	}
 	if (!ctx_alive(ctx)) {
@@ -375,21 +435,16 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		struct vrdma_send_wqe *wqe;
 		bool is_atomic = wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 
-		if (ring_full(q, &hdr->sq_cons)) {
-			ret = ENOMEM;
-			break;
-		}
 		if (!opcode_ok(ibqp->qp_type, wr, bind_verb) || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge ||
 		    (ibqp->qp_type == IBV_QPT_UD && !wr->wr.ud.ah)) {
 			ret = EINVAL;
 			break;
 		}
-		wqe = (struct vrdma_send_wqe *)(q->base + (size_t)(q->prod & (q->depth - 1)) * q->stride);
-		memset(wqe, 0, sizeof(*wqe));
-		wqe->wr_id = wr->wr_id;
-		wqe->opcode = (uint8_t)wr->opcode;
-		wqe->send_flags = (uint8_t)(wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
-							      IBV_SEND_INLINE));
+		wqe = vrdma_send_slot(qp, wr->wr_id, wr->opcode, wr->send_flags);
+		if (!wqe) {
+			ret = ENOMEM;
+			break;
+		}
 		wqe->imm_data = wr->imm_data;
 		if (ibqp->qp_type == IBV_QPT_XRC_SEND)
 			wqe->xrc_srqn = wr->qp_type.xrc.remote_srqn;  /* the target side's XRC SRQ */
@@ -404,14 +459,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 			wqe->ud.remote_qpn = wr->wr.ud.remote_qpn;
 			wqe->ud.remote_qkey = wr->wr.ud.remote_qkey;
 		} else if (wr->opcode == IBV_WR_BIND_MW) {
-			const struct ibv_mw_bind_info *info = &wr->bind_mw.bind_info;
-
-			wqe->bind.addr = info->addr;
-			wqe->bind.length = info->length;
-			wqe->bind.mr_lkey = info->mr ? info->mr->lkey : 0;
-			wqe->bind.mw_rkey = wr->bind_mw.mw->rkey;
-			wqe->bind.new_rkey = wr->bind_mw.rkey;
-			wqe->bind.access = info->mw_access_flags & VRDMA_MW_ACCESS;  /* (local write: nothing here) */
+			vrdma_set_bind(wqe, wr->bind_mw.mw, wr->bind_mw.rkey, &wr->bind_mw.bind_info);
 		} else if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_SEND_WITH_INV) {
 			wqe->imm_data = wr->invalidate_rkey;  /* (the same word as imm_data) */
 		} else if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
@@ -430,8 +478,10 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 				memcpy(data + len, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
 				len += wr->sg_list[i].length;
 			}
-			if (ret)
+			if (ret) {
+				q->prod--;  /* not posted after all */
 				break;
+			}
 			wqe->inline_len = len;
 		} else {
 			struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
@@ -443,15 +493,12 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 				sge[i].lkey = wr->sg_list[i].lkey;
 			}
 		}
-		q->prod++;
 		posted++;
 	}
 	if (ret)
 		*bad_wr = wr;
-	if (posted) {
-		ring_doorbell(q->db, q->prod);
-		wake_if_parked(ctx, qp);
-	}
+	if (posted)
+		vrdma_sq_publish(qp);
 	pthread_spin_unlock(&q->lock);
 	return ret;
 }
@@ -485,8 +532,8 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
 
-	if (!qp->rq.db) {
-		*bad_wr = wr;  /* its receives come from an SRQ, or it has none (XRC) */
+	if (!qp->rq.db || ibqp->state == IBV_QPS_RESET) {
+		*bad_wr = wr;  /* its receives come from an SRQ, or it has none (XRC), or it is not yet (or no more) */
 		return EINVAL;
 	}
 	return post_recv_ring(to_vctx(ibqp->context), &qp->rq, &hdr->rq_cons, wr, bad_wr);

@@ -84,6 +84,12 @@ struct vrdma_qp {
 	struct vrdma_queue sq;    /* sq.db NULL: an XRC receive QP */
 	struct vrdma_queue rq;    /* unused with an SRQ and in XRC QPs (no db) */
 	uint32_t max_inline;
+	/* The extended posting API (qp_ex.c): what send_ops_flags allow, the producer index at ibv_wr_start, the
+	 * WQE the setters fill, the first error since ibv_wr_start. */
+	uint64_t ex_ops;
+	uint32_t ex_start;
+	int ex_err;
+	struct vrdma_send_wqe *ex_wqe;
 	struct ibv_post_send wake_cmd;
 	struct ib_uverbs_post_send_resp wake_resp;
 	struct vrdma_qp *next;    /* in the context's list */
@@ -178,6 +184,14 @@ int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask,
 			  struct ibv_qp_init_attr *init_attr);
 int vrdma_destroy_qp(struct ibv_qp *ibqp);
 void vrdma_cq_clean(struct ibv_cq *ibcq, uint32_t qp_num);
+uint64_t vrdma_qp_ops(enum ibv_qp_type type);
+bool vrdma_bind_ok(const struct ibv_mw *mw, const struct ibv_mw_bind_info *info);
+void vrdma_set_bind(struct vrdma_send_wqe *wqe, const struct ibv_mw *mw, uint32_t rkey,
+		    const struct ibv_mw_bind_info *info);
+struct vrdma_send_wqe *vrdma_send_slot(struct vrdma_qp *qp, uint64_t wr_id, enum ibv_wr_opcode opcode,
+				       unsigned int send_flags);
+void vrdma_sq_publish(struct vrdma_qp *qp);
+void vrdma_qp_ex_init(struct vrdma_qp *qp, uint64_t send_ops_flags);
 int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr);
