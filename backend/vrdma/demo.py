@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from vrdma import paths
-from vrdma.harness import nvmeof, verbs
+from vrdma.harness import fio, nvmeof, verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.vm import Vm
 
@@ -59,9 +59,9 @@ def nvmeof_rows(target_vm: Vm, host_vm: Vm) -> list[tuple[str, str, str]]:
     timed = (f"--runtime={NVMEOF_SECONDS}", "--time_based", f"--size={NVMEOF_MIB}M")
     with nvmeof.target(target_vm, "rdma", size_mib=NVMEOF_MIB) as exported, \
             nvmeof.host(host_vm, exported) as device:
-        nvmeof.fio_job(host_vm, device, "--rw=write", "--bs=1M", "--iodepth=4", f"--size={NVMEOF_MIB}M")
-        rand = nvmeof.fio_job(host_vm, device, "--rw=randread", "--bs=4k", "--iodepth=32", *timed)
-        seq = nvmeof.fio_job(host_vm, device, "--rw=read", "--bs=128k", "--iodepth=8", *timed)
+        fio.job(host_vm, device, "--rw=write", "--bs=1M", "--iodepth=4", f"--size={NVMEOF_MIB}M")
+        rand = fio.job(host_vm, device, "--rw=randread", "--bs=4k", "--iodepth=32", *timed)
+        seq = fio.job(host_vm, device, "--rw=read", "--bs=128k", "--iodepth=8", *timed)
     return [("NVMe-oF fio 4 KiB random read", f"{rand['read']['iops']:.0f} IOPS",
              f"{rand['read']['clat_ns']['mean'] / 1000:.0f} us average, depth 32"),
             ("NVMe-oF fio 128 KiB read", f"{seq['read']['bw_bytes'] / 2**20:.0f} MiB/s",

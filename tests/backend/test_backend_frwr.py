@@ -163,6 +163,46 @@ def test_send_with_invalidate_of_a_key_outside_the_receivers_pd_is_an_invalid_re
     assert k.verbs.query_qp(k.qp).qp_state == ERR and u.verbs.query_qp(u.qp).qp_state == ERR
 
 
+@pytest.mark.parametrize("whose", ["the sender's own MR", "a third VM's MR", "the receiver's MR of another PD"])
+def test_remote_invalidation_of_a_key_the_sender_does_not_own_touches_nothing(tmp_path: Path, whose: str) -> None:
+    """vm1 sends SEND_WITH_INV naming a key that is not one of vm0's fast-registration MRs it may name: its own
+    MR's, a bystander VM's, or vm0's of another PD. Keys are per device: the key names a slot of vm0's table, whose
+    MR (if any) has another key or PD; nothing is unmapped anywhere, the message is an invalid request, and the
+    bystander's MR still works."""
+    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
+    try:
+        with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
+            k, u = kernel_side(fe0, backend, "vm0"), start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
+            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
+            u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
+            bystander = bystander_side(fe2, backend, "vm2", GID["vm2"])
+            _, mapped = register(k)  # vm0's own mapping, which must survive
+            key = {"the sender's own MR": u.mr.rkey, "a third VM's MR": bystander.mr.rkey,
+                   "the receiver's MR of another PD": next_key(k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1])}[whose]
+            before = backend.counters("vm2")
+            k.verbs.post_recv(k.qp, [(k.buf.gpa + 3 * PAGE, 64, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=9)
+            u.verbs.post_send(u.qp, WR["SEND_WITH_INV"], [(u.mr.addr, 12, u.mr.lkey)], wr_id=3, imm=key)
+            assert wait_cqes(u.verbs, u.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
+            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
+            check_bystander(backend, "vm2", bystander, before)
+            # vm0's mapping and the sender's own MR are as they were.
+            for verbs, qp in ((k.verbs, k.qp), (u.verbs, u.qp)):
+                verbs.modify_qp(qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
+                for ring in (qp.sq, qp.rq):
+                    ring.prod = 0
+                    verbs.ring(ring.db, 0)
+            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
+            u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
+            assert write(u, IOVA, mapped, b"still mapped").status == WC["SUCCESS"]
+            k.verbs.memory.write(k.buf.gpa, b"sender's MR")
+            k.verbs.post_send(k.qp, WR["RDMA_WRITE"], [(k.buf.gpa, 11, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=5,
+                              remote_addr=u.mr.addr + 100, rkey=u.mr.rkey)
+            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["SUCCESS"]
+            assert u.verbs.memory.read(u.mr.addr + 100, 11) == b"sender's MR"
+    finally:
+        assert backend.stop() == 0, backend.log_text()
+
+
 # Each: what the REG_MR names (key, pages, length, access, page list), and the status it completes with.
 def _bad(k: Kernel, case: str) -> tuple[dict[str, Any], int]:
     _, key = k.verbs.alloc_mr(k.pd, 4)

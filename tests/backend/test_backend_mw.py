@@ -182,6 +182,21 @@ def test_a_type_2_window_is_its_binding_qps_alone(pair: tuple[SimSide, SimSide])
     assert write(b, a.mr.addr + WINDOW[0], rkey, b"via the binder") == WC["SUCCESS"]
 
 
+def test_a_type_2_window_is_not_invalidated_through_another_qp(pair: tuple[SimSide, SimSide]) -> None:
+    """A SEND_WITH_INV arriving at another QP of the same PD names the window: an invalid request, and the window
+    stays bound for the QP that bound it."""
+    a, b = pair
+    _, rkey = bound(a, 2)
+    second, peer = a.verbs.create_qp(a.pd, a.cq, a.cq), b.verbs.create_qp(b.pd, b.cq, b.cq)
+    a.verbs.connect(second, peer.qpn, GID["vm1"])
+    b.verbs.connect(peer, second.qpn, GID["vm0"])
+    a.verbs.post_recv(second, [(a.mr.addr, 64, a.mr.lkey)], wr_id=9)
+    b.verbs.post_send(peer, WR["SEND_WITH_INV"], [(b.mr.addr, 8, b.mr.lkey)], wr_id=3, imm=rkey)
+    assert wait_cqes(b.verbs, b.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
+    assert wait_cqes(a.verbs, a.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
+    assert write(b, a.mr.addr + WINDOW[0], rkey, b"still bound") == WC["SUCCESS"]
+
+
 @pytest.mark.parametrize("how", ["deallocated", "its MR deregistered", "its MR deregistered, the slot reused",
                                  "its MR reregistered"])
 def test_a_window_whose_mr_changed_reaches_nothing(pair: tuple[SimSide, SimSide], how: str) -> None:

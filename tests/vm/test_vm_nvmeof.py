@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from polling import wait_until
 
-from vrdma.harness import nvmeof
+from vrdma.harness import fio, nvmeof
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
 from vrdma.harness.vm import Products
@@ -33,7 +33,7 @@ def test_fio_verifies_every_block_written_to_the_remote_namespace(two_guests: Cl
     assert two_guests.backend is not None
     before = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
     with nvmeof.host(host, target) as device:
-        job = nvmeof.fio_job(host, device, *pattern, "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
+        job = fio.job(host, device, *pattern, "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
     # fio wrote the pattern and read every block back, each checked against its checksum.
     size = int(next(arg for arg in pattern if arg.startswith("--size=")).removeprefix("--size=").removesuffix("M"))
     assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == size << 20, job

@@ -124,16 +124,16 @@ def nvmeof_rates(target_vm: Any, host_vm: Any, name: str, transport: str, accel:
     """NVMe over Fabrics from ``host_vm`` to ``target_vm``: fio 4 KiB random reads at depth 32 (IOPS) and 128 KiB
     sequential reads at depth 8 (bandwidth) on a RAM namespace written in full first. Over RDMA on whichever RDMA
     device holds the target's address (vrdma0, or rxe0 once vrdma is unloaded), or NVMe/TCP over virtio-net."""
-    from vrdma.harness import nvmeof
+    from vrdma.harness import fio, nvmeof
 
     label = "nvmetcp" if transport == "tcp" else f"{name}_nvmeof"
     what = "NVMe/TCP over virtio-net" if transport == "tcp" else f"NVMe-oF over {name}"
     timed = (f"--runtime={NVMEOF_RUNTIME_S}", "--time_based", f"--size={NVMEOF_NAMESPACE_MIB}M")
     with nvmeof.target(target_vm, transport, size_mib=NVMEOF_NAMESPACE_MIB) as exported, \
             nvmeof.host(host_vm, exported) as device:
-        nvmeof.fio_job(host_vm, device, "--rw=write", "--bs=1M", "--iodepth=4", f"--size={NVMEOF_NAMESPACE_MIB}M")
-        rand = nvmeof.fio_job(host_vm, device, "--rw=randread", "--bs=4k", "--iodepth=32", *timed)
-        seq = nvmeof.fio_job(host_vm, device, "--rw=read", "--bs=128k", "--iodepth=8", *timed)
+        fio.job(host_vm, device, "--rw=write", "--bs=1M", "--iodepth=4", f"--size={NVMEOF_NAMESPACE_MIB}M")
+        rand = fio.job(host_vm, device, "--rw=randread", "--bs=4k", "--iodepth=32", *timed)
+        seq = fio.job(host_vm, device, "--rw=read", "--bs=128k", "--iodepth=8", *timed)
     log.info("%s: 4 KiB random reads %.0f IOPS, 128 KiB reads %.3f GB/s", what, rand["read"]["iops"],
              seq["read"]["bw_bytes"] / 1e9)
     return [Metric(f"{label}_randread_4k_iops", round(rand["read"]["iops"]), "IOPS",

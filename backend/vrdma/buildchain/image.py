@@ -41,14 +41,20 @@ PACKAGES = [
     "nvme-cli",            # NVMe over Fabrics: nvme connect/disconnect/list
     "fio",                 # I/O with verification on the remote namespaces
     "nfs-kernel-server",   # NFS over RDMA: rpc.nfsd, rpc.mountd, exportfs (and nfs-common's mount.nfs)
+    "targetcli-fb",        # iSER: the LIO target's configuration tool
+    "dbus-daemon",         # ... which asks the system bus for tcmu-runner's backstores (and fails without a bus)
+    "open-iscsi",          # iSER: iscsid and iscsiadm, the initiator
 ]
 # Kernel modules shipped, with everything modules.dep says they need: rc.sysinit loads the virtio and RDMA ones at
-# boot, the rest are loaded when a test asks for them (NVMe over Fabrics, host and target, over RDMA and TCP; NFS).
+# boot, the rest are loaded when a test asks for them (NVMe over Fabrics, host and target, over RDMA and TCP; NFS;
+# iSER).
 MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
            "ib_core", "ib_uverbs", "ib_umad", "rdma_ucm", "rdma_rxe",
            "crc32_generic",  # rxe asks the crypto API for "crc32" by name: no modules.dep edge
            "nvme_rdma", "nvmet_rdma", "nvme_tcp", "nvmet_tcp",
            "nfsd", "nfsv4", "rpcrdma",  # NFS over RDMA, server and client
+           "ib_isert", "ib_iser", "sd_mod",  # iSER, target and initiator, and the disk its LUN becomes
+           "crc32c_generic",  # iSCSI asks the crypto API for "crc32c" by name at every login
            # t10-pi asks the crypto API for these by name, too
            "crc64_rocksoft_generic", "crct10dif_generic"]
 # Paths dropped from the unpacked packages: documentation and data nothing in the guest reads.

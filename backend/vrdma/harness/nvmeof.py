@@ -7,13 +7,11 @@ what it did, modules included, and says what failed with the kernel's log."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from vrdma.harness.errors import AgentError
 from vrdma.harness.vm import Vm
@@ -105,19 +103,3 @@ def _namespace(vm: Vm, nqn: str, timeout: float) -> str:
         if time.monotonic() > deadline:
             raise AgentError(f"no namespace of {nqn} appeared in {vm.name} within {timeout:g} s")
         time.sleep(0.2)
-
-
-def fio_job(vm: Vm, device: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
-    """fio on ``device`` (direct I/O, libaio): its one job's JSON results (read/write: io_bytes, iops, bw_bytes, ...);
-    raises with fio's output when it fails or reports an error (a verification error among them)."""
-    argv = ["fio", "--name=nvmeof", f"--filename={device}", "--direct=1", "--ioengine=libaio", "--group_reporting",
-            "--output-format=json", *args]
-    result = vm.run(argv, timeout=timeout)
-    try:
-        job: dict[str, Any] = json.loads(result.stdout[result.stdout.index("{"):])["jobs"][0]
-    except (ValueError, KeyError, IndexError):
-        job = {"error": "no JSON results"}
-    if result.exit_status != 0 or job.get("error"):
-        raise AgentError(f"{' '.join(argv)} in {vm.name} failed (exit {result.exit_status}, error "
-                         f"{job.get('error')}):\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
-    return job
