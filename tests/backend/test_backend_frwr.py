@@ -270,12 +270,13 @@ def test_a_registration_of_a_mapped_mr_fails(pair: tuple[Kernel, SimSide]) -> No
     assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
 
 
-@pytest.mark.parametrize("which", ["another low byte", "a registered MR's key", "an MR of another PD"])
+@pytest.mark.parametrize("which", ["another low byte", "a registered MR's key", "an MR of another PD",
+                                   "an MR of another VM"])
 def test_a_local_invalidation_of_what_is_not_the_qps_fails(pair: tuple[Kernel, SimSide], which: str) -> None:
-    k, _ = pair
+    k, u = pair
     _, key = register(k)
     other = {"another low byte": next_key(key), "a registered MR's key": k.verbs.reg_mr(k.pd, PAGE).rkey,
-             "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1]}[which]
+             "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1], "an MR of another VM": u.mr.rkey}[which]
     k.verbs.post_send(k.qp, WR["LOCAL_INV"], [], wr_id=7, imm=other)
     assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
     assert k.verbs.query_qp(k.qp).qp_state == ERR
