@@ -272,14 +272,36 @@ def test_a_registration_of_a_mapped_mr_fails(pair: tuple[Kernel, SimSide]) -> No
 
 @pytest.mark.parametrize("which", ["another low byte", "a registered MR's key", "an MR of another PD",
                                    "an MR of another VM"])
-def test_a_local_invalidation_of_what_is_not_the_qps_fails(pair: tuple[Kernel, SimSide], which: str) -> None:
-    k, u = pair
-    _, key = register(k)
-    other = {"another low byte": next_key(key), "a registered MR's key": k.verbs.reg_mr(k.pd, PAGE).rkey,
-             "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1], "an MR of another VM": u.mr.rkey}[which]
-    k.verbs.post_send(k.qp, WR["LOCAL_INV"], [], wr_id=7, imm=other)
-    assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
-    assert k.verbs.query_qp(k.qp).qp_state == ERR
+def test_a_local_invalidation_of_what_is_not_the_qps_fails(tmp_path: Path, which: str) -> None:
+    """LOCAL_INV of a key that is no fast-registration MR of the QP's PD by its current key: a local protection
+    error, nothing unmapped (vm0's own mapping, vm1's MR), and the bystander VM sees nothing of it."""
+    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
+    try:
+        with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
+            k, u = kernel_side(fe0, backend, "vm0"), start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
+            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
+            u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
+            bystander = bystander_side(fe2, backend, "vm2", GID["vm2"])
+            _, key = register(k)
+            other = {"another low byte": next_key(key), "a registered MR's key": k.verbs.reg_mr(k.pd, PAGE).rkey,
+                     "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1],
+                     "an MR of another VM": u.mr.rkey}[which]
+            before = backend.counters("vm2")
+            k.verbs.post_send(k.qp, WR["LOCAL_INV"], [], wr_id=7, imm=other)
+            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
+            assert k.verbs.query_qp(k.qp).qp_state == ERR
+            check_bystander(backend, "vm2", bystander, before)
+            # vm0's mapping still takes vm1's writes once vm0's QP is back, and vm1's MR still takes vm0's.
+            k.verbs.modify_qp(k.qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
+            k.qp.sq.prod = 0
+            k.verbs.ring(k.qp.sq.db, 0)
+            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
+            assert write(u, IOVA, key, b"still mapped").status == WC["SUCCESS"]
+            k.verbs.post_send(k.qp, WR["RDMA_WRITE"], [(k.buf.gpa, 8, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=8,
+                              remote_addr=u.mr.addr + 64, rkey=u.mr.rkey)
+            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["SUCCESS"]
+    finally:
+        assert backend.stop() == 0, backend.log_text()
 
 
 def test_a_user_qp_cannot_register_guest_physical_pages(pair: tuple[Kernel, SimSide]) -> None:
