@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,17 +61,20 @@ def test_the_sanitizer_build_catches_an_overflow_in_the_engine() -> None:
 
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(os.environ.get("VRDMA_SANITIZE") == "1", reason="already inside the sanitizer tier")
-def test_backend_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
+def test_backend_tests_pass_under_asan_and_ubsan() -> None:
     sanitize.build()
     backend_tests = ROOT / "tests" / "backend"
     tests = sorted(str(p.relative_to(ROOT)) for p in [*backend_tests.glob("test_backend_*.py"),
                                                        *backend_tests.glob("commands/test_*.py"),
                                                        *backend_tests.glob("pvrdma/test_*.py")])
     env = dict(os.environ, VRDMA_SANITIZE="1")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"),
-               *tests, *(arg for test in NOT_UNDER_ASAN for arg in ("--deselect", test))]
-    result = subprocess.run(command, cwd=ROOT, env=env, check=False, capture_output=True, text=True,
-                            timeout=1200)
+    # A short base directory of its own: the tests' sockets live in it, and an AF_UNIX path has 107 bytes at most
+    # (under this test's own tmp_path, the longest test names went past that).
+    with tempfile.TemporaryDirectory(prefix="vrdma-asan-") as basetemp:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", basetemp, *tests,
+                   *(arg for test in NOT_UNDER_ASAN for arg in ("--deselect", test))]
+        result = subprocess.run(command, cwd=ROOT, env=env, check=False, capture_output=True, text=True,
+                                timeout=1200)
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     print(f"sanitizer tier: {summary}")
     assert result.returncode == 0, f"the backend tests under ASan/UBSan failed:\n{result.stdout[-30000:]}\n" \

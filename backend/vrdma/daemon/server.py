@@ -228,8 +228,9 @@ class Backend:
                 try:
                     self.admin = AdminSocket(admin_socket, self.loop,
                                              lambda: {e.name: e for e in self.endpoints}, admin_extensions)
-                except OSError as err:
-                    raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror}") from err
+                except OSError as err:  # (an over-long path raises with no errno: its text says it)
+                    raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror or err}") \
+                        from err
         except BaseException:
             self.close()
             raise
