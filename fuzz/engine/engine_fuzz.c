@@ -374,12 +374,65 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
+/*
+ * A packet from the network (RoCE v2): arbitrary bytes, or a packet built from arbitrary fields and then damaged,
+ * parsed between arbitrary addresses. What the builder makes, the parser takes back as it was.
+ */
+static void op_roce(struct in *in, struct vre_engine *e, uint32_t dev)
+{
+	struct vre_roce_addr addr = { .sport = u16(in), .dport = VRE_ROCE_PORT, .ip_id = u16(in), .ip_frag = u16(in) };
+	uint8_t flags = u8(in), buf[VRE_ROCE_MAX_HEADERS + 256 + 8], payload[256];
+	struct vre_roce_pkt pkt = { 0 }, back;
+	uint32_t len = u8(in), plen = u8(in);
+	int n;
+
+	(void)e;
+	(void)dev;
+	for (int i = 0; i < 16; i++) {
+		addr.src[i] = i < 10 || !(flags & 1) ? u8(in) : (i < 12 ? 0xff : u8(in));
+		addr.dst[i] = i < 10 || !(flags & 1) ? u8(in) : (i < 12 ? 0xff : u8(in));
+	}
+	if (flags & 2) {  /* raw bytes off the wire */
+		for (uint32_t i = 0; i < len && i < sizeof(buf); i++)
+			buf[i] = u8(in);
+		vre_roce_parse(buf, len < sizeof(buf) ? len : sizeof(buf), &addr, &back);
+		return;
+	}
+	pkt.opcode = u8(in);
+	pkt.solicited = flags & 4 ? 1 : 0;
+	pkt.ackreq = flags & 8 ? 1 : 0;
+	pkt.pkey = u16(in);
+	pkt.dest_qpn = u32(in);
+	pkt.psn = u32(in);
+	pkt.va = u64(in);
+	pkt.rkey = u32(in);
+	pkt.dma_len = u32(in);
+	pkt.aeth = u32(in);
+	pkt.imm = u32(in);
+	pkt.qkey = u32(in);
+	pkt.src_qpn = u32(in);
+	for (uint32_t i = 0; i < plen; i++)
+		payload[i] = u8(in);
+	n = vre_roce_build(buf, (uint32_t)sizeof(buf), &addr, &pkt, payload, plen);
+	if (n < 0)
+		return;
+	CHECK(vre_roce_parse(buf, (uint32_t)n, &addr, &back) == 0);
+	CHECK(back.opcode == pkt.opcode && back.psn == (pkt.psn & 0xffffff) && back.payload_len == plen &&
+	      !memcmp(buf + back.payload_off, payload, plen));
+	if (flags & 16) {  /* damaged on the way: one byte changed, or the packet cut short */
+		uint32_t at = u16(in) % (uint32_t)n;
+
+		buf[at] ^= u8(in) | 1;
+		vre_roce_parse(buf, flags & 32 ? at : (uint32_t)n, &addr, &back);
+	}
+}
+
 typedef void (*op_fn)(struct in *in, struct vre_engine *e, uint32_t dev);
 
 static const op_fn ops[] = {
 	op_mr_create, op_mr_destroy, op_cq_create, op_cq_destroy, op_srq_create, op_srq_destroy, op_qp_create,
 	op_qp_modify, op_qp_destroy, op_post_send, op_post_recv, op_poll, op_poll, op_cq_consume, op_mem_write,
-	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset, op_gid_set,
+	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset, op_gid_set, op_roce,
 };
 #define OP_COUNT (sizeof(ops) / sizeof(ops[0]))
 

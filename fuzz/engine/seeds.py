@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 PAGE = 4096
-OP_COUNT = 20
+OP_COUNT = 22  # the length of engine_fuzz.c's ops[] (tests/unit/test_fuzz_seeds.py holds the two together)
 (MR_CREATE, MR_DESTROY, CQ_CREATE, CQ_DESTROY, SRQ_CREATE, SRQ_DESTROY, QP_CREATE, QP_MODIFY, QP_DESTROY, POST_SEND,
- POST_RECV, POLL, POLL2, CQ_CONSUME, MEM_WRITE, DOORBELL, SET_MEMORY, SRQ_LIMIT, PARK, RESET) = range(OP_COUNT)
+ POST_RECV, POLL, POLL2, CQ_CONSUME, MEM_WRITE, DOORBELL, SET_MEMORY, SRQ_LIMIT, PARK, RESET, GID_SET,
+ ROCE) = range(OP_COUNT)
 WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM, WR_SEND, WR_SEND_WITH_IMM, WR_RDMA_READ, WR_CMP_SWP, WR_FETCH_ADD = range(7)
 SEND_SIGNALED, SEND_SOLICITED, SEND_INLINE = 2, 4, 8
 RTS, ERR, RESET_STATE = 3, 6, 0
@@ -152,6 +153,23 @@ class Input:
     def write(self, dev: int, page: int, offset: int, data: bytes) -> Input:
         return self.op(MEM_WRITE, dev, struct.pack("<BHB", page, offset, len(data)) + data)
 
+    def roce(self, payload: bytes, opcode: int = 0x04, v4: bool = True, damage: int | None = None,
+             raw_bytes: bytes | None = None) -> Input:
+        """A RoCE v2 packet (op_roce): built from fields and parsed back (then damaged at `damage`), or raw bytes."""
+        flags = (1 if v4 else 0) | 8 | (16 if damage is not None else 0) | (2 if raw_bytes is not None else 0)
+        raw = struct.pack("<HHHBBB", 49152, 0, 0x4000, flags, len(raw_bytes or b""), len(payload))
+        src = bytes(10) + b"\xff\xff" + bytes([192, 0, 2, 1]) if v4 else bytes(range(16))
+        dst = bytes(10) + b"\xff\xff" + bytes([192, 0, 2, 2]) if v4 else bytes(range(16, 32))
+        for i in range(16):
+            if not (v4 and 10 <= i < 12):  # the IPv4-mapped prefix's ones, which the harness fills in itself
+                raw += bytes([src[i], dst[i]])
+        if raw_bytes is not None:
+            return self.op(ROCE, 0, raw + raw_bytes)
+        raw += struct.pack("<BHIIQIIIIII", opcode, 0xFFFF, 0x1234, 7, 0x1000, 5, len(payload), 0, 0, 0, 0) + payload
+        if damage is not None:
+            raw += struct.pack("<HB", damage, 0x10)
+        return self.op(ROCE, 0, raw)
+
     def bytes(self) -> bytes:
         return bytes(self.data)
 
@@ -247,6 +265,11 @@ def scenarios() -> dict[str, Callable[[], Input]]:
     def park() -> Input:
         s = Input().setup().poll()
         return s.op(PARK, 0, b"\0").recv(1).send(0, WR_SEND).poll()
+
+    def roce_packets() -> Input:
+        s = Input().roce(b"hello").roce(b"x" * 64, opcode=0x0B, v4=False).roce(b"", opcode=0x11)
+        s.roce(b"damaged", damage=20).roce(b"", raw_bytes=bytes([0x04, 0, 0xFF, 0xFF]) + bytes(12))
+        return s
 
     return {name.replace("_", "-"): fn for name, fn in locals().items() if callable(fn)}
 

@@ -215,6 +215,69 @@ uint32_t vre_take_events(struct vre_engine *e, struct vre_event *out, uint32_t m
 int64_t vre_next_deadline(struct vre_engine *e);
 int vre_park(struct vre_engine *e);
 void vre_unpark(struct vre_engine *e);
+/*
+ * RoCE v2 on the wire (roce.c): the InfiniBand transport headers a packet to or from another host carries in its
+ * UDP payload (port 4791), parsed into and built from this form. The packet's addresses (the IP and UDP headers,
+ * which the host's stack writes and strips) go with it for the invariant CRC, which covers them.
+ */
+#define VRE_ROCE_PORT 4791
+#define VRE_ROCE_RETH 1           /* vre_roce_pkt.headers: which extension headers the opcode carries */
+#define VRE_ROCE_AETH 2
+#define VRE_ROCE_ATOMIC_ETH 4
+#define VRE_ROCE_ATOMIC_ACK_ETH 8
+#define VRE_ROCE_IMM 16
+#define VRE_ROCE_IETH 32
+#define VRE_ROCE_DETH 64
+#define VRE_ROCE_PAYLOAD 128      /* the opcode may carry data */
+#define VRE_ROCE_MAX_HEADERS 40   /* BTH and the largest extension headers an opcode has (AtomicETH: 12 + 28) */
+
+struct vre_roce_addr {
+	uint8_t src[16];          /* IPv6, or IPv4-mapped (::ffff:a.b.c.d): then the packet is IPv4 */
+	uint8_t dst[16];
+	uint16_t sport;           /* UDP, host order */
+	uint16_t dport;
+	/* IPv4 only: the header's identification and flags/fragment offset words, which the ICRC covers (a socket
+	 * that sends unconnected with DF set gets id 0 and DF, 0x4000, from Linux) */
+	uint16_t ip_id;
+	uint16_t ip_frag;
+};
+
+struct vre_roce_pkt {
+	uint8_t opcode;
+	uint8_t solicited;
+	uint8_t migreq;
+	uint8_t pad;              /* bytes after the payload to a multiple of 4 */
+	uint8_t fecn;
+	uint8_t becn;
+	uint8_t ackreq;
+	uint8_t reserved;
+	uint16_t pkey;
+	uint16_t headers;         /* VRE_ROCE_*: what the opcode carries (parse fills it; build goes by the opcode) */
+	uint32_t dest_qpn;        /* 24 bits */
+	uint32_t psn;             /* 24 bits */
+	uint64_t va;              /* RETH or AtomicETH */
+	uint32_t rkey;            /* RETH or AtomicETH */
+	uint32_t dma_len;         /* RETH */
+	uint64_t swap_add;        /* AtomicETH */
+	uint64_t compare;         /* AtomicETH */
+	uint32_t aeth;            /* AETH: syndrome << 24 | MSN */
+	uint32_t imm;             /* ImmDt, as on the wire (network order, as libibverbs carries it) */
+	uint64_t orig;            /* AtomicAckETH */
+	uint32_t inv_rkey;        /* IETH */
+	uint32_t qkey;            /* DETH */
+	uint32_t src_qpn;         /* DETH */
+	uint32_t payload_off;     /* parse: where the payload starts in the UDP payload and its length (no pad) */
+	uint32_t payload_len;
+};
+
+/* Parse a UDP payload that arrived for port 4791: 0 and *pkt, or -EBADMSG (truncated, an unknown or
+ * unsupported opcode, a bad transport version or pad, a length that does not add up) or -EILSEQ (a bad ICRC). */
+int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr,
+		   struct vre_roce_pkt *pkt);
+/* Build a packet's UDP payload into buf (room bytes): headers, payload_len bytes of payload, pad, ICRC. Its length,
+ * or -EINVAL (unknown opcode, a payload it may not carry) or -ENOSPC. */
+int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr, const struct vre_roce_pkt *pkt,
+		   const uint8_t *payload, uint32_t payload_len);
 /* ENGINE-API-END */
 
 #endif /* VRDMA_ENGINE_H */
