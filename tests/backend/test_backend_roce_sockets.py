@@ -1,0 +1,146 @@
+"""How RoCE v2 packets travel between hosts' backends (docs/interhost.md), on a real Linux path: two network
+namespaces joined by a veth pair. A packet the engine builds, sent through an unconnected UDP socket with DF set
+(as the backend sends), arrives with IP identification 0 and parses with a valid ICRC. A packet from a sender that
+picks its own identification (rxe does) parses only with the identification its IP header carries: a raw socket
+shows it, a UDP socket does not, which is why the backend receives below UDP.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from vrdma.engine._engine import ffi, lib
+
+pytestmark = [pytest.mark.backend,
+              pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2")]
+
+PORT = lib.VRE_ROCE_PORT
+A, B = "10.97.0.1", "10.97.0.2"
+
+RECEIVER = """
+import socket, sys
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+raw.settimeout(20)
+print("ready", flush=True)
+while True:
+    packet = raw.recv(65535)
+    if packet[9] == 17 and int.from_bytes(packet[22:24], "big") == int(sys.argv[1]):
+        print(packet.hex(), flush=True)
+        break
+"""
+
+UDP_SENDER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: DF set (and, unconnected, id 0)
+s.bind((sys.argv[1], int(sys.argv[4])))
+s.sendto(bytes.fromhex(sys.argv[3]), (sys.argv[2], int(sys.argv[4])))
+"""
+
+RAW_SENDER = """
+import socket, struct, sys
+src, dst, payload = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
+port, ident = int(sys.argv[4]), int(sys.argv[5])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)  # IP_HDRINCL: the header as given
+udp = struct.pack("!HHHH", port, port, 8 + len(payload), 0) + payload
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), ident, 0x4000, 64, 17, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+s.sendto(ip + udp, (dst, 0))
+"""
+
+
+@pytest.fixture
+def fabric() -> Iterator[tuple[str, str]]:
+    """Two namespaces ("hosts") a and b, 10.97.0.1 and .2 on the two ends of a veth pair."""
+    suffix = f"{os.getpid() % 100000}"
+    ns_a, ns_b = f"vrdma-a{suffix}", f"vrdma-b{suffix}"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    ip("netns", "add", ns_a)
+    ip("netns", "add", ns_b)
+    try:
+        ip("link", "add", "veth-a", "netns", ns_a, "type", "veth", "peer", "name", "veth-b", "netns", ns_b)
+        for ns, dev, addr in ((ns_a, "veth-a", A), (ns_b, "veth-b", B)):
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            ip("-n", ns, "link", "set", dev, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield ns_a, ns_b
+    finally:
+        for ns in (ns_a, ns_b):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def addr(ip_id: int, frag: int = 0x4000) -> object:
+    a = ffi.new("struct vre_roce_addr *")
+    a.src = list(ipaddress.IPv6Address(f"::ffff:{A}").packed)
+    a.dst = list(ipaddress.IPv6Address(f"::ffff:{B}").packed)
+    a.sport, a.dport, a.ip_id, a.ip_frag = PORT, PORT, ip_id, frag
+    return a
+
+
+def packet(psn: int) -> bytes:
+    pkt = ffi.new("struct vre_roce_pkt *", {"opcode": 0x04, "pkey": 0xFFFF, "dest_qpn": 0x11, "psn": psn})
+    buf = ffi.new("uint8_t[]", 256)
+    n = lib.vre_roce_build(buf, len(buf), addr(0), pkt, b"from host a", 11)
+    assert n > 0
+    return bytes(ffi.buffer(buf, n))
+
+
+def carry(fabric: tuple[str, str], sender: str, *args: str) -> bytes:
+    """Run `sender` in host a with `args` while host b's raw socket listens; the IP packet b saw."""
+    ns_a, ns_b = fabric
+    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", RECEIVER, str(PORT)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert receiver.stdout is not None
+        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read() if receiver.stderr else ""
+        subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", sender, *args], check=True, timeout=20)
+        line = receiver.stdout.readline().strip()
+        assert line, f"nothing arrived at host b: {receiver.stderr.read() if receiver.stderr else ''}"
+        return bytes.fromhex(line)
+    finally:
+        receiver.kill()
+        receiver.wait()
+
+
+def parse(ip_packet: bytes, ip_id: int | None = None) -> int:
+    """Parse the UDP payload of an IPv4 packet with the identification and flags its header has (or ip_id)."""
+    ident, frag = struct.unpack("!HH", ip_packet[4:8])
+    payload = ip_packet[28:]
+    pkt = ffi.new("struct vre_roce_pkt *")
+    return int(lib.vre_roce_parse(payload, len(payload), addr(ident if ip_id is None else ip_id, frag), pkt))
+
+
+def test_a_packet_sent_through_an_unconnected_udp_socket_with_df_parses_on_the_other_host(
+        fabric: tuple[str, str]) -> None:
+    data = packet(psn=1)
+    arrived = carry(fabric, UDP_SENDER, A, B, data.hex(), str(PORT))
+    ident, frag = struct.unpack("!HH", arrived[4:8])
+    assert (ident, frag) == (0, 0x4000)  # what the builder assumed for the ICRC
+    assert arrived[28:] == data
+    assert parse(arrived) == 0
+
+
+def test_a_senders_own_ip_identification_needs_the_ip_header_to_check_the_icrc(fabric: tuple[str, str]) -> None:
+    """A sender that writes its own IP header (rxe's way) with identification 0x1234: the ICRC holds with the
+    identification the raw socket shows, and not with the 0 a UDP socket's reader would have to assume."""
+    payload = ffi.new("uint8_t[]", 256)
+    pkt = ffi.new("struct vre_roce_pkt *", {"opcode": 0x04, "pkey": 0xFFFF, "dest_qpn": 0x11, "psn": 2})
+    n = lib.vre_roce_build(payload, len(payload), addr(0x1234), pkt, b"from host a", 11)
+    assert n > 0
+    arrived = carry(fabric, RAW_SENDER, A, B, bytes(ffi.buffer(payload, n)).hex(), str(PORT), str(0x1234))
+    assert struct.unpack("!H", arrived[4:6])[0] == 0x1234
+    assert parse(arrived) == 0
+    assert parse(arrived, ip_id=0) == -errno.EILSEQ
+
