@@ -1,8 +1,8 @@
 """How RoCE v2 packets travel between hosts' backends (docs/interhost.md), on a real Linux path: two network
-namespaces joined by a veth pair. A packet the engine builds, sent through an unconnected UDP socket with DF set
-(as the backend sends), arrives with IP identification 0 and parses with a valid ICRC. A packet from a sender that
-picks its own identification (rxe does) parses only with the identification its IP header carries: a raw socket
-shows it, a UDP socket does not, which is why the backend receives below UDP.
+namespaces on one bridge (vrdma.harness.hosts). A packet the engine builds, sent through an unconnected UDP socket
+with DF set (as the backend sends), arrives with IP identification 0 and parses with a valid ICRC. A packet from a
+sender that picks its own identification (rxe does) parses only with the identification its IP header carries: a
+raw socket shows it, a UDP socket does not, which is why the backend receives below UDP.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import ipaddress
 import os
 import shutil
 import struct
-import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 
 from vrdma.engine._engine import ffi, lib
+from vrdma.harness.hosts import Fabric
 
 pytestmark = [pytest.mark.backend,
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2")]
@@ -59,26 +59,11 @@ s.sendto(ip + udp, (dst, 0))
 
 
 @pytest.fixture
-def fabric() -> Iterator[tuple[str, str]]:
-    """Two namespaces ("hosts") a and b, 10.97.0.1 and .2 on the two ends of a veth pair."""
-    suffix = f"{os.getpid() % 100000}"
-    ns_a, ns_b = f"vrdma-a{suffix}", f"vrdma-b{suffix}"
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-    ip("netns", "add", ns_a)
-    ip("netns", "add", ns_b)
-    try:
-        ip("link", "add", "veth-a", "netns", ns_a, "type", "veth", "peer", "name", "veth-b", "netns", ns_b)
-        for ns, dev, addr in ((ns_a, "veth-a", A), (ns_b, "veth-b", B)):
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield ns_a, ns_b
-    finally:
-        for ns in (ns_a, ns_b):
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+def fabric() -> Iterator[Fabric]:
+    """Two hosts, 10.97.0.1 (a) and 10.97.0.2 (b), on one bridge."""
+    with Fabric(2, subnet="10.97.0.0/24", prefix=f"vr{os.getpid() % 10000}") as hosts:
+        assert (hosts[0].address, hosts[1].address) == (A, B)
+        yield hosts
 
 
 def addr(ip_id: int, frag: int = 0x4000) -> object:
@@ -97,17 +82,16 @@ def packet(psn: int) -> bytes:
     return bytes(ffi.buffer(buf, n))
 
 
-def carry(fabric: tuple[str, str], sender: str, *args: str) -> bytes:
+def carry(fabric: Fabric, sender: str, *args: str) -> bytes:
     """Run `sender` in host a with `args` while host b's raw socket listens; the IP packet b saw."""
-    ns_a, ns_b = fabric
-    receiver = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", RECEIVER, str(PORT)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    receiver = fabric[1].popen([sys.executable, "-c", RECEIVER, str(PORT)])
     try:
-        assert receiver.stdout is not None
-        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read() if receiver.stderr else ""
-        subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", sender, *args], check=True, timeout=20)
+        assert receiver.stdout is not None and receiver.stderr is not None
+        assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
+        sent = fabric[0].run([sys.executable, "-c", sender, *args], timeout=20)
+        assert sent.returncode == 0, sent.stderr
         line = receiver.stdout.readline().strip()
-        assert line, f"nothing arrived at host b: {receiver.stderr.read() if receiver.stderr else ''}"
+        assert line, f"nothing arrived at host b: {receiver.stderr.read()}"
         return bytes.fromhex(line)
     finally:
         receiver.kill()
@@ -123,7 +107,7 @@ def parse(ip_packet: bytes, ip_id: int | None = None) -> int:
 
 
 def test_a_packet_sent_through_an_unconnected_udp_socket_with_df_parses_on_the_other_host(
-        fabric: tuple[str, str]) -> None:
+        fabric: Fabric) -> None:
     data = packet(psn=1)
     arrived = carry(fabric, UDP_SENDER, A, B, data.hex(), str(PORT))
     ident, frag = struct.unpack("!HH", arrived[4:8])
@@ -132,7 +116,7 @@ def test_a_packet_sent_through_an_unconnected_udp_socket_with_df_parses_on_the_o
     assert parse(arrived) == 0
 
 
-def test_a_senders_own_ip_identification_needs_the_ip_header_to_check_the_icrc(fabric: tuple[str, str]) -> None:
+def test_a_senders_own_ip_identification_needs_the_ip_header_to_check_the_icrc(fabric: Fabric) -> None:
     """A sender that writes its own IP header (rxe's way) with identification 0x1234: the ICRC holds with the
     identification the raw socket shows, and not with the 0 a UDP socket's reader would have to assume."""
     payload = ffi.new("uint8_t[]", 256)
