@@ -5,24 +5,34 @@ namespaces, links and addresses. The fabric is a context manager: its namespaces
 every link it made, even after a failure.
 
 Impairments (loss, duplication, reordering, delay) are not tc netem's here: this machine's kernel has no sch_netem
-(docs/interhost.md); they will come from a user-space switch between the hosts instead.
+(docs/interhost.md). A fabric given an Impairment joins its hosts with vrdma.harness.impair's user-space switch
+instead of the bridge, and stops it on exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from pyroute2 import IPRoute, NetNS, netns
+from pyroute2 import Ethtool, IPRoute, NetNS, netns
 
 from vrdma.errors import VrdmaError
+from vrdma.harness.impair import Impairment
 
 SWITCH_BRIDGE = "br0"
 HOST_LINK = "eth0"
+NUD_PERMANENT = 0x80
+# What a host's link must do itself when a user-space switch carries its frames: a veth hands its peer packets
+# with checksums not yet computed and segments not yet cut (the kernel finishes them further on), which a socket
+# forwarding raw frames would pass on unfinished.
+OFFLOADS = ("tx-checksum-ip-generic", "tx-checksum-ipv4", "tx-checksum-ipv6", "tx-generic-segmentation",
+            "tx-tcp-segmentation", "tx-tcp6-segmentation", "tx-udp-segmentation")
 
 
 class FabricError(VrdmaError):
@@ -50,7 +60,10 @@ class Host:
 class Fabric:
     """``count`` hosts (``<prefix>-h0`` ...) on one bridge (in ``<prefix>-sw``), addresses from ``subnet``."""
 
-    def __init__(self, count: int, subnet: str = "10.98.0.0/24", prefix: str | None = None) -> None:
+    def __init__(self, count: int, subnet: str = "10.98.0.0/24", prefix: str | None = None,
+                 impairment: Impairment | None = None) -> None:
+        self.impairment = impairment
+        self.switch_process: subprocess.Popen[str] | None = None
         if not 1 <= count <= 16:
             raise ValueError(f"a fabric of {count} hosts (1 to 16)")
         self.prefix = prefix or f"vrdma{os.getpid() % 100000}"
@@ -91,16 +104,65 @@ class Fabric:
                 ipr.link("set", index=ipr.link_lookup(ifname=port)[0], net_ns_fd=self.switch)
             with NetNS(self.switch) as sw:
                 index = sw.link_lookup(ifname=port)[0]
-                sw.link("set", index=index, master=sw.link_lookup(ifname=SWITCH_BRIDGE)[0])
+                if self.impairment is None:
+                    sw.link("set", index=index, master=sw.link_lookup(ifname=SWITCH_BRIDGE)[0])
                 sw.link("set", index=index, state="up")
             with NetNS(host.netns) as ns:
                 index = ns.link_lookup(ifname=HOST_LINK)[0]
                 ns.addr("add", index=index, address=host.address, prefixlen=host.prefixlen)
                 ns.link("set", index=index, state="up")
                 ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        self._neighbours()
+        if self.impairment is not None:
+            for host in self.hosts:
+                self._no_offloads(host)
+            self._start_switch(self.impairment)
+
+    def _neighbours(self) -> None:
+        """Every host knows every other's MAC address from the start (permanent neighbour entries): no ARP on the
+        fabric, so that a burst sent before a neighbour is resolved is not cut short by the kernel's queue of
+        unresolved packets, and a fault under test is the only one."""
+        macs = {}
+        for host in self.hosts:
+            with NetNS(host.netns) as ns:
+                macs[host.name] = ns.get_links(ns.link_lookup(ifname=HOST_LINK)[0])[0].get_attr("IFLA_ADDRESS")
+        for host in self.hosts:
+            with NetNS(host.netns) as ns:
+                index = ns.link_lookup(ifname=HOST_LINK)[0]
+                for other in self.hosts:
+                    if other is not host:
+                        ns.neigh("add", dst=other.address, lladdr=macs[other.name], ifindex=index,
+                                 state=NUD_PERMANENT)
+
+    @staticmethod
+    def _no_offloads(host: Host) -> None:
+        netns.pushns(host.netns)
+        try:
+            with contextlib.closing(Ethtool()) as ethtool:
+                features = ethtool.get_features(HOST_LINK)
+                for name in OFFLOADS:
+                    if name in features.features:
+                        features.features[name].enable = False
+                ethtool.set_features(HOST_LINK, features)
+        finally:
+            netns.popns()
+
+    def _start_switch(self, impairment: Impairment) -> None:
+        ports = [arg for i in range(len(self.hosts)) for arg in ("--port", f"port{i}")]
+        self.switch_process = subprocess.Popen(
+            ["ip", "netns", "exec", self.switch, sys.executable, "-m", "vrdma.harness.impair", *ports,
+             *impairment.argv()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.switch_process.stdout is not None and self.switch_process.stderr is not None
+        if self.switch_process.stdout.readline().strip() != "ready":
+            self.switch_process.wait()
+            raise FabricError(f"the impairing switch did not start: {self.switch_process.stderr.read()}")
 
     def close(self) -> None:
         """Remove the fabric's namespaces (their links go with them); quietly for what was never made."""
+        if self.switch_process is not None:
+            self.switch_process.terminate()
+            self.switch_process.wait()
+            self.switch_process = None
         existing = set(netns.listnetns())
         for name in (*(h.netns for h in self.hosts), self.switch):
             if name in existing:
