@@ -407,6 +407,30 @@ struct vrdma_send_wqe *vrdma_send_slot(struct vrdma_qp *qp, uint64_t wr_id, enum
 	return wqe;
 }
 
+/* Append length bytes at addr to the WQE's inline data: 0, or EINVAL past the QP's max_inline. */
+int vrdma_wqe_inline(struct vrdma_qp *qp, struct vrdma_send_wqe *wqe, const void *addr, size_t length)
+{
+	if (length > qp->max_inline - wqe->inline_len)
+		return EINVAL;
+	memcpy((uint8_t *)(wqe + 1) + wqe->inline_len, addr, length);
+	wqe->inline_len += (uint32_t)length;
+	wqe->send_flags |= IBV_SEND_INLINE;
+	return 0;
+}
+
+/* The WQE's SGEs (the caller checked their count against the send queue's max_sge). */
+void vrdma_wqe_sges(struct vrdma_send_wqe *wqe, const struct ibv_sge *sg_list, size_t num_sge)
+{
+	struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
+
+	for (size_t i = 0; i < num_sge; i++) {
+		sge[i].addr = sg_list[i].addr;
+		sge[i].length = sg_list[i].length;
+		sge[i].lkey = sg_list[i].lkey;
+	}
+	wqe->num_sge = (uint8_t)num_sge;
+}
+
 /* Hand the device what was written since the last doorbell (send queue lock held). */
 void vrdma_sq_publish(struct vrdma_qp *qp)
 {
@@ -467,31 +491,15 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 			wqe->rkey = wr->wr.rdma.rkey;
 		}
 		if (wr->send_flags & IBV_SEND_INLINE) {
-			uint8_t *data = (uint8_t *)(wqe + 1);
-			uint32_t len = 0;
-
-			for (int i = 0; i < wr->num_sge; i++) {
-				if (wr->sg_list[i].length > qp->max_inline - len) {
-					ret = EINVAL;
-					break;
-				}
-				memcpy(data + len, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
-				len += wr->sg_list[i].length;
-			}
+			for (int i = 0; i < wr->num_sge && !ret; i++)
+				ret = vrdma_wqe_inline(qp, wqe, (void *)(uintptr_t)wr->sg_list[i].addr,
+						       wr->sg_list[i].length);
 			if (ret) {
 				q->prod--;  /* not posted after all */
 				break;
 			}
-			wqe->inline_len = len;
 		} else {
-			struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
-
-			wqe->num_sge = (uint8_t)wr->num_sge;
-			for (int i = 0; i < wr->num_sge; i++) {
-				sge[i].addr = wr->sg_list[i].addr;
-				sge[i].length = wr->sg_list[i].length;
-				sge[i].lkey = wr->sg_list[i].lkey;
-			}
+			vrdma_wqe_sges(wqe, wr->sg_list, (size_t)wr->num_sge);
 		}
 		posted++;
 	}

@@ -82,20 +82,23 @@ static void wr_send(struct ibv_qp_ex *ibqpx)
 	begin(ibqpx, IBV_WR_SEND);
 }
 
-static void wr_send_imm(struct ibv_qp_ex *ibqpx, __be32 imm_data)
+/* A builder whose one field is the WQE's imm_data word: an immediate, or the key to invalidate. */
+static void begin_imm(struct ibv_qp_ex *ibqpx, enum ibv_wr_opcode opcode, uint32_t imm_data)
 {
-	struct vrdma_send_wqe *wqe = begin(ibqpx, IBV_WR_SEND_WITH_IMM);
+	struct vrdma_send_wqe *wqe = begin(ibqpx, opcode);
 
 	if (wqe)
 		wqe->imm_data = imm_data;
 }
 
+static void wr_send_imm(struct ibv_qp_ex *ibqpx, __be32 imm_data)
+{
+	begin_imm(ibqpx, IBV_WR_SEND_WITH_IMM, imm_data);
+}
+
 static void wr_send_inv(struct ibv_qp_ex *ibqpx, uint32_t invalidate_rkey)
 {
-	struct vrdma_send_wqe *wqe = begin(ibqpx, IBV_WR_SEND_WITH_INV);
-
-	if (wqe)
-		wqe->imm_data = invalidate_rkey;
+	begin_imm(ibqpx, IBV_WR_SEND_WITH_INV, invalidate_rkey);
 }
 
 static struct vrdma_send_wqe *remote(struct ibv_qp_ex *ibqpx, enum ibv_wr_opcode opcode, uint32_t rkey,
@@ -149,10 +152,7 @@ static void wr_atomic_fetch_add(struct ibv_qp_ex *ibqpx, uint32_t rkey, uint64_t
 
 static void wr_local_inv(struct ibv_qp_ex *ibqpx, uint32_t invalidate_rkey)
 {
-	struct vrdma_send_wqe *wqe = begin(ibqpx, IBV_WR_LOCAL_INV);
-
-	if (wqe)
-		wqe->imm_data = invalidate_rkey;
+	begin_imm(ibqpx, IBV_WR_LOCAL_INV, invalidate_rkey);
 }
 
 /* A window of either type: the caller names its next key (ibv_inc_rkey), as for IBV_WR_BIND_MW. */
@@ -177,7 +177,6 @@ static void wr_set_sge_list(struct ibv_qp_ex *ibqpx, size_t num_sge, const struc
 {
 	struct vrdma_qp *qp = qp_of(ibqpx);
 	struct vrdma_send_wqe *wqe = qp->ex_wqe;
-	struct vrdma_sge *sge;
 
 	if (!wqe)
 		return;
@@ -185,13 +184,7 @@ static void wr_set_sge_list(struct ibv_qp_ex *ibqpx, size_t num_sge, const struc
 		fail(qp, EINVAL);
 		return;
 	}
-	sge = (struct vrdma_sge *)(wqe + 1);
-	for (size_t i = 0; i < num_sge; i++) {
-		sge[i].addr = sg_list[i].addr;
-		sge[i].length = sg_list[i].length;
-		sge[i].lkey = sg_list[i].lkey;
-	}
-	wqe->num_sge = (uint8_t)num_sge;
+	vrdma_wqe_sges(wqe, sg_list, num_sge);
 }
 
 static void wr_set_sge(struct ibv_qp_ex *ibqpx, uint32_t lkey, uint64_t addr, uint32_t length)
@@ -205,8 +198,6 @@ static void wr_set_inline_data_list(struct ibv_qp_ex *ibqpx, size_t num_buf, con
 {
 	struct vrdma_qp *qp = qp_of(ibqpx);
 	struct vrdma_send_wqe *wqe = qp->ex_wqe;
-	uint8_t *data;
-	size_t len = 0;
 
 	if (!wqe)
 		return;
@@ -214,17 +205,12 @@ static void wr_set_inline_data_list(struct ibv_qp_ex *ibqpx, size_t num_buf, con
 		fail(qp, EINVAL);
 		return;
 	}
-	data = (uint8_t *)(wqe + 1);
 	for (size_t i = 0; i < num_buf; i++) {
-		if (buf_list[i].length > qp->max_inline - len) {
+		if (vrdma_wqe_inline(qp, wqe, buf_list[i].addr, buf_list[i].length)) {
 			fail(qp, EINVAL);
 			return;
 		}
-		memcpy(data + len, buf_list[i].addr, buf_list[i].length);
-		len += buf_list[i].length;
 	}
-	wqe->send_flags |= IBV_SEND_INLINE;
-	wqe->inline_len = (uint32_t)len;
 }
 
 static void wr_set_inline_data(struct ibv_qp_ex *ibqpx, void *addr, size_t length)

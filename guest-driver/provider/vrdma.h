@@ -190,6 +190,8 @@ void vrdma_set_bind(struct vrdma_send_wqe *wqe, const struct ibv_mw *mw, uint32_
 		    const struct ibv_mw_bind_info *info);
 struct vrdma_send_wqe *vrdma_send_slot(struct vrdma_qp *qp, uint64_t wr_id, enum ibv_wr_opcode opcode,
 				       unsigned int send_flags);
+int vrdma_wqe_inline(struct vrdma_qp *qp, struct vrdma_send_wqe *wqe, const void *addr, size_t length);
+void vrdma_wqe_sges(struct vrdma_send_wqe *wqe, const struct ibv_sge *sg_list, size_t num_sge);
 void vrdma_sq_publish(struct vrdma_qp *qp);
 void vrdma_qp_ex_init(struct vrdma_qp *qp, uint64_t send_ops_flags);
 int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
