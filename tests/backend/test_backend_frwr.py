@@ -9,6 +9,7 @@ backend sees nothing of it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +62,34 @@ def next_key(key: int) -> int:
     return (key & ~0xFF) | ((key + 1) & 0xFF)
 
 
+def connect(k: Kernel, u: SimSide) -> None:
+    """vm0's kernel QP and vm1's user QP to RTS, each aimed at the other."""
+    k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
+    u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
+
+
+def kernel_and_user(backend: BackendProcess, fe0: Frontend, fe1: Frontend) -> tuple[Kernel, SimSide]:
+    k, u = kernel_side(fe0, backend, "vm0"), start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
+    connect(k, u)
+    return k, u
+
+
 @pytest.fixture
 def pair(backend: BackendProcess) -> Iterator[tuple[Kernel, SimSide]]:
     with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
-        k, u = kernel_side(fe0, backend, "vm0"), start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
-        k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
-        u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
-        yield k, u
+        yield kernel_and_user(backend, fe0, fe1)
+
+
+@contextlib.contextmanager
+def beside_a_bystander(tmp_path: Path) -> Iterator[tuple[BackendProcess, Kernel, SimSide, SimSide]]:
+    """vm0's kernel and vm1's user process connected (as `pair`), and vm2, a bystander for check_bystander."""
+    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
+    try:
+        with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
+            k, u = kernel_and_user(backend, fe0, fe1)
+            yield backend, k, u, bystander_side(fe2, backend, "vm2", GID["vm2"])
+    finally:
+        assert backend.stop() == 0, backend.log_text()
 
 
 def register(k: Kernel, max_pages: int = 8, pages: list[int] | None = None, length: int = 3 * PAGE - 100,
@@ -169,38 +191,26 @@ def test_remote_invalidation_of_a_key_the_sender_does_not_own_touches_nothing(tm
     MR's, a bystander VM's, or vm0's of another PD. Keys are per device: the key names a slot of vm0's table, whose
     MR (if any) has another key or PD; nothing is unmapped anywhere, the message is an invalid request, and the
     bystander's MR still works."""
-    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
-    try:
-        with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
-            k, u = kernel_side(fe0, backend, "vm0"), start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
-            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
-            u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
-            bystander = bystander_side(fe2, backend, "vm2", GID["vm2"])
-            _, mapped = register(k)  # vm0's own mapping, which must survive
-            key = {"the sender's own MR": u.mr.rkey, "a third VM's MR": bystander.mr.rkey,
-                   "the receiver's MR of another PD": next_key(k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1])}[whose]
-            before = backend.counters("vm2")
-            k.verbs.post_recv(k.qp, [(k.buf.gpa + 3 * PAGE, 64, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=9)
-            u.verbs.post_send(u.qp, WR["SEND_WITH_INV"], [(u.mr.addr, 12, u.mr.lkey)], wr_id=3, imm=key)
-            assert wait_cqes(u.verbs, u.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
-            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
-            check_bystander(backend, "vm2", bystander, before)
-            # vm0's mapping and the sender's own MR are as they were.
-            for verbs, qp in ((k.verbs, k.qp), (u.verbs, u.qp)):
-                verbs.modify_qp(qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
-                for ring in (qp.sq, qp.rq):
-                    ring.prod = 0
-                    verbs.ring(ring.db, 0)
-            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
-            u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
-            assert write(u, IOVA, mapped, b"still mapped").status == WC["SUCCESS"]
-            k.verbs.memory.write(k.buf.gpa, b"sender's MR")
-            k.verbs.post_send(k.qp, WR["RDMA_WRITE"], [(k.buf.gpa, 11, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=5,
-                              remote_addr=u.mr.addr + 100, rkey=u.mr.rkey)
-            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["SUCCESS"]
-            assert u.verbs.memory.read(u.mr.addr + 100, 11) == b"sender's MR"
-    finally:
-        assert backend.stop() == 0, backend.log_text()
+    with beside_a_bystander(tmp_path) as (backend, k, u, bystander):
+        _, mapped = register(k)  # vm0's own mapping, which must survive
+        key = {"the sender's own MR": u.mr.rkey, "a third VM's MR": bystander.mr.rkey,
+               "the receiver's MR of another PD": next_key(k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1])}[whose]
+        before = backend.counters("vm2")
+        k.verbs.post_recv(k.qp, [(k.buf.gpa + 3 * PAGE, 64, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=9)
+        u.verbs.post_send(u.qp, WR["SEND_WITH_INV"], [(u.mr.addr, 12, u.mr.lkey)], wr_id=3, imm=key)
+        assert wait_cqes(u.verbs, u.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
+        assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
+        check_bystander(backend, "vm2", bystander, before)
+        # vm0's mapping and the sender's own MR are as they were.
+        k.verbs.reset_qp(k.qp)
+        u.verbs.reset_qp(u.qp)
+        connect(k, u)
+        assert write(u, IOVA, mapped, b"still mapped").status == WC["SUCCESS"]
+        k.verbs.memory.write(k.buf.gpa, b"sender's MR")
+        k.verbs.post_send(k.qp, WR["RDMA_WRITE"], [(k.buf.gpa, 11, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=5,
+                          remote_addr=u.mr.addr + 100, rkey=u.mr.rkey)
+        assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["SUCCESS"]
+        assert u.verbs.memory.read(u.mr.addr + 100, 11) == b"sender's MR"
 
 
 # Each: what the REG_MR names (key, pages, length, access, page list), and the status it completes with.
@@ -275,33 +285,23 @@ def test_a_registration_of_a_mapped_mr_fails(pair: tuple[Kernel, SimSide]) -> No
 def test_a_local_invalidation_of_what_is_not_the_qps_fails(tmp_path: Path, which: str) -> None:
     """LOCAL_INV of a key that is no fast-registration MR of the QP's PD by its current key: a local protection
     error, nothing unmapped (vm0's own mapping, vm1's MR), and the bystander VM sees nothing of it."""
-    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
-    try:
-        with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
-            k, u = kernel_side(fe0, backend, "vm0"), start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
-            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
-            u.verbs.connect(u.qp, k.qp.qpn, GID["vm0"])
-            bystander = bystander_side(fe2, backend, "vm2", GID["vm2"])
-            _, key = register(k)
-            other = {"another low byte": next_key(key), "a registered MR's key": k.verbs.reg_mr(k.pd, PAGE).rkey,
-                     "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1],
-                     "an MR of another VM": u.mr.rkey}[which]
-            before = backend.counters("vm2")
-            k.verbs.post_send(k.qp, WR["LOCAL_INV"], [], wr_id=7, imm=other)
-            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
-            assert k.verbs.query_qp(k.qp).qp_state == ERR
-            check_bystander(backend, "vm2", bystander, before)
-            # vm0's mapping still takes vm1's writes once vm0's QP is back, and vm1's MR still takes vm0's.
-            k.verbs.modify_qp(k.qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
-            k.qp.sq.prod = 0
-            k.verbs.ring(k.qp.sq.db, 0)
-            k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
-            assert write(u, IOVA, key, b"still mapped").status == WC["SUCCESS"]
-            k.verbs.post_send(k.qp, WR["RDMA_WRITE"], [(k.buf.gpa, 8, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=8,
-                              remote_addr=u.mr.addr + 64, rkey=u.mr.rkey)
-            assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["SUCCESS"]
-    finally:
-        assert backend.stop() == 0, backend.log_text()
+    with beside_a_bystander(tmp_path) as (backend, k, u, bystander):
+        _, key = register(k)
+        other = {"another low byte": next_key(key), "a registered MR's key": k.verbs.reg_mr(k.pd, PAGE).rkey,
+                 "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1],
+                 "an MR of another VM": u.mr.rkey}[which]
+        before = backend.counters("vm2")
+        k.verbs.post_send(k.qp, WR["LOCAL_INV"], [], wr_id=7, imm=other)
+        assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
+        assert k.verbs.query_qp(k.qp).qp_state == ERR
+        check_bystander(backend, "vm2", bystander, before)
+        # vm0's mapping still takes vm1's writes once vm0's QP is back, and vm1's MR still takes vm0's.
+        k.verbs.reset_qp(k.qp)
+        k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])
+        assert write(u, IOVA, key, b"still mapped").status == WC["SUCCESS"]
+        k.verbs.post_send(k.qp, WR["RDMA_WRITE"], [(k.buf.gpa, 8, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=8,
+                          remote_addr=u.mr.addr + 64, rkey=u.mr.rkey)
+        assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["SUCCESS"]
 
 
 def test_a_user_qp_cannot_register_guest_physical_pages(pair: tuple[Kernel, SimSide]) -> None:

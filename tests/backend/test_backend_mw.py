@@ -83,10 +83,7 @@ def write(side: SimSide, remote: int, rkey: int, data: bytes, opcode: str = "RDM
 def reconnect(a: SimSide, b: SimSide) -> None:
     """Both QPs from ERR back to RTS (through RESET), as rdma-core's tests do after an expected failure."""
     for side, peer, gid in ((a, b, GID["vm1"]), (b, a, GID["vm0"])):
-        side.verbs.modify_qp(side.qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
-        for ring in (side.qp.sq, side.qp.rq):  # emptied by RESET: producer indexes start again, as a provider's do
-            ring.prod = 0
-            side.verbs.ring(ring.db, 0)
+        side.verbs.reset_qp(side.qp)
         side.verbs.connect(side.qp, peer.qp.qpn, gid)
 
 

@@ -238,10 +238,8 @@ def test_forged_srq_numbers_touch_no_bystander(tmp_path: Path) -> None:
         for srqn in forged:
             connect(a, b, timeout=1, retry_cnt=1)
             assert send(a, WR["SEND"], b"forged", srqn).status == WC["REM_INV_REQ_ERR"]
-            for verbs, qp in ((a.verbs, a.qp), (b.kernel, b.tgt)):
-                verbs.modify_qp(qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
-            a.qp.sq.prod = 0  # emptied by RESET: the producer index starts again, as a provider's does
-            a.verbs.ring(a.qp.sq.db, 0)
+            a.verbs.reset_qp(a.qp)
+            b.kernel.reset_qp(b.tgt)
         assert c.verbs.poll_cq(c.cq) == [] and c.verbs.memory.read(c.mr.addr, 64 << 10) == pattern(64 << 10)
         after = backend.counters("vm2")
         assert after["engine"] == bystander["engine"] and after["objects"] == bystander["objects"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from storage_checks import VERIFY, check_host_objects_gone, check_verified_through_the_device, counters
 
 from vrdma.harness import fio, iser
 from vrdma.harness.cluster import Cluster
-from vrdma.harness.daemon import vm_counters
 
 pytestmark = pytest.mark.vm
 
@@ -28,18 +28,12 @@ def target(two_guests: Cluster) -> Iterator[iser.Target]:
 def test_fio_verifies_every_block_written_to_the_remote_lun(two_guests: Cluster, target: iser.Target,
                                                             pattern: tuple[str, ...]) -> None:
     initiator = two_guests[1]
-    assert two_guests.backend is not None
-    before = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
+    before = counters(two_guests)
     with iser.initiator(initiator, target) as device:
         assert iser.session_transport(initiator) == "iser"
-        job = fio.job(initiator, device, *pattern, "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
-    size = int(next(arg for arg in pattern if arg.startswith("--size=")).removeprefix("--size=").removesuffix("M"))
-    assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == size << 20, job
-    after = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
-    for vm in ("vm0", "vm1"):
-        moved = after[vm]["engine"]["bytes"] - before[vm]["engine"]["bytes"]
-        assert moved >= 2 * size << 20, (vm, moved)  # every byte went through the device, both ways
+        job = fio.job(initiator, device, *pattern, *VERIFY)
+    after = counters(two_guests)
+    check_verified_through_the_device(job, pattern, before, after)
     # Logged out and unloaded, the initiator holds nothing on the device but the RDMA core's shared CQ pool.
-    assert {k: v for k, v in after["vm1"]["objects"].items() if k != "cq"} == \
-        {k: v for k, v in before["vm1"]["objects"].items() if k != "cq"}
+    check_host_objects_gone(before, after)
     assert initiator.run(["sh", "-c", "lsmod | grep -c '^ib_iser' || true"]).stdout.strip() == "0"

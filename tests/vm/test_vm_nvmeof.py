@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from polling import wait_until
+from storage_checks import VERIFY, check_host_objects_gone, check_verified_through_the_device, counters
 
 from vrdma.harness import fio, nvmeof
 from vrdma.harness.cluster import Cluster
@@ -30,24 +31,17 @@ def target(two_guests: Cluster) -> Iterator[nvmeof.Target]:
 def test_fio_verifies_every_block_written_to_the_remote_namespace(two_guests: Cluster, target: nvmeof.Target,
                                                                    pattern: tuple[str, ...]) -> None:
     host = two_guests[1]
-    assert two_guests.backend is not None
-    before = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
+    before = counters(two_guests)
     with nvmeof.host(host, target) as device:
-        job = fio.job(host, device, *pattern, "--verify=crc32c", "--verify_fatal=1", "--do_verify=1")
-    # fio wrote the pattern and read every block back, each checked against its checksum.
-    size = int(next(arg for arg in pattern if arg.startswith("--size=")).removeprefix("--size=").removesuffix("M"))
-    assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == size << 20, job
-    after = {vm: vm_counters(two_guests.backend, vm) for vm in ("vm0", "vm1")}
+        job = fio.job(host, device, *pattern, *VERIFY)
+    after = counters(two_guests)
+    check_verified_through_the_device(job, pattern, before, after)
     for vm in ("vm0", "vm1"):
-        moved = after[vm]["engine"]["bytes"] - before[vm]["engine"]["bytes"]
-        assert moved >= 2 * size << 20, (vm, moved)  # every byte went through the device, both ways
         # No error completion but the host's receives flushed when it disconnected.
         errors = after[vm]["engine"]["error_cqes"] - before[vm]["engine"]["error_cqes"]
         assert errors == after[vm]["engine"]["flushed"] - before[vm]["engine"]["flushed"], after[vm]["engine"]
-    # Disconnected and unloaded, the host holds nothing on the device any more but the RDMA core's shared CQ pool
-    # (ib_cq_pool_get: its CQs stay with the device for the next kernel user).
-    assert {k: v for k, v in after["vm1"]["objects"].items() if k != "cq"} == \
-        {k: v for k, v in before["vm1"]["objects"].items() if k != "cq"}
+    # Disconnected and unloaded, the host holds nothing on the device any more but the RDMA core's shared CQ pool.
+    check_host_objects_gone(before, after)
     assert host.run(["sh", "-c", "lsmod | grep -c '^nvme_rdma' || true"]).stdout.strip() == "0"
 
 

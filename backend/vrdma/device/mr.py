@@ -71,7 +71,7 @@ class MemoryRegions(EngineObjectTable[Mr]):
         handle = self.add(mr)
         mr.lkey = mr.rkey = self.pool.key(mr.slot)
         config: MrConfig = {"handle": handle, "pd": mr.pd, "lkey": mr.lkey, "rkey": mr.rkey, "access": 0,
-                            "page_offset": 0, "iova": 0, "length": 0, "pages": {"addr": 0, "npages": 0, "levels": 0},
+                            "page_offset": 0, "iova": 0, "length": 0, "pages": rings.no_pages(),
                             "max_pages": max_pages}
         self.create_in_engine(handle, self.seat.engine.create_mr, mr.slot, config)
         pd.refs += 1
@@ -120,7 +120,7 @@ class MemoryRegions(EngineObjectTable[Mr]):
         if req.reserved or not flags or flags & ~(REREG_TRANSLATION | REREG_PD | REREG_ACCESS):
             raise CommandFailed(Status.INVALID, f"REREG_MR flags {flags:#x} (reserved {int(req.reserved):#x})")
         pd, access, iova, length = mr.pd, mr.access, mr.iova, mr.length
-        offset, pages = mr.page_offset, PagesDesc(addr=0, npages=0, levels=0)  # no pages: the engine keeps its
+        offset, pages = mr.page_offset, rings.no_pages()  # no pages: the engine keeps the MR's
         if flags & REREG_PD:
             pd = int(req.pd)
             if self.pds.get(pd).ucontext != self.pds.get(mr.pd).ucontext:
@@ -151,7 +151,7 @@ class MemoryRegions(EngineObjectTable[Mr]):
         handle = self.add(mw)
         mw.rkey = self.pool.key(mw.slot)
         config: MrConfig = {"handle": handle, "pd": mw.pd, "lkey": 0, "rkey": mw.rkey, "access": 0,
-                            "page_offset": 0, "iova": 0, "length": 0, "pages": {"addr": 0, "npages": 0, "levels": 0},
+                            "page_offset": 0, "iova": 0, "length": 0, "pages": rings.no_pages(),
                             "mw_type": mw_type}
         self.create_in_engine(handle, self.seat.engine.create_mr, mw.slot, config)
         pd.refs += 1

@@ -39,7 +39,6 @@ from vrdma.engine.api import (
     QP_UD,
     QP_XRC_INI,
     QP_XRC_TGT,
-    PagesDesc,
     QpConfig,
 )
 
@@ -190,12 +189,11 @@ class QueuePairs(EngineObjectTable[Qp]):
         qp = Qp(0, 0, 0, 0, 0, 0, 0, caps, [], {"qp_state": qp_states.RESET}, QpType.XRC_TGT, int(req.xrcd))
         handle = self.add(qp)
         qp.qpn = self.numbers.number(qp.slot)
-        no_ring: PagesDesc = {"addr": 0, "npages": 0, "levels": 0}
         config: QpConfig = {
             "handle": handle, "qpn": qp.qpn, "pd": 0, "sq_sig_all": 0, "send_cq": 0, "recv_cq": 0, "srq": NO_SRQ,
             "sq_depth": 0, "rq_depth": 0, "sq_stride": 0, "rq_stride": 0, "sq_offset": 0, "rq_offset": 0,
             "max_send_sge": 0, "max_recv_sge": 0, "max_inline": 0, "sq_db": 0, "rq_db": 0, "flags": QP_XRC_TGT,
-            "xrcd": qp.xrcd, "ring": no_ring}
+            "xrcd": qp.xrcd, "ring": rings.no_pages()}
         self.create_in_engine(handle, self.seat.engine.create_qp, qp.slot, config)
         xrcd.refs += 1
         self.ucontexts.queue_created(ctx)

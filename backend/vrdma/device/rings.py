@@ -55,6 +55,12 @@ def recv_stride_ok(stride: int, max_sge: int) -> bool:
     return pow2(stride) and RECV_WQE + max_sge * SGE <= stride <= PAGE
 
 
+def no_pages() -> PagesDesc:
+    """The page list of an object with no guest memory of its own (yet): a window, a fast-registration MR, an XRC
+    target QP; or, for REREG_MR, "keep the pages you have"."""
+    return {"addr": 0, "npages": 0, "levels": 0}
+
+
 def page_list(ring: Any, expected: int, what: str) -> PagesDesc:
     """The page list of a ring (struct vrdma_page_list) if it describes exactly ``expected`` pages."""
     npages, levels = int(ring.npages), int(ring.levels)

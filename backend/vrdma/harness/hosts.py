@@ -1,8 +1,8 @@
 """Hosts for tests that need more than one: network namespaces on one L2 segment, each a place to run a backend
 and its guests, rxe, iperf3. A switch namespace holds a Linux bridge; each host namespace has an `eth0` (one end
 of a veth pair, the other end a port of the bridge) with an address of the fabric's subnet; pyroute2 configures
-namespaces, links and addresses. The fabric is a context manager: its namespaces go when it exits, and with them
-every link it made, even after a failure.
+namespaces, links and addresses. The fabric is a context manager (harness.process.Managed): its namespaces go
+when it exits, and with them every link it made, even after a failure.
 
 Impairments (loss, duplication, reordering, delay) are not tc netem's here: this machine's kernel has no sch_netem
 (docs/interhost.md). A fabric given an Impairment joins its hosts with vrdma.harness.impair's user-space switch
@@ -18,12 +18,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 from pyroute2 import Ethtool, IPRoute, NetNS, netns
 
 from vrdma.errors import VrdmaError
 from vrdma.harness.impair import Impairment
+from vrdma.harness.process import Managed, die_with_parent
 
 SWITCH_BRIDGE = "br0"
 HOST_LINK = "eth0"
@@ -57,7 +57,7 @@ class Host:
         return subprocess.Popen(self.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-class Fabric:
+class Fabric(Managed):
     """``count`` hosts (``<prefix>-h0`` ...) on one bridge (in ``<prefix>-sw``), addresses from ``subnet``."""
 
     def __init__(self, count: int, subnet: str = "10.98.0.0/24", prefix: str | None = None,
@@ -73,22 +73,10 @@ class Fabric:
         self.hosts = [Host(f"h{i}", f"{self.prefix}-h{i}", str(addresses[i]), self.subnet.prefixlen)
                       for i in range(count)]
 
-    def __enter__(self) -> Fabric:
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
     def __getitem__(self, index: int) -> Host:
         return self.hosts[index]
 
-    def _build(self) -> None:
+    def start(self) -> None:
         taken = set(netns.listnetns()) & {self.switch, *(h.netns for h in self.hosts)}
         if taken:
             raise FabricError(f"network namespaces {', '.join(sorted(taken))} exist already (another fabric's?)")
@@ -151,13 +139,14 @@ class Fabric:
         ports = [arg for i in range(len(self.hosts)) for arg in ("--port", f"port{i}")]
         self.switch_process = subprocess.Popen(
             ["ip", "netns", "exec", self.switch, sys.executable, "-m", "vrdma.harness.impair", *ports,
-             *impairment.argv()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             *impairment.argv()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=die_with_parent)  # (a crashed test leaves no switch behind)
         assert self.switch_process.stdout is not None and self.switch_process.stderr is not None
         if self.switch_process.stdout.readline().strip() != "ready":
             self.switch_process.wait()
             raise FabricError(f"the impairing switch did not start: {self.switch_process.stderr.read()}")
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Remove the fabric's namespaces (their links go with them); quietly for what was never made."""
         if self.switch_process is not None:
             self.switch_process.terminate()

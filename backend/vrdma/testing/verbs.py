@@ -302,6 +302,14 @@ class SimVerbs:
         self.call("VRDMA_CMD_MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", handle=qp.handle,
                   attr_mask=mask, attr=attr)
 
+    def reset_qp(self, qp: SimQp) -> None:
+        """Back to RESET, which empties the QP's rings: their producer indexes start again, as a provider's do."""
+        self.modify_qp(qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_RESET"))
+        for ring in (qp.sq, qp.rq):
+            if ring.depth:  # (an SRQ's or an XRC QP's side has none)
+                ring.prod = 0
+                self.ring(ring.db, 0)
+
     def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
                 access: int = REMOTE_ACCESS, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False,
                 xrc: str = "", timeout: int = 14, retry_cnt: int = 7) -> None:
