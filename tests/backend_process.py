@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from vrdma.device import abi
 from vrdma.harness.daemon import DaemonProcess, DaemonStartError, DaemonStopError, Served
+from vrdma.harness.hosts import Host
 from vrdma.testing.frontend import Frontend
 from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
 
@@ -53,16 +54,20 @@ class BackendProcess:
     # Every backend a test session started (the sanitizer tier reads their logs after each test).
     started: ClassVar[weakref.WeakSet[BackendProcess]] = weakref.WeakSet()
 
-    def __init__(self, directory: Path, names: tuple[str, ...] = ("vm0", "vm1"), test_hooks: bool = False) -> None:
+    def __init__(self, directory: Path, names: tuple[str, ...] = ("vm0", "vm1"), test_hooks: bool = False,
+                 host: Host | None = None) -> None:
+        """``host``: run it in that host's network namespace, speaking RoCE v2 to the others (`--roce`)."""
         self.directory = directory
         self.sockets = {name: directory / f"{name}.sock" for name in names}
         self.log = directory / "backend.log"
         self.admin = directory / "admin.sock"
         launcher, env = _sanitized_launch() if SANITIZE else (None, None)
+        if host is not None:
+            launcher = host.command(launcher or [sys.executable, "-m", "vrdma.cli"])
         vms = [Served(name, path, "52:54:00:76:72:00" if name == "vm0" else None)
                for name, path in self.sockets.items()]
         self.daemon = DaemonProcess(vms, log_file=self.log, admin_socket=self.admin, test_hooks=test_hooks,
-                                    verbose=True, launcher=launcher, env=env)
+                                    verbose=True, launcher=launcher, env=env, roce=host is not None)
         self.log.unlink(missing_ok=True)  # a backend restarted in the same directory writes a log of its own
         try:
             self.daemon.start()
@@ -104,6 +109,12 @@ class BackendProcess:
         from vrdma.daemon.admin import ask
 
         return ask(self.admin, {"command": "counters"})["vms"][vm]  # type: ignore[no-any-return]
+
+    def network_counters(self) -> dict[str, int]:
+        """What arrived from the network that no QP took, and what went out (a backend with `--roce`)."""
+        from vrdma.daemon.admin import ask
+
+        return ask(self.admin, {"command": "counters"})["network"]  # type: ignore[no-any-return]
 
     def connection(self, vm: str = "vm0") -> dict[str, Any]:
         """The VM's connection counters (accepted, closed, protocol_errors, memory_faults, ...)."""

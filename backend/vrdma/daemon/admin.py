@@ -2,7 +2,9 @@
 
 One JSON object per line in each direction over a unix stream socket; each connection asks one question:
 
-    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}}
+    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}, "network": {...}}
+
+("network": what arrived from other hosts that no QP took, and what went out; null without --roce.)
 
 The daemon answers "counters" only. Whoever starts it may add commands (``extensions``): `vrdma backend
 --test-hooks` adds "inject" from vrdma.testing.faults, so the daemon itself carries no test code.
@@ -44,8 +46,10 @@ TIMEOUT = 2.0
 
 class AdminSocket:
     def __init__(self, path: Path, loop: EventLoop, devices: Callable[[], dict[str, Served]],
-                 extensions: dict[str, AdminCommand] | None = None) -> None:
+                 extensions: dict[str, AdminCommand] | None = None,
+                 network: Callable[[], dict[str, int]] | None = None) -> None:
         self.path = path
+        self.network = network
         self.loop = loop
         self.devices = devices
         self.extensions = dict(extensions or {})
@@ -78,7 +82,8 @@ class AdminSocket:
         command = request.get("command")
         devices = self.devices()
         if command == "counters":
-            return {"ok": True, "vms": {name: dev.counters_snapshot() for name, dev in devices.items()}}
+            return {"ok": True, "vms": {name: dev.counters_snapshot() for name, dev in devices.items()},
+                    "network": self.network() if self.network is not None else None}
         extension = self.extensions.get(command) if isinstance(command, str) else None
         if extension is not None:
             return extension(request, devices)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, admin_extensions: dict[str, AdminCommand] | No
     admin_socket = Path(args.admin_socket) if args.admin_socket else None
     if admin_extensions and admin_socket is None:
         raise BackendError("--test-hooks needs --admin-socket (the hooks are reached through it)")
-    with Backend(specs, admin_socket=admin_socket, admin_extensions=admin_extensions) as backend:
+    with Backend(specs, admin_socket=admin_socket, admin_extensions=admin_extensions, roce=args.roce) as backend:
         if args.ready_fd is not None:
             try:
                 os.write(args.ready_fd, b"READY\n")

@@ -25,5 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-fd", type=int, metavar="N",
                         help="write READY to this inherited fd once every socket listens")
     parser.add_argument("--admin-socket", metavar="PATH", help="serve counters on this unix socket")
+    parser.add_argument("--roce", action="store_true",
+                        help="reach destinations no VM of this backend holds over the network with RoCE v2 (UDP "
+                             "port 4791; needs root or CAP_NET_RAW and CAP_NET_ADMIN, and the host set up as "
+                             "docs/interhost.md says)")
     parser.add_argument("--print-capabilities", action="store_true",
                         help="print the backend's capabilities as JSON and exit")

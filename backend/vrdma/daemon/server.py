@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vrdma.daemon.admin import AdminCommand, AdminSocket
 from vrdma.daemon.doorbell import DoorbellRegion
+from vrdma.daemon.roce import ROCE_PORT, RoceSockets, open_sockets
 from vrdma.daemon.transport import QUEUE_NAMES, VirtioRdmaTransport
 from vrdma.device import abi
 from vrdma.device.device import RdmaDevice
@@ -209,25 +210,36 @@ class Backend:
     """``with Backend(specs) as backend: backend.run()`` until SIGTERM/SIGINT or ``stop()``."""
 
     def __init__(self, specs: list[EndpointSpec], admin_socket: Path | None = None,
-                 admin_extensions: dict[str, AdminCommand] | None = None) -> None:
-        """``admin_extensions``: commands the admin socket answers besides "counters" (test hooks)."""
+                 admin_extensions: dict[str, AdminCommand] | None = None, roce: bool = False) -> None:
+        """``admin_extensions``: commands the admin socket answers besides "counters" (test hooks); ``roce``: speak
+        RoCE v2 to other hosts for destinations no VM here holds (vrdma.daemon.roce)."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise BackendError(f"VM names must be unique: {', '.join(names)}")
         self.loop = EventLoop()
         self.guard: FaultGuard | None = FaultGuard(self.loop)
-        self.fabric = Fabric(Engine(max(1, len(specs))), max(1, len(specs)))
+        self.engine = Engine(max(1, len(specs)))
+        self.fabric = Fabric(self.engine, max(1, len(specs)))
         self.endpoints: list[VmEndpoint] = []
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
         self.admin: AdminSocket | None = None
+        self.roce: RoceSockets | None = None
         try:
+            if roce:
+                self.roce = open_sockets()
+                self.engine.attach_network(self.roce.rx.fileno(), self.roce.tx.fileno())
+                # Readable wakes a parked loop; the engine reads the socket when it polls.
+                self.loop.add_reader(self.roce.rx.fileno(), lambda: None)
+                log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
+                         ROCE_PORT)
             for spec in specs:
                 self.endpoints.append(VmEndpoint(spec, self.loop, self.fabric, self.guard))
             if admin_socket is not None:
                 try:
                     self.admin = AdminSocket(admin_socket, self.loop,
-                                             lambda: {e.name: e for e in self.endpoints}, admin_extensions)
+                                             lambda: {e.name: e for e in self.endpoints}, admin_extensions,
+                                             self.engine.net_counters if roce else None)
                 except OSError as err:  # (an over-long path raises with no errno: its text says it)
                     raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror or err}") \
                         from err
@@ -285,6 +297,11 @@ class Backend:
         for endpoint in self.endpoints:
             endpoint.close()
         self.endpoints = []
+        if self.roce is not None:
+            self.loop.remove_reader(self.roce.rx.fileno())
+            self.engine.attach_network(-1, -1)
+            self.roce.close()
+            self.roce = None
         if self.guard is not None:
             self.guard.close()
             self.guard = None

@@ -136,7 +136,8 @@ class RdmaDevice:
                 "objects": self.objects.counts(),
                 "gids": self.objects.gids.snapshot(),
                 "doorbell_pages": self.objects.ucontexts.doorbell_pages_held(),
-                "engine": self.seat.engine.counters(self.seat.index)}
+                "engine": self.seat.engine.counters(self.seat.index),
+                "roce": self.seat.engine.roce_counters(self.seat.index)}
 
     # -- events -------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any
 from vrdma.device import abi, qp_states, rings
 from vrdma.device.constants import QpType
 from vrdma.device.cq import CompletionQueues
-from vrdma.device.gid import GidTable
+from vrdma.device.gid import Gid, GidTable
 from vrdma.device.mr import ACCESS_ALL
 from vrdma.device.params import DeviceLimits
 from vrdma.device.pd import ProtectionDomains
@@ -232,15 +232,19 @@ class QueuePairs(EngineObjectTable[Qp]):
             stored["dgid"] = bytes(a.dgid)
         stored["qp_state"] = target
         dest_dev = self.route(stored["dgid"]) if "dgid" in stored else NO_DEVICE
+        sgid = self.gids.entries.get(stored["sgid_index"])
         with refused_as_status():
             self.seat.engine.modify_qp(self.seat.index, qp.slot, {
                 "state": target, "access_flags": stored["qp_access_flags"], "dest_dev": dest_dev,
                 "dest_qpn": stored["dest_qp_num"], "min_rnr_timer": stored["min_rnr_timer"],
                 "rnr_retry": stored["rnr_retry"], "retry_cnt": stored["retry_cnt"], "timeout": stored["timeout"],
-                "qkey": stored["qkey"]})
+                "qkey": stored["qkey"], "path_mtu": stored["path_mtu"], "sq_psn": stored["sq_psn"],
+                "rq_psn": stored["rq_psn"], "max_rd_atomic": stored["max_rd_atomic"],
+                "max_dest_rd_atomic": stored["max_dest_rd_atomic"],
+                "sgid": list(sgid.raw if sgid is not None else bytes(16)), "dgid": list(stored.get("dgid", bytes(16)))})
         if target == qp_states.RTR and qp.qp_type in CONNECTED:
             log.info("%s: QP %#x -> QP %#x on %s", self.owner, qp.qpn, stored["dest_qp_num"],
-                     "an unknown GID" if dest_dev == NO_DEVICE else f"device {dest_dev}")
+                     f"GID {Gid(stored['dgid'], 0)} (not here)" if dest_dev == NO_DEVICE else f"device {dest_dev}")
 
     def _check_attributes(self, qp: Qp, bit: Callable[[str], bool], a: Any) -> None:
         limits = self.limits

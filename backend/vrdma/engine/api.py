@@ -31,6 +31,10 @@ COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", 
             "qp_fatal", "events_dropped", "ud_dropped", "uc_dropped")
 # One QP's counters (struct vre_qp_counters), in order.
 QP_COUNTERS = ("send_wqes", "recv_wqes", "bytes", "error_cqes", "flushed", "rnr_waits")
+# A device's RoCE traffic (struct vre_roce_counters), and what arrived that no QP took (struct vre_net_counters).
+ROCE_COUNTERS = ("tx_packets", "rx_packets", "retransmits", "timeouts", "seq_naks", "rnr_naks", "duplicates",
+                 "dropped")
+NET_COUNTERS = ("rx_packets", "rx_malformed", "rx_bad_icrc", "rx_no_qp", "rx_not_peer", "tx_packets", "tx_dropped")
 
 
 class EngineLimits(TypedDict):
@@ -131,6 +135,14 @@ class QpAttr(TypedDict):
     retry_cnt: int
     timeout: int
     qkey: int
+    # a connected QP whose peer is on another host: the path and the packet sequence numbers RoCE needs
+    path_mtu: int  # IB_MTU_256 (1) ... IB_MTU_4096 (5)
+    sq_psn: int
+    rq_psn: int
+    max_rd_atomic: int
+    max_dest_rd_atomic: int
+    sgid: list[int]  # 16 bytes: its GID (the source of its packets) and its peer's
+    dgid: list[int]
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,7 @@ class DataEngine(Protocol):
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None: ...
     def set_gid(self, dev: int, index: int, raw: bytes, gid_type: int) -> None: ...
     def counters(self, dev: int) -> dict[str, int]: ...
+    def roce_counters(self, dev: int) -> dict[str, int]: ...
     # objects
     def create_mr(self, dev: int, slot: int, config: MrConfig) -> None: ...
     def rereg_mr(self, dev: int, slot: int, config: MrConfig) -> None: ...

@@ -108,6 +108,7 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 		return NULL;
 	}
 	e->ndevices = max_devices;
+	e->rx_fd = e->tx_fd = -1;
 	return e;
 }
 
@@ -118,6 +119,8 @@ void vre_engine_free(struct vre_engine *e)
 	for (uint32_t i = 0; i < e->ndevices; i++)
 		vre_device_close(e, i);
 	free(e->devices);
+	free(e->tx);
+	free(e->rx);
 	free(e);
 }
 

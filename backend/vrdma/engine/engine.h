@@ -137,6 +137,15 @@ struct vre_qp_attr {
 	uint32_t retry_cnt;
 	uint32_t timeout;
 	uint32_t qkey;            /* UD and GSI */
+	/* A connected QP whose peer is on another host (dest_dev VRE_NO_DEVICE while the engine has a network):
+	 * the path and the packet sequence numbers RoCE needs. */
+	uint32_t path_mtu;        /* IB_MTU_256 (1) ... IB_MTU_4096 (5) */
+	uint32_t sq_psn;          /* first PSN the requester sends, 24 bits */
+	uint32_t rq_psn;          /* first PSN the responder expects */
+	uint32_t max_rd_atomic;   /* READs and atomics this QP has outstanding as a requester, at most */
+	uint32_t max_dest_rd_atomic; /* ... and as a responder */
+	uint8_t sgid[16];         /* its GID (the source address of its packets) and its peer's */
+	uint8_t dgid[16];
 };
 
 struct vre_event {
@@ -176,6 +185,29 @@ struct vre_qp_counters {
 	uint64_t error_cqes;      /* its completions in error, flushes included */
 	uint64_t flushed;         /* its WQEs completed with WR_FLUSH_ERR */
 	uint64_t rnr_waits;       /* receiver-not-ready waits of its requests */
+};
+
+/* One device's RoCE traffic (vre_device_roce_counters): what its QPs sent to and took from other hosts. */
+struct vre_roce_counters {
+	uint64_t tx_packets;      /* packets its QPs sent (first sendings and retransmissions, responses, ACKs) */
+	uint64_t rx_packets;      /* packets for its QPs the engine took (parsed, for a QP of it, from its peer) */
+	uint64_t retransmits;     /* packets its requesters sent again (after a timeout, a NAK or an RNR NAK) */
+	uint64_t timeouts;        /* retransmission timers of its requesters that expired */
+	uint64_t seq_naks;        /* sequence-error NAKs its responders sent (a packet ahead of the one expected) */
+	uint64_t rnr_naks;        /* RNR NAKs its responders sent (no receive posted) */
+	uint64_t duplicates;      /* duplicate requests its responders answered again without executing them twice */
+	uint64_t dropped;         /* packets for its QPs that were dropped: stale responses, a QP not ready */
+};
+
+/* What arrived from the network that no QP took, engine-wide (vre_net_counters); each packet counted once. */
+struct vre_net_counters {
+	uint64_t rx_packets;      /* every packet given to vre_roce_input */
+	uint64_t rx_malformed;    /* not a RoCE v2 packet this device parses (lengths, opcode, version, pad) */
+	uint64_t rx_bad_icrc;     /* its invariant CRC is wrong */
+	uint64_t rx_no_qp;        /* no device has its destination GID, or no QP there has its destination QPN */
+	uint64_t rx_not_peer;     /* the QP is not connected to its source (address or transport) */
+	uint64_t tx_packets;      /* packets the engine handed to the network */
+	uint64_t tx_dropped;      /* packets the network refused (send errors) or the engine had no room for */
 };
 
 struct vre_engine *vre_engine_new(uint32_t max_devices);
@@ -278,6 +310,21 @@ int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_ro
  * or -EINVAL (unknown opcode, a payload it may not carry) or -ENOSPC. */
 int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr, const struct vre_roce_pkt *pkt,
 		   const uint8_t *payload, uint32_t payload_len);
+/*
+ * RoCE v2 to other hosts (net.c, rreq.c, rresp.c; the sockets in sockio.c). The daemon opens the sockets, with
+ * the privileges they need, and hands them over: `rx_fd` a raw IPv4 socket of protocol UDP (it sees each packet's
+ * IP header, whose identification the ICRC covers), `tx_fd` a UDP socket bound to port 4791 that may send from
+ * addresses that are not the host's (IP_TRANSPARENT) with don't-fragment set. -1, -1: no network (connected QPs
+ * with a destination no device here holds wait and time out, as before). The engine reads and writes them from
+ * vre_poll and vre_spin.
+ */
+int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd);
+/* One UDP payload that arrived for port 4791 between `addr`: parsed, checked and executed, or dropped and
+ * counted. 0 when a QP took it, else the reason (-EBADMSG, -EILSEQ, -ENOENT no such QP, -EPERM not its peer). */
+int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);
+void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out);
+void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roce_counters *out);
+
 /* ENGINE-API-END */
 
 #endif /* VRDMA_ENGINE_H */

@@ -182,3 +182,35 @@ VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint3
 	}
 	return moved;
 }
+
+/*
+ * Copy len bytes between a buffer and the byte range [off, off + len) of a list of segments taken as one run of
+ * bytes (into them with to_segs, out of them otherwise): a packet's payload and its place in a message. Returns the
+ * bytes copied, less than len when the segments end first.
+ */
+VRE_FN uint64_t copy_at(struct seg *segs, uint32_t n, uint64_t off, uint8_t *buf, uint64_t len, bool to_segs)
+{
+	uint64_t done = 0;
+	uint32_t i = 0;
+
+	while (i < n && off >= segs[i].len)
+		off -= segs[i++].len;
+	for (; i < n && done < len; i++, off = 0) {
+		struct seg part = segs[i], flat;
+		uint64_t chunk = part.len - off;
+
+		chunk = chunk < len - done ? chunk : len - done;
+		if (part.mem)
+			part.off += off;
+		else
+			part.buf += off;
+		part.len = chunk;
+		flat = (struct seg){ .buf = buf + done, .len = chunk };
+		if (to_segs)
+			copy_segs(&part, 1, &flat, 1);
+		else
+			copy_segs(&flat, 1, &part, 1);
+		done += chunk;
+	}
+	return done;
+}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from vrdma.engine.api import (
     COUNTERS,
     MAX_GIDS,
+    NET_COUNTERS,
     NO_DEVICE,
     NO_SRQ,
     QP_COUNTERS,
@@ -19,6 +20,7 @@ from vrdma.engine.api import (
     QP_UD,
     QP_XRC_INI,
     QP_XRC_TGT,
+    ROCE_COUNTERS,
     SRQ_KERNEL,
     CqConfig,
     EngineError,
@@ -81,6 +83,29 @@ class Engine:
         out = ffi.new("struct vre_counters *")
         lib.vre_device_counters(self._e, dev, out)
         return {name: int(getattr(out, name)) for name in COUNTERS}
+
+    def roce_counters(self, dev: int) -> dict[str, int]:
+        out = ffi.new("struct vre_roce_counters *")
+        lib.vre_device_roce_counters(self._e, dev, out)
+        return {name: int(getattr(out, name)) for name in ROCE_COUNTERS}
+
+    # -- the network (the daemon's: the device model never calls these) -------------------------------------
+
+    def attach_network(self, rx_fd: int, tx_fd: int) -> None:
+        """Hand the engine its RoCE sockets (see engine.h, vre_net_attach); -1, -1 takes them back."""
+        self._check(lib.vre_net_attach(self._e, rx_fd, tx_fd))
+
+    def net_counters(self) -> dict[str, int]:
+        out = ffi.new("struct vre_net_counters *")
+        lib.vre_net_counters(self._e, out)
+        return {name: int(getattr(out, name)) for name in NET_COUNTERS}
+
+    def roce_input(self, udp_payload: bytes, src: bytes, dst: bytes, sport: int = 4791, ip_id: int = 0,
+                   ip_frag: int = 0x4000) -> int:
+        """Give the engine one packet as if it had arrived (tests and the fuzzer): 0 or the negative reason."""
+        addr = ffi.new("struct vre_roce_addr *", {"src": list(src), "dst": list(dst), "sport": sport,
+                                                   "dport": 4791, "ip_id": ip_id, "ip_frag": ip_frag})
+        return int(lib.vre_roce_input(self._e, udp_payload, len(udp_payload), addr))
 
     # -- objects ------------------------------------------------------------------------------------------------
 

@@ -22,25 +22,32 @@ static uint8_t local_inv(struct vre_device *d, const struct vre_qp *qp, const st
 }
 
 #define ROW(op_name, op_flags, access, wc) .name = op_name, .flags = op_flags, .remote_access = access, .wc_opcode = wc
+/* The RC opcodes of a message's packets: first, middle, last, only (InfiniBand specification, table 38). */
+#define WIRE(first, middle, last, only) .wire = { first, middle, last, only }
 
 static const struct vre_opcode opcodes[] = {
 	[VRDMA_WR_RDMA_WRITE] = { ROW("RDMA_WRITE", OP_REMOTE | OP_PAYLOAD, VRDMA_ACCESS_REMOTE_WRITE,
-				      VRDMA_WC_OP_RDMA_WRITE) },
+				      VRDMA_WC_OP_RDMA_WRITE), WIRE(0x06, 0x07, 0x08, 0x0a) },
 	[VRDMA_WR_RDMA_WRITE_WITH_IMM] = { ROW("RDMA_WRITE_WITH_IMM", OP_REMOTE | OP_PAYLOAD | OP_RECV | OP_IMM,
-					       VRDMA_ACCESS_REMOTE_WRITE, VRDMA_WC_OP_RDMA_WRITE) },
-	[VRDMA_WR_SEND] = { ROW("SEND", OP_PAYLOAD | OP_RECV, 0, VRDMA_WC_OP_SEND) },
-	[VRDMA_WR_SEND_WITH_IMM] = { ROW("SEND_WITH_IMM", OP_PAYLOAD | OP_RECV | OP_IMM, 0, VRDMA_WC_OP_SEND) },
+					       VRDMA_ACCESS_REMOTE_WRITE, VRDMA_WC_OP_RDMA_WRITE),
+					   WIRE(0x06, 0x07, 0x09, 0x0b) },
+	[VRDMA_WR_SEND] = { ROW("SEND", OP_PAYLOAD | OP_RECV, 0, VRDMA_WC_OP_SEND), WIRE(0x00, 0x01, 0x02, 0x04) },
+	[VRDMA_WR_SEND_WITH_IMM] = { ROW("SEND_WITH_IMM", OP_PAYLOAD | OP_RECV | OP_IMM, 0, VRDMA_WC_OP_SEND),
+				     WIRE(0x00, 0x01, 0x03, 0x05) },
 	[VRDMA_WR_RDMA_READ] = { ROW("RDMA_READ", OP_REMOTE | OP_READS, VRDMA_ACCESS_REMOTE_READ,
-				     VRDMA_WC_OP_RDMA_READ) },
+				     VRDMA_WC_OP_RDMA_READ), WIRE(0, 0, 0, 0x0c) },
 	[VRDMA_WR_ATOMIC_CMP_AND_SWP] = { ROW("ATOMIC_CMP_AND_SWP", OP_REMOTE | OP_READS | OP_ATOMIC,
-					      VRDMA_ACCESS_REMOTE_ATOMIC, VRDMA_WC_OP_COMP_SWAP) },
+					      VRDMA_ACCESS_REMOTE_ATOMIC, VRDMA_WC_OP_COMP_SWAP), WIRE(0, 0, 0, 0x13) },
 	[VRDMA_WR_ATOMIC_FETCH_AND_ADD] = { ROW("ATOMIC_FETCH_AND_ADD", OP_REMOTE | OP_READS | OP_ATOMIC,
-						VRDMA_ACCESS_REMOTE_ATOMIC, VRDMA_WC_OP_FETCH_ADD) },
+						VRDMA_ACCESS_REMOTE_ATOMIC, VRDMA_WC_OP_FETCH_ADD),
+					    WIRE(0, 0, 0, 0x14) },
 	[VRDMA_WR_LOCAL_INV] = { ROW("LOCAL_INV", OP_LOCAL, 0, VRDMA_WC_OP_LOCAL_INV), .local = local_inv },
 	[VRDMA_WR_BIND_MW] = { ROW("BIND_MW", OP_LOCAL, 0, VRDMA_WC_OP_BIND_MW), .local = mw_bind },
-	[VRDMA_WR_SEND_WITH_INV] = { ROW("SEND_WITH_INV", OP_PAYLOAD | OP_RECV | OP_INV, 0, VRDMA_WC_OP_SEND) },
+	[VRDMA_WR_SEND_WITH_INV] = { ROW("SEND_WITH_INV", OP_PAYLOAD | OP_RECV | OP_INV, 0, VRDMA_WC_OP_SEND),
+				     WIRE(0x00, 0x01, 0x16, 0x17) },
 	[VRDMA_WR_REG_MR] = { ROW("REG_MR", OP_LOCAL, 0, VRDMA_WC_OP_REG_MR), .local = reg_mr },
 };
+#undef WIRE
 #undef ROW
 
 VRE_FN const struct vre_opcode *vre_opcode(uint8_t wr_opcode)

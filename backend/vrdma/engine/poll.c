@@ -11,6 +11,8 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 	uint32_t work = 0;
 
 	e->now = vre_monotonic_ns();
+	if (net_on(e))
+		work += sock_recv(e, budget);
 	for (uint32_t i = 0; i < e->ndevices; i++) {
 		struct vre_device *d = &e->devices[i];
 
@@ -20,6 +22,8 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 			work += qp_poll(e, d, d->active[j], budget);
 		cq_timers(e, d);
 	}
+	if (e->tx_tail != e->tx_head)
+		sock_send(e);
 	return work;
 }
 
@@ -50,8 +54,12 @@ int64_t vre_next_deadline(struct vre_engine *e)
 		struct vre_device *d = &e->devices[i];
 
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
-			int64_t t = d->active[j]->rnr_until;
+			struct vre_qp *qp = d->active[j];
+			int64_t t = qp->rnr_until;
 
+			if (t && (next < 0 || t < next))
+				next = t;
+			t = qp->net ? qp->net->deadline : 0;
 			if (t && (next < 0 || t < next))
 				next = t;
 		}
@@ -64,6 +72,8 @@ int64_t vre_next_deadline(struct vre_engine *e)
 /* Tell every poster to wake us, then look once more: a doorbell rung before it read the flag is seen here. */
 int vre_park(struct vre_engine *e)
 {
+	if (e->tx_tail != e->tx_head)
+		return 0;  /* packets the network could not take yet */
 	vre_set_parked_flags(e, 1);
 	e->parked = true;
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -73,8 +83,11 @@ int vre_park(struct vre_engine *e)
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
 			struct vre_qp *qp = d->active[j];
 
-			if ((qp->attr.state == VRDMA_QPS_RTS || qp->attr.state == VRDMA_QPS_ERR) &&
-			    load_acquire(qp->sq_db) != qp->sq_head && !qp->rnr_until) {
+			/* a remote QP's started WQEs wait for ACKs, not for this loop */
+			uint32_t started = qp->net && qp->attr.state == VRDMA_QPS_RTS ? qp->net->sq_next : qp->sq_head;
+
+			if (((qp->attr.state == VRDMA_QPS_RTS || qp->attr.state == VRDMA_QPS_ERR) &&
+			     load_acquire(qp->sq_db) != started && !qp->rnr_until) || net_busy(qp)) {
 				vre_unpark(e);
 				return 0;
 			}

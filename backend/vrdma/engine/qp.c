@@ -141,7 +141,15 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 		qp_to_error(e, d, qp, 0);  /* no-op when already in error */
 		return 0;
 	}
+	uint32_t old_state = qp->attr.state;
+	int err;
+
 	qp->attr = *attr;
+	err = net_qp_update(e, d, qp, old_state);
+	if (err) {
+		qp_to_error(e, d, qp, 0);
+		return err;
+	}
 	qp->rnr_left = attr->rnr_retry;
 	qp->retry_left = attr->retry_cnt;
 	if (attr->state == VRDMA_QPS_RESET) {
@@ -192,5 +200,6 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 		d->active[qp->index] = d->active[--d->nactive];  /* the last active QP takes its place */
 		d->active[qp->index]->index = qp->index;
 	}
+	net_qp_free(qp);
 	obj_free(d, qp, offsetof(struct vre_qp, ring));
 }

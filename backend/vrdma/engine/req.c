@@ -16,6 +16,11 @@ static const uint32_t rnr_timer_us[32] = {
 	10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
 };
 
+VRE_FN int64_t rnr_wait_ns(uint32_t timer)
+{
+	return (int64_t)rnr_timer_us[timer & 31] * 1000;
+}
+
 /*
  * Build segments from the SGEs of a WQE of device d whose memory is PD pd's, checking keys, PD, bounds and (if
  * asked) local write access. The local DMA lkey names guest RAM directly, and only the kernel's queues (`kernel`)
@@ -79,7 +84,7 @@ VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre
 }
 
 /* The requester's own checks: its opcode, and its local data (inline, or SGEs of its own MRs). */
-static uint8_t local_data(struct vre_request *r)
+VRE_FN uint8_t wqe_local_data(struct vre_request *r)
 {
 	const struct vrdma_send_wqe *h = &r->w->hdr;
 	bool is_inline = h->send_flags & VRDMA_SEND_INLINE;
@@ -132,7 +137,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 			qp_to_error(e, d, qp, 0);
 		return EXEC_DONE;
 	}
-	status = local_data(&r);
+	status = wqe_local_data(&r);
 	if (status != VRDMA_WC_SUCCESS)
 		goto local_error;
 	if (qp->cfg.flags & VRE_QP_UD) {
@@ -162,7 +167,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		}
 		if (qp->attr.timeout)
 			qp->retry_left--;
-		qp->rnr_until = e->now + (qp->attr.timeout ? (int64_t)4096 << (qp->attr.timeout & 31) : 100000000);
+		qp->rnr_until = e->now + retry_wait_ns(qp);
 		return EXEC_WAIT;
 	}
 
@@ -175,7 +180,7 @@ static enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		}
 		if (qp->attr.rnr_retry != RNR_INFINITE)
 			qp->rnr_left--;
-		qp->rnr_until = e->now + (int64_t)rnr_timer_us[dqp->attr.min_rnr_timer & 31] * 1000;
+		qp->rnr_until = e->now + rnr_wait_ns(dqp->attr.min_rnr_timer);
 		d->counters.rnr_waits++;
 		qp->counters.rnr_waits++;
 		return EXEC_WAIT;
@@ -201,6 +206,12 @@ local_error:
 	return EXEC_DONE;
 }
 
+VRE_FN void sq_wqe(const struct vre_qp *qp, uint32_t index, struct send_wqe *w)
+{
+	memcpy(w, mem_at(&qp->ring, qp->cfg.sq_offset + (uint64_t)(index & (qp->cfg.sq_depth - 1)) * qp->cfg.sq_stride),
+	       qp->cfg.sq_stride);
+}
+
 /* Run a QP's send queue: up to `budget` WQEs, in order; flush them in the error state. */
 VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
@@ -208,15 +219,17 @@ VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 	uint32_t prod, n = 0;
 	uint32_t state = qp->attr.state;
 
+	if (qp->net && (state == VRDMA_QPS_RTR || state == VRDMA_QPS_RTS) && qp->ring.valid)
+		n = responder_poll(e, d, qp, budget);  /* READ responses it owes its peer on another host */
 	if (state != VRDMA_QPS_RTS && state != VRDMA_QPS_ERR)
-		return 0;
+		return n;
 	if (!qp->ring.valid) {
 		qp_to_error(e, d, qp, VRDMA_EVENT_QP_FATAL);
 		return 0;
 	}
 	if (qp->rnr_until) {
 		if (e->now < qp->rnr_until)
-			return 0;
+			return n;
 		qp->rnr_until = 0;
 	}
 	prod = load_acquire(qp->sq_db);
@@ -225,9 +238,10 @@ VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 		qp_to_error(e, d, qp, VRDMA_EVENT_QP_FATAL);
 		prod = qp->sq_head;
 	}
+	if (qp->net && qp->attr.state == VRDMA_QPS_RTS)
+		return n + remote_poll(e, d, qp, prod, budget);
 	while (qp->sq_head != prod && n < budget) {
-		memcpy(w, mem_at(&qp->ring, qp->cfg.sq_offset + (uint64_t)(qp->sq_head & (qp->cfg.sq_depth - 1)) *
-				 qp->cfg.sq_stride), qp->cfg.sq_stride);
+		sq_wqe(qp, qp->sq_head, w);
 		n++;
 		if (qp->attr.state == VRDMA_QPS_ERR) {
 			complete_send(e, d, qp, &w->hdr, VRDMA_WC_WR_FLUSH_ERR, 0);

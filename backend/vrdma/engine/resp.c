@@ -12,7 +12,7 @@
 
 /* The responder's checks of a remote access: rkey, PD (the receive side's: an XRC target has its SRQ's), bounds,
  * MR (or window) and QP access rights. */
-static struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
+VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
 				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off)
 {
 	struct vre_mr *mr = mr_by_key(dd, rkey, true);

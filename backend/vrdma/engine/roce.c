@@ -125,13 +125,6 @@ static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n)
 	return crc;
 }
 
-static bool is_ipv4(const uint8_t *a)
-{
-	static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
-
-	return !memcmp(a, mapped, sizeof(mapped));
-}
-
 static void put16(uint8_t *p, uint16_t v)
 {
 	p[0] = (uint8_t)(v >> 8);
@@ -151,7 +144,7 @@ static uint32_t icrc(const struct vre_roce_addr *addr, const uint8_t *udp_payloa
 	uint8_t *ip = pseudo + 8, *udp;
 
 	memset(pseudo, 0xff, 8);
-	if (is_ipv4(addr->src)) {
+	if (ipv4_mapped(addr->src)) {
 		ip[0] = 0x45;
 		ip[1] = 0xff;
 		put16(ip + 2, (uint16_t)(udp_len + 20));
@@ -288,6 +281,11 @@ static uint32_t headers_size(uint16_t headers)
 	return size;
 }
 
+VRE_FN uint32_t roce_header_len(uint8_t opcode)
+{
+	return headers_size(opcode_headers[opcode]);
+}
+
 int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr,
 		   struct vre_roce_pkt *pkt)
 {
@@ -354,7 +352,7 @@ int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr
 	put32(buf + 4, (pkt->fecn ? BTH_FECN : 0) | (pkt->becn ? BTH_BECN : 0) | (pkt->dest_qpn & MASK24));
 	put32(buf + 8, (pkt->ackreq ? BTH_ACKREQ : 0) | (pkt->psn & MASK24));
 	ext_headers(buf + sizeof(struct roce_bth), headers, &fields, true);
-	if (payload_len)
+	if (payload_len && payload != buf + hdr_len)  /* the engine's senders gather the payload in place */
 		memcpy(buf + hdr_len, payload, payload_len);
 	memset(buf + hdr_len + payload_len, 0, pad);
 	crc = htole32(icrc(addr, buf, len - ICRC_SIZE));

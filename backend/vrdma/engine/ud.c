@@ -11,7 +11,7 @@
 #include "vre.h"
 
 /* The device holding GID `gid` (its table has it, of any type), or NULL. */
-static struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid)
+VRE_FN struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid)
 {
 	for (uint32_t i = 0; i < e->ndevices; i++) {
 		struct vre_device *d = &e->devices[i];
@@ -21,13 +21,6 @@ static struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid
 				return d;
 	}
 	return NULL;
-}
-
-static bool ipv4_mapped(const uint8_t *gid)
-{
-	static const uint8_t prefix[12] = { [10] = 0xff, [11] = 0xff };
-
-	return !memcmp(gid, prefix, sizeof(prefix));
 }
 
 static uint16_t ipv4_checksum(const uint8_t *header)

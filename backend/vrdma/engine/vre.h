@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "engine.h"
 #include "vrdma_dev_api.h"
@@ -102,6 +103,70 @@ struct vre_qp {
 	int64_t rnr_until;        /* CLOCK_MONOTONIC ns of the next attempt after an RNR or a timeout; 0: none */
 	uint32_t index;           /* position in the device's active list (VRE_NOT_ACTIVE: an XRC target, no SQ) */
 	struct vre_qp_counters counters;
+	struct vre_remote *net;   /* RTR or later with its peer on another host: the RoCE transport's state */
+};
+
+/* -- RoCE: a connected QP whose peer is on another host -------------------------------------------------------- */
+
+#define VRE_TX_RING 512           /* packets the engine holds for the network between two sends */
+#define VRE_TX_RESERVE 64         /* ... of which requesters leave this many to responders (ACKs, READ responses) */
+#define VRE_MAX_RD 16             /* READs and atomics outstanding on a QP, either way (max_qp_rd_atom) */
+#define VRE_PKT_ROOM (VRE_ROCE_MAX_HEADERS + 4096 + 8)   /* headers, the largest path MTU, pad and ICRC */
+#define PSN_MASK 0xffffffu
+
+/* A packet for the network: its addresses (the ICRC covers them) and its UDP payload. */
+struct vre_tx_pkt {
+	struct vre_roce_addr addr;
+	uint32_t len;
+	uint8_t data[VRE_PKT_ROOM];
+};
+
+/* A send WQE the requester has started: the PSNs it takes (a READ: its responses'; an atomic: one). */
+struct vre_sent {
+	uint32_t first_psn;
+	uint32_t npkts;
+	uint32_t len;             /* its message length (what its completion reports) */
+};
+
+/* A READ the responder owes responses to, or an atomic it answered (kept to answer a duplicate the same way). */
+struct vre_rd_job {
+	uint32_t psn;             /* its first PSN */
+	uint32_t npkts;           /* PSNs it takes */
+	uint32_t sent;            /* READ: response packets sent so far (npkts: done) */
+	uint32_t rkey;
+	uint64_t va;
+	uint32_t len;
+	bool atomic;
+	uint64_t orig;            /* atomic: the value it answered with */
+};
+
+struct vre_remote {
+	struct vre_roce_addr addr;   /* the QP's GID to its peer's; dport 4791 */
+	uint32_t mtu;                /* path MTU in bytes */
+	/* requester: WQEs [sq_head, sq_next) have started; sq_cur is the one being sent (from PSN cur_psn) */
+	uint32_t sq_cur;
+	uint32_t sq_next;
+	uint32_t cur_psn;
+	uint32_t next_psn;           /* the first PSN of the next WQE to start */
+	uint32_t una_psn;            /* the oldest PSN not acknowledged */
+	uint32_t sent_psn;           /* one past the highest PSN sent (a packet below it is a retransmission) */
+	uint32_t rd_out;             /* READs and atomics among [sq_head, sq_cur) not answered yet */
+	int64_t deadline;            /* retransmission timer (CLOCK_MONOTONIC ns), 0: stopped */
+	uint32_t since_ackreq;       /* packets sent since the last that asked for an acknowledgement */
+	struct vre_sent *sent;       /* sq_depth entries, by ring slot */
+	/* responder */
+	uint32_t epsn;               /* the PSN expected next */
+	uint32_t msn;                /* messages completed */
+	bool nak_sent;               /* a sequence NAK went out for epsn: one per gap */
+	bool in_send;                /* between the first and last packet of a SEND (rwqe is its receive) */
+	bool in_write;               /* ... of an RDMA WRITE (wr_* is where it goes) */
+	uint64_t msg_off;            /* bytes of the current SEND or WRITE so far */
+	uint64_t wr_va;
+	uint32_t wr_rkey;
+	uint32_t wr_len;
+	struct vre_rd_job rd[VRE_MAX_RD];   /* a ring: [rd_head, rd_tail) */
+	uint32_t rd_head, rd_tail;
+	struct recv_wqe *rwqe;
 };
 
 #define VRE_NOT_ACTIVE UINT32_MAX
@@ -131,6 +196,7 @@ struct vre_device {
 	uint64_t pages_in_use;    /* translated pages of its MRs and rings, bounded by lim.max_pages_total */
 	uint64_t mr_gen;          /* MRs made, reregistered or fast-registered so far (struct vre_mr.gen) */
 	struct vre_counters counters;
+	struct vre_roce_counters roce;
 };
 
 /* A run of bytes to copy: in an MR (mem + offset in it) or in a buffer mapped here in one piece (a WQE's inline
@@ -175,6 +241,12 @@ struct vre_engine {
 	bool parked;
 	int64_t now;
 	char error[256];
+	/* The network (net.c): sockets the daemon gave (-1: none), packets waiting to go [tx_head, tx_tail). */
+	int rx_fd, tx_fd;
+	struct vre_tx_pkt *tx;
+	uint32_t tx_head, tx_tail;
+	uint8_t *rx;              /* sockio.c's receive buffers */
+	struct vre_net_counters net;
 	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines, away from the event ring */
 };
 
@@ -195,6 +267,14 @@ static inline bool is_pow2(uint32_t v)
 	return v && !(v & (v - 1));
 }
 
+/* The first 12 bytes of an IPv4-mapped IPv6 address (::ffff:a.b.c.d): how a GID holds an IPv4 address. */
+static const uint8_t ipv4_mapped_prefix[12] = { [10] = 0xff, [11] = 0xff };
+
+static inline bool ipv4_mapped(const uint8_t *gid)
+{
+	return !memcmp(gid, ipv4_mapped_prefix, sizeof(ipv4_mapped_prefix));
+}
+
 static inline uint32_t dev_index(struct vre_engine *e, struct vre_device *d)
 {
 	return (uint32_t)(d - e->devices);
@@ -205,6 +285,11 @@ static inline uint8_t *mem_at(const struct vre_mem *m, uint64_t off)
 {
 	return m->hva[off >> PAGE_SHIFT] + (off & (PAGE_SIZE - 1));
 }
+
+/* Copy send WQE `index` (masked into the ring) out of guest memory. */
+struct send_wqe;
+struct vre_qp;
+VRE_FN void sq_wqe(const struct vre_qp *qp, uint32_t index, struct send_wqe *w);
 
 /* -- checked lookups: every slot or device index a caller gives goes through one of these --------------------- */
 
@@ -259,6 +344,7 @@ VRE_FN void obj_free(struct vre_device *d, void *obj, size_t mem_offset);
 VRE_FN void mem_put(struct vre_device *d, struct vre_mem *m);
 VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
 VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc);
+VRE_FN uint64_t copy_at(struct seg *segs, uint32_t n, uint64_t off, uint8_t *buf, uint64_t len, bool to_segs);
 
 /* -- layout.c: the ring layouts the device accepts, each rule in one place ------------------------------------ */
 
@@ -326,9 +412,14 @@ struct vre_opcode {
 	uint32_t flags;           /* enum vre_op_flags */
 	uint32_t remote_access;   /* the VRDMA_ACCESS_REMOTE_* bit the MR and the QP must grant (OP_REMOTE) */
 	uint8_t wc_opcode;        /* the requester's completion opcode */
+	/* On the wire (RC opcodes; UC adds 0x20): the packets of a message, by position (enum wire_pos); a READ or
+	 * an atomic is one request packet (WIRE_ONLY). */
+	uint8_t wire[4];
 	/* OP_LOCAL: the whole operation, on the QP's own device; its completion status */
 	uint8_t (*local)(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_send_wqe *w);
 };
+
+enum wire_pos { WIRE_FIRST, WIRE_MIDDLE, WIRE_LAST, WIRE_ONLY };
 
 /* The opcode's row, or NULL for an opcode the device does not know. */
 VRE_FN const struct vre_opcode *vre_opcode(uint8_t wr_opcode);
@@ -381,7 +472,61 @@ VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre
 		   uint8_t status, uint32_t byte_len);
 VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
 
+/* -- net.c, rreq.c, rresp.c, sockio.c: RoCE to other hosts ---------------------------------------------------- */
+
+/* Whether the engine has a network (a connected QP whose peer no device here holds then speaks RoCE). */
+static inline bool net_on(const struct vre_engine *e)
+{
+	return e->tx_fd >= 0;
+}
+
+static inline uint32_t psn_add(uint32_t psn, uint32_t n)
+{
+	return (psn + n) & PSN_MASK;
+}
+
+/* a - b in the 24-bit PSN space, as a signed distance (within 2^23 either way) */
+static inline int32_t psn_diff(uint32_t a, uint32_t b)
+{
+	return (int32_t)((a - b) << 8) >> 8;
+}
+
+VRE_FN uint32_t roce_header_len(uint8_t opcode);
+/* Room for a packet in the transmit ring (requesters keep VRE_TX_RESERVE for responders), or NULL. */
+VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester);
+/* Finish the packet in the slot tx_slot gave: build its headers around the payload already at
+ * data + roce_header_len(pkt->opcode) and queue it. */
+VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct vre_tx_pkt *slot,
+		     const struct vre_roce_pkt *pkt, uint32_t payload_len);
+/* A QP becomes remote (RTR, peer not here) or stops being: its transport state made or freed. */
+VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state);
+VRE_FN bool net_busy(const struct vre_qp *qp);
+VRE_FN void net_qp_free(struct vre_qp *qp);
+VRE_FN uint8_t wqe_local_data(struct vre_request *r);
+VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t prod,
+			    uint32_t budget);
+VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			    const struct vre_roce_pkt *pkt, const uint8_t *payload);
+VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			   const struct vre_roce_pkt *pkt, const uint8_t *payload);
+VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
+				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off);
+VRE_FN struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid);
+VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget);
+VRE_FN void sock_send(struct vre_engine *e);
+
 /* -- ud.c -------------------------------------------------------------------------------------------------- */
+
+/* How long a requester waits after an RNR NAK with this timer field (the InfiniBand specification's table). */
+VRE_FN int64_t rnr_wait_ns(uint32_t timer);
+
+/* How long a requester waits for an answer before it sends again: 4.096 us * 2^timeout (0: "infinite", which
+ * this device takes as 100 ms without counting retries down). */
+static inline int64_t retry_wait_ns(const struct vre_qp *qp)
+{
+	return qp->attr.timeout ? (int64_t)4096 << (qp->attr.timeout & 31) : 100000000;
+}
 
 VRE_FN void ud_send(struct vre_request *r);
 VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);

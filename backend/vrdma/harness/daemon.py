@@ -55,13 +55,14 @@ class DaemonProcess(Managed):
     """``with DaemonProcess(vms, log_file=..., admin_socket=...):`` runs `vrdma backend` for those VMs.
 
     ``doorbell_dir``: where each VM's doorbell region goes (default: next to its socket). ``launcher`` and
-    ``env``: the command that runs `vrdma` and its environment (the sanitizer tier runs another build). ``detach``:
-    the daemon outlives this process (`vrdma vm up`); otherwise it dies with it.
+    ``env``: the command that runs `vrdma` and its environment (the sanitizer tier runs another build; a host of
+    vrdma.harness.hosts runs it in its network namespace). ``detach``: the daemon outlives this process (`vrdma vm
+    up`); otherwise it dies with it. ``roce``: `--roce`, RoCE v2 to other hosts.
     """
 
     def __init__(self, vms: list[Served], *, log_file: Path, admin_socket: Path, doorbell_dir: Path | None = None,
                  test_hooks: bool = False, verbose: bool = False, detach: bool = False,
-                 launcher: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 launcher: list[str] | None = None, env: dict[str, str] | None = None, roce: bool = False) -> None:
         self.vms = vms
         self.log_file = log_file
         self.admin_socket = admin_socket
@@ -71,6 +72,7 @@ class DaemonProcess(Managed):
         self.detach = detach
         self.launcher = launcher or [sys.executable, "-m", "vrdma.cli"]
         self.env = env
+        self.roce = roce
         self.process: psutil.Process | None = None
         self.popen: subprocess.Popen[bytes] | None = None
 
@@ -81,6 +83,8 @@ class DaemonProcess(Managed):
             argv += ["--doorbell-dir", str(self.doorbell_dir)]
         if self.test_hooks:
             argv.append("--test-hooks")
+        if self.roce:
+            argv.append("--roce")
         for vm in self.vms:
             argv += ["--socket-path", f"{vm.name}={vm.socket_path}"]
             if vm.mac is not None:

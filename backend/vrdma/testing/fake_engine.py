@@ -100,6 +100,9 @@ class FakeEngine:
     def counters(self, dev: int) -> dict[str, int]:
         return dict.fromkeys(api.COUNTERS, 0)
 
+    def roce_counters(self, dev: int) -> dict[str, int]:
+        return dict.fromkeys(api.ROCE_COUNTERS, 0)
+
     # -- objects ------------------------------------------------------------------------------------------------
 
     def create_mr(self, dev: int, slot: int, config: api.MrConfig) -> None:

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * RoCE v2 between this engine and other hosts: the transmit ring packets wait in for the network, the one entry
+ * point every arriving packet goes through, and a connected QP's transport state while its peer is on another host.
+ *
+ * An arriving packet is parsed and checked (roce.c: lengths, opcode, ICRC) before anything reads it; then its
+ * destination GID must be one of a device's here, its destination QPN a QP of that device connected to the
+ * packet's source address with the packet's transport (RC or UC). Anything else is dropped and counted, never
+ * executed: the network is as untrusted as the guests. rreq.c is the requester of such a QP (what comes back to
+ * it: acknowledgements, READ responses), rresp.c its responder (the requests). The sockets are sockio.c's.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vre.h"
+
+int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd)
+{
+	if ((rx_fd < 0) != (tx_fd < 0))
+		return vre_fail(e, EINVAL, "RoCE needs both sockets (receive %d, send %d), or neither", rx_fd, tx_fd);
+	if (tx_fd >= 0 && !e->tx) {
+		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
+		if (!e->tx)
+			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
+	}
+	e->rx_fd = rx_fd;
+	e->tx_fd = tx_fd;
+	return 0;
+}
+
+void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out)
+{
+	*out = e->net;
+}
+
+void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roce_counters *out)
+{
+	struct vre_device *d = vre_dev(e, dev);
+
+	*out = d ? d->roce : (struct vre_roce_counters){ 0 };
+}
+
+/* -- the transmit ring ---------------------------------------------------------------------------------------- */
+
+VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester)
+{
+	uint32_t limit = VRE_TX_RING - (requester ? VRE_TX_RESERVE : 0);
+
+	if (!e->tx)
+		return NULL;
+	if (e->tx_tail - e->tx_head >= limit)
+		sock_send(e);  /* make room: the network takes what it can now */
+	if (e->tx_tail - e->tx_head >= limit)
+		return NULL;
+	return &e->tx[e->tx_tail % VRE_TX_RING];
+}
+
+VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct vre_tx_pkt *slot,
+		     const struct vre_roce_pkt *pkt, uint32_t payload_len)
+{
+	int len;
+
+	slot->addr = qp->net->addr;
+	len = vre_roce_build(slot->data, sizeof(slot->data), &slot->addr, pkt,
+			     slot->data + roce_header_len(pkt->opcode), payload_len);
+	if (len < 0) {  /* an opcode or size the engine itself got wrong: never on the wire */
+		e->net.tx_dropped++;
+		return;
+	}
+	slot->len = (uint32_t)len;
+	e->tx_tail++;
+	d->roce.tx_packets++;
+}
+
+/* -- a QP's transport state ------------------------------------------------------------------------------------ */
+
+VRE_FN void net_qp_free(struct vre_qp *qp)
+{
+	if (!qp->net)
+		return;
+	free(qp->net->sent);
+	free(qp->net->rwqe);
+	free(qp->net);
+	qp->net = NULL;
+}
+
+static uint32_t mtu_bytes(uint32_t path_mtu)
+{
+	return path_mtu >= 1 && path_mtu <= 5 ? 128u << path_mtu : 1024;  /* IB_MTU_256 = 1 ... IB_MTU_4096 = 5 */
+}
+
+/*
+ * After a modify: a connected RC or UC QP at RTR or later whose destination no device here holds speaks RoCE (its
+ * responder from RTR on, its requester from RTS on); one in RESET forgets it all. The model checked the GIDs: the
+ * source is one of the device's own.
+ */
+VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state)
+{
+	uint32_t state = qp->attr.state;
+	struct vre_remote *n;
+
+	(void)d;
+	if (state == VRDMA_QPS_RESET || state == VRDMA_QPS_INIT) {
+		net_qp_free(qp);
+		return 0;
+	}
+	if (!net_on(e) || qp->attr.dest_dev != VRE_NO_DEVICE || (qp->cfg.flags & ~(VRE_QP_KERNEL | VRE_QP_UC)) ||
+	    state == VRDMA_QPS_ERR || !ipv4_mapped(qp->attr.sgid) || !ipv4_mapped(qp->attr.dgid))
+		return 0;  /* (IPv6 GIDs: not yet; such a QP's requests go unanswered) */
+	if (!qp->net) {
+		n = calloc(1, sizeof(*n));
+		if (n) {
+			n->sent = calloc(qp->cfg.sq_depth ? qp->cfg.sq_depth : 1, sizeof(*n->sent));
+			n->rwqe = malloc(sizeof(*n->rwqe));
+		}
+		if (!n || !n->sent || !n->rwqe) {
+			if (n) {
+				free(n->sent);
+				free(n->rwqe);
+			}
+			free(n);
+			return vre_fail(e, ENOMEM, "no memory for QP %#x's transport", qp->cfg.qpn);
+		}
+		qp->net = n;
+	}
+	n = qp->net;
+	memcpy(n->addr.src, qp->attr.sgid, 16);
+	memcpy(n->addr.dst, qp->attr.dgid, 16);
+	n->addr.sport = VRE_ROCE_PORT;
+	n->addr.dport = VRE_ROCE_PORT;
+	n->addr.ip_frag = 0x4000;  /* don't fragment, and so identification 0 from Linux (docs/interhost.md) */
+	n->mtu = mtu_bytes(qp->attr.path_mtu);
+	if (old_state < VRDMA_QPS_RTR) {
+		n->epsn = qp->attr.rq_psn & PSN_MASK;
+		n->msn = 0;
+		n->nak_sent = n->in_send = n->in_write = false;
+		n->rd_head = n->rd_tail = 0;
+	}
+	if (state == VRDMA_QPS_RTS && old_state < VRDMA_QPS_RTS) {
+		n->next_psn = n->una_psn = n->cur_psn = n->sent_psn = qp->attr.sq_psn & PSN_MASK;
+		n->sq_cur = n->sq_next = qp->sq_head;
+		n->rd_out = 0;
+		n->deadline = 0;
+	}
+	return 0;
+}
+
+/* Whether a remote QP has work of its own besides new WQEs: packets to send again or READ responses owed. */
+VRE_FN bool net_busy(const struct vre_qp *qp)
+{
+	const struct vre_remote *n = qp->net;
+
+	if (!n || (qp->attr.state != VRDMA_QPS_RTR && qp->attr.state != VRDMA_QPS_RTS))
+		return false;
+	if (n->sq_cur != n->sq_next && qp->attr.state == VRDMA_QPS_RTS)
+		return true;
+	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
+		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
+
+		if (!job->atomic && job->sent < job->npkts)
+			return true;
+	}
+	return false;
+}
+
+/* -- arriving packets ------------------------------------------------------------------------------------------ */
+
+static bool is_response(uint8_t opcode)
+{
+	uint8_t op = opcode & 0x1f;
+
+	return op >= 0x0d && op <= 0x12;
+}
+
+int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
+{
+	struct vre_roce_pkt pkt;
+	struct vre_device *d;
+	struct vre_qp *qp;
+	uint32_t transport;
+	bool uc;
+	int err;
+
+	e->now = e->now ? e->now : vre_monotonic_ns();
+	e->net.rx_packets++;
+	err = vre_roce_parse(udp_payload, len, addr, &pkt);
+	if (err) {
+		if (err == -EILSEQ)
+			e->net.rx_bad_icrc++;
+		else
+			e->net.rx_malformed++;
+		return err;
+	}
+	d = device_by_gid(e, addr->dst);
+	qp = d ? qp_by_qpn(e, dev_index(e, d), pkt.dest_qpn) : NULL;
+	if (!qp) {
+		e->net.rx_no_qp++;
+		return -ENOENT;
+	}
+	/* Its peer: connected to this source from this GID of ours, over the packet's transport (RC 0, UC 1). */
+	transport = pkt.opcode >> 5;
+	uc = qp->cfg.flags & VRE_QP_UC;
+	if (!qp->net || memcmp(qp->net->addr.dst, addr->src, 16) || memcmp(qp->net->addr.src, addr->dst, 16) ||
+	    transport != (uc ? 1u : 0u) || (uc && is_response(pkt.opcode))) {
+		e->net.rx_not_peer++;
+		return -EPERM;
+	}
+	d->roce.rx_packets++;
+	if (is_response(pkt.opcode)) {
+		if (qp->attr.state != VRDMA_QPS_RTS) {
+			d->roce.dropped++;
+			return 0;
+		}
+		remote_response(e, d, qp, &pkt, udp_payload + pkt.payload_off);
+	} else {
+		if (!qp_receives(qp)) {
+			d->roce.dropped++;
+			return 0;
+		}
+		remote_request(e, d, qp, &pkt, udp_payload + pkt.payload_off);
+	}
+	return 0;
+}

@@ -1,0 +1,454 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The requester of a QP whose peer is on another host: its send queue's WQEs as RoCE packets, and what comes
+ * back for them.
+ *
+ * Each WQE takes a run of PSNs when it starts (its packets, segmented at the path MTU; a READ the PSNs of its
+ * responses; an atomic one) and stays in the send ring until it is acknowledged: an ACK completes every SEND and
+ * WRITE whose last PSN it covers, a READ completes with its last response, an atomic with its ATOMIC ACKNOWLEDGE;
+ * completions stay in the order of the queue. What is lost is sent again from the oldest unacknowledged PSN
+ * (go-back-N, as the InfiniBand specification's requester does): after the retransmission timer (the QP's
+ * `timeout`, `retry_cnt` times), after a sequence-error NAK, after an RNR NAK's wait (`rnr_retry` times, 7:
+ * forever). A NAK for an invalid request, a remote access or operational error completes the WQE with that status
+ * and moves the QP to the error state. A UC requester sends and completes, and hears nothing back.
+ *
+ * A response is trusted no further than its PSN allows: one outside what is outstanding is dropped and counted.
+ */
+#include <string.h>
+
+#include "vre.h"
+
+#define ACKREQ_EVERY 32           /* packets between acknowledgement requests inside a long message */
+#define SEND_WINDOW 256           /* packets sent and not acknowledged, at most: what a loss costs to send again */
+
+static struct vre_sent *sent_of(struct vre_qp *qp, uint32_t index)
+{
+	return &qp->net->sent[index & (qp->cfg.sq_depth - 1)];
+}
+
+static uint32_t last_psn(const struct vre_sent *s)
+{
+	return psn_add(s->first_psn, s->npkts - 1);
+}
+
+static uint32_t packets_for(uint64_t len, uint32_t mtu)
+{
+	return len ? (uint32_t)DIV_ROUND_UP(len, mtu) : 1;
+}
+
+/* Send again from `psn` (or move forward to it, when an acknowledgement passed what was being resent): the WQE
+ * holding it becomes the one being sent. */
+static void rewind_to(struct vre_qp *qp, uint32_t psn)
+{
+	struct vre_remote *n = qp->net;
+
+	for (uint32_t i = qp->sq_head; i != n->sq_next; i++) {
+		struct vre_sent *s = sent_of(qp, i);
+
+		if (psn_diff(psn, last_psn(s)) <= 0) {
+			n->sq_cur = i;
+			n->cur_psn = psn_diff(psn, s->first_psn) > 0 ? psn : s->first_psn;
+			n->rd_out = 0;
+			return;
+		}
+	}
+	n->sq_cur = n->sq_next;
+	n->cur_psn = n->next_psn;
+}
+
+static void arm_timer(struct vre_engine *e, struct vre_qp *qp)
+{
+	qp->net->deadline = qp->sq_head == qp->net->sq_next ? 0 : e->now + retry_wait_ns(qp);
+}
+
+/* The requester fails: the WQE at the head completes with `status`, the rest are flushed in the error state. */
+static void requester_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t status)
+{
+	struct send_wqe *w = &e->scratch.wqe;
+
+	if (qp->sq_head != qp->net->sq_next) {
+		sq_wqe(qp, qp->sq_head, w);
+		complete_send(e, d, qp, &w->hdr, status, 0);
+	}
+	qp_to_error(e, d, qp, 0);
+}
+
+/* The head WQE is answered: completed successfully with its length. */
+static void complete_head(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w,
+			  uint64_t len)
+{
+	qp->rnr_left = qp->attr.rnr_retry;
+	qp->retry_left = qp->attr.retry_cnt;
+	complete_send(e, d, qp, &w->hdr, VRDMA_WC_SUCCESS, (uint32_t)len);
+}
+
+/* Local data of WQE `w` checked as at the start (keys, bounds, access): 0, or the status that fails it. */
+static uint8_t local_of(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w,
+			struct vre_request *r)
+{
+	*r = (struct vre_request){ .e = e, .d = d, .qp = qp, .w = w, .op = vre_opcode(w->hdr.opcode),
+				   .local = e->scratch.local };
+	return wqe_local_data(r);
+}
+
+/*
+ * Everything up to and including `psn` is acknowledged: complete the SENDs and WRITEs it covers, in order. A READ
+ * or an atomic it passes without its response was answered and the answer lost: it is asked again.
+ */
+static void ack_upto(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn)
+{
+	struct vre_remote *n = qp->net;
+	struct send_wqe *w = &e->scratch.wqe;
+
+	while (qp->sq_head != n->sq_next && qp->attr.state == VRDMA_QPS_RTS) {
+		struct vre_sent *s = sent_of(qp, qp->sq_head);
+		const struct vre_opcode *op;
+
+		if (psn_diff(psn, last_psn(s)) < 0)
+			break;
+		sq_wqe(qp, qp->sq_head, w);
+		op = vre_opcode(w->hdr.opcode);
+		if (op && (op->flags & OP_READS)) {
+			rewind_to(qp, s->first_psn);
+			psn = psn_add(s->first_psn, PSN_MASK);  /* acknowledged: what came before it */
+			break;
+		}
+		complete_head(e, d, qp, w, s->len);
+	}
+	if (psn_diff(psn_add(psn, 1), n->una_psn) > 0) {
+		n->una_psn = psn_add(psn, 1);
+		qp->retry_left = qp->attr.retry_cnt;  /* forward progress: the retries count from here again */
+	}
+	if (psn_diff(n->una_psn, n->cur_psn) > 0)
+		rewind_to(qp, n->una_psn);  /* the peer has what was about to be sent again */
+	arm_timer(e, qp);
+}
+
+/* The WQE a READ response or an atomic acknowledgement at `psn` answers: the head, once everything before `psn` is
+ * acknowledged (a response acknowledges what precedes it), if `psn` is the oldest outstanding one; else NULL. */
+static struct vre_sent *answered(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn,
+				 uint32_t want_flag)
+{
+	struct vre_remote *n = qp->net;
+	const struct vre_opcode *op;
+	struct vre_sent *s;
+
+	if (psn_diff(psn, n->una_psn) != 0)
+		return NULL;  /* a duplicate, or one after a lost response: the timer asks again */
+	if (qp->sq_head == n->sq_next)
+		return NULL;
+	ack_upto(e, d, qp, psn_add(psn, PSN_MASK));
+	if (qp->sq_head == n->sq_next || qp->attr.state != VRDMA_QPS_RTS)
+		return NULL;
+	s = sent_of(qp, qp->sq_head);
+	sq_wqe(qp, qp->sq_head, &e->scratch.wqe);
+	op = vre_opcode(e->scratch.wqe.hdr.opcode);
+	if (!op || (op->flags & (OP_READS | OP_ATOMIC)) != want_flag || psn_diff(psn, s->first_psn) < 0 ||
+	    psn_diff(psn, last_psn(s)) > 0)
+		return NULL;
+	return s;
+}
+
+/* A READ response: its data goes to the READ's local SGEs at its place in the message. */
+static void read_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			  const struct vre_roce_pkt *pkt, const uint8_t *payload)
+{
+	struct vre_remote *n = qp->net;
+	struct vre_sent *s = answered(e, d, qp, pkt->psn, OP_READS);
+	uint32_t k, expect;
+	struct vre_request r;
+	uint64_t off;
+
+	if (!s) {
+		d->roce.dropped++;
+		return;
+	}
+	k = (uint32_t)psn_diff(pkt->psn, s->first_psn);
+	off = (uint64_t)k * n->mtu;
+	expect = s->len - off < n->mtu ? (uint32_t)(s->len - off) : n->mtu;
+	/* first and middle responses carry a whole MTU, the last the rest; an only response all of it */
+	if (pkt->payload_len != expect || ((pkt->opcode & 0x1f) == 0x10) != (s->npkts == 1) ||
+	    ((pkt->opcode & 0x1f) == 0x0f || (pkt->opcode & 0x1f) == 0x10) != (k == s->npkts - 1)) {
+		d->roce.dropped++;
+		return;
+	}
+	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS) {
+		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);  /* its memory went away meanwhile */
+		return;
+	}
+	copy_at(r.local, r.nlocal, off, (uint8_t *)(uintptr_t)payload, pkt->payload_len, true);
+	n->una_psn = psn_add(pkt->psn, 1);
+	qp->retry_left = qp->attr.retry_cnt;
+	if (k == s->npkts - 1) {
+		n->rd_out -= n->rd_out ? 1 : 0;
+		d->counters.bytes += s->len;
+		qp->counters.bytes += s->len;
+		complete_head(e, d, qp, &e->scratch.wqe, s->len);
+	}
+	arm_timer(e, qp);
+}
+
+static void atomic_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt)
+{
+	struct vre_sent *s = answered(e, d, qp, pkt->psn, OP_READS | OP_ATOMIC);
+	uint64_t orig = pkt->orig;
+	struct vre_request r;
+
+	if (!s) {
+		d->roce.dropped++;
+		return;
+	}
+	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS) {
+		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);
+		return;
+	}
+	copy_at(r.local, r.nlocal, 0, (uint8_t *)&orig, 8, true);
+	qp->net->una_psn = psn_add(pkt->psn, 1);
+	qp->net->rd_out -= qp->net->rd_out ? 1 : 0;
+	complete_head(e, d, qp, &e->scratch.wqe, 8);
+	arm_timer(e, qp);
+}
+
+#define AETH_SYNDROME(aeth) ((aeth) >> 24)
+#define AETH_ACK 0x00
+#define AETH_RNR_NAK 0x20
+#define AETH_NAK 0x60
+
+VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			    const struct vre_roce_pkt *pkt, const uint8_t *payload)
+{
+	struct vre_remote *n = qp->net;
+	uint8_t syndrome = AETH_SYNDROME(pkt->aeth), op = pkt->opcode & 0x1f;
+	static const uint8_t nak_status[] = { 0, VRDMA_WC_REM_INV_REQ_ERR, VRDMA_WC_REM_ACCESS_ERR,
+					      VRDMA_WC_REM_OP_ERR, VRDMA_WC_REM_INV_REQ_ERR };
+
+	/* Outstanding PSNs are [una_psn, next_psn): an answer to anything else is stale or forged. */
+	if (psn_diff(pkt->psn, n->una_psn) < -1 || psn_diff(pkt->psn, n->next_psn) >= 0) {
+		d->roce.dropped++;
+		return;
+	}
+	if (op >= 0x0d && op <= 0x10) {
+		read_response(e, d, qp, pkt, payload);
+		return;
+	}
+	if (op == 0x12) {
+		atomic_ack(e, d, qp, pkt);
+		return;
+	}
+	switch (syndrome & 0x60) {
+	case AETH_ACK:
+		ack_upto(e, d, qp, pkt->psn);
+		return;
+	case AETH_RNR_NAK:
+		ack_upto(e, d, qp, psn_add(pkt->psn, PSN_MASK));
+		if (qp->attr.state != VRDMA_QPS_RTS || qp->sq_head == n->sq_next)
+			return;
+		if (qp->attr.rnr_retry != RNR_INFINITE && qp->rnr_left == 0) {
+			requester_error(e, d, qp, VRDMA_WC_RNR_RETRY_EXC_ERR);
+			return;
+		}
+		if (qp->attr.rnr_retry != RNR_INFINITE)
+			qp->rnr_left--;
+		d->counters.rnr_waits++;
+		qp->counters.rnr_waits++;
+		rewind_to(qp, pkt->psn);
+		qp->rnr_until = e->now + rnr_wait_ns(syndrome & 0x1f);
+		n->deadline = 0;
+		return;
+	case AETH_NAK:
+		ack_upto(e, d, qp, psn_add(pkt->psn, PSN_MASK));
+		if (qp->attr.state != VRDMA_QPS_RTS || qp->sq_head == n->sq_next)
+			return;
+		if ((syndrome & 0x1f) == 0) {  /* a PSN sequence error: the peer lost something; send from there */
+			rewind_to(qp, pkt->psn);
+			return;
+		}
+		requester_error(e, d, qp, (syndrome & 0x1f) < sizeof(nak_status) ? nak_status[syndrome & 0x1f] :
+				VRDMA_WC_REM_OP_ERR);
+		return;
+	default:
+		d->roce.dropped++;
+	}
+}
+
+/* -- sending ----------------------------------------------------------------------------------------------- */
+
+/*
+ * Start the next WQE of the queue: give it its PSNs. Local operations, and WQEs that fail their own checks, wait
+ * until everything before them is acknowledged (completions stay in order), then run or fail here. False: nothing
+ * to start now.
+ */
+static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t prod)
+{
+	struct vre_remote *n = qp->net;
+	struct send_wqe *w = &e->scratch.wqe;
+	const struct vre_opcode *op;
+	struct vre_request r;
+	uint8_t status;
+	struct vre_sent *s;
+
+	if (n->sq_next == prod)
+		return false;
+	sq_wqe(qp, n->sq_next, w);
+	op = vre_opcode(w->hdr.opcode);
+	if (op && (op->flags & OP_LOCAL)) {
+		if (qp->sq_head != n->sq_next)
+			return false;
+		d->counters.send_wqes++;
+		qp->counters.send_wqes++;
+		status = op->local(d, qp, &w->hdr);
+		n->sq_next++;
+		n->sq_cur = n->sq_next;
+		complete_send(e, d, qp, &w->hdr, status, 0);
+		if (status != VRDMA_WC_SUCCESS)
+			qp_to_error(e, d, qp, 0);
+		return status == VRDMA_WC_SUCCESS;
+	}
+	status = local_of(e, d, qp, w, &r);
+	if (status != VRDMA_WC_SUCCESS) {
+		if (qp->sq_head != n->sq_next)
+			return false;
+		d->counters.send_wqes++;
+		qp->counters.send_wqes++;
+		n->sq_next++;
+		n->sq_cur = n->sq_next;
+		complete_send(e, d, qp, &w->hdr, status, 0);
+		qp_to_error(e, d, qp, 0);
+		return false;
+	}
+	if ((r.op->flags & OP_READS) &&
+	    (n->rd_out >= (qp->attr.max_rd_atomic ? qp->attr.max_rd_atomic : 1) || qp->cfg.flags & VRE_QP_UC))
+		return false;
+	if ((w->hdr.send_flags & VRDMA_SEND_FENCE) && n->rd_out)
+		return false;
+	s = sent_of(qp, n->sq_next);
+	s->first_psn = n->next_psn;
+	s->npkts = (r.op->flags & OP_ATOMIC) ? 1 : packets_for(r.len, n->mtu);
+	s->len = (uint32_t)r.len;
+	n->next_psn = psn_add(n->next_psn, s->npkts);
+	n->sq_next++;
+	d->counters.send_wqes++;
+	qp->counters.send_wqes++;
+	return true;
+}
+
+/* Send packets of WQE sq_cur from cur_psn on, while the ring has room: false when it had none. */
+static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t *budget)
+{
+	struct vre_remote *n = qp->net;
+	struct send_wqe *w = &e->scratch.wqe;
+	struct vre_sent *s = sent_of(qp, n->sq_cur);
+	bool uc = qp->cfg.flags & VRE_QP_UC;
+	const struct vrdma_send_wqe *h;
+	struct vre_request r;
+	struct vre_tx_pkt *slot;
+
+	sq_wqe(qp, n->sq_cur, w);
+	h = &w->hdr;
+	if (local_of(e, d, qp, w, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
+		/* The guest changed a WQE it had handed over, or its memory went away: the queue cannot go on. */
+		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);
+		return true;
+	}
+	while (*budget) {
+		uint32_t k = (uint32_t)psn_diff(n->cur_psn, s->first_psn), hdr, plen = 0;
+		uint64_t off = (uint64_t)k * n->mtu;
+		struct vre_roce_pkt pkt = { .dest_qpn = qp->attr.dest_qpn, .psn = n->cur_psn, .pkey = 0xffff };
+		enum wire_pos pos = s->npkts == 1 || (r.op->flags & OP_READS) ? WIRE_ONLY : k == 0 ? WIRE_FIRST :
+				    k == s->npkts - 1 ? WIRE_LAST : WIRE_MIDDLE;
+
+		if (psn_diff(n->cur_psn, n->una_psn) >= SEND_WINDOW)
+			return false;  /* until acknowledgements come */
+		slot = tx_slot(e, true);
+		if (!slot)
+			return false;
+		pkt.opcode = (uint8_t)(r.op->wire[pos] | (uc ? 0x20 : 0));
+		if (r.op->flags & OP_READS) {  /* one request: a READ (from its first missing response) or atomic */
+			pkt.va = h->remote_addr + off;
+			pkt.rkey = h->rkey;
+			pkt.dma_len = (uint32_t)(s->len - off);
+			pkt.swap_add = h->opcode == VRDMA_WR_ATOMIC_CMP_AND_SWP ? h->swap : h->compare_add;
+			pkt.compare = h->compare_add;
+			pkt.ackreq = 1;
+		} else {
+			plen = s->len - off < n->mtu ? (uint32_t)(s->len - off) : n->mtu;
+			if (pos == WIRE_FIRST || pos == WIRE_ONLY) {
+				pkt.va = h->remote_addr;
+				pkt.rkey = h->rkey;
+				pkt.dma_len = s->len;
+			}
+			if (pos == WIRE_LAST || pos == WIRE_ONLY) {
+				pkt.imm = h->imm_data;
+				pkt.inv_rkey = h->imm_data;
+				pkt.solicited = !!(h->send_flags & VRDMA_SEND_SOLICITED);
+			}
+			pkt.ackreq = !uc && (pos == WIRE_LAST || pos == WIRE_ONLY || ++n->since_ackreq >= ACKREQ_EVERY);
+			hdr = roce_header_len(pkt.opcode);
+			copy_at(r.local, r.nlocal, off, slot->data + hdr, plen, false);
+		}
+		if (pkt.ackreq)
+			n->since_ackreq = 0;
+		tx_queue(e, d, qp, slot, &pkt, plen);
+		if (!uc && !n->deadline)
+			arm_timer(e, qp);  /* an answer is due from now */
+		if (psn_diff(n->cur_psn, n->sent_psn) < 0)
+			d->roce.retransmits++;
+		else
+			n->sent_psn = psn_add(n->cur_psn, 1);
+		(*budget)--;
+		if (r.op->flags & OP_READS) {
+			n->rd_out++;
+			n->cur_psn = psn_add(s->first_psn, s->npkts);
+		} else {
+			n->cur_psn = psn_add(n->cur_psn, 1);
+		}
+		if (psn_diff(n->cur_psn, last_psn(s)) > 0)
+			break;
+	}
+	if (psn_diff(n->cur_psn, last_psn(s)) <= 0)
+		return true;  /* out of budget inside the message */
+	n->sq_cur++;
+	if (uc) {  /* nothing comes back: done when sent */
+		d->counters.bytes += s->len;
+		qp->counters.bytes += s->len;
+		complete_head(e, d, qp, w, s->len);
+		n->una_psn = n->cur_psn;
+	}
+	if (n->sq_cur != n->sq_next)
+		n->cur_psn = sent_of(qp, n->sq_cur)->first_psn;
+	return true;
+}
+
+/*
+ * A remote QP's send queue in RTS: the retransmission timer, then packets (again from where the peer lost them, then
+ * of new WQEs) while the ring and the budget allow. `prod` is the producer index qp_poll checked.
+ */
+VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t prod,
+			    uint32_t budget)
+{
+	struct vre_remote *n = qp->net;
+	uint32_t left = budget;
+
+	if (n->deadline && e->now >= n->deadline) {
+		d->roce.timeouts++;
+		if (qp->attr.timeout && qp->retry_left == 0) {
+			requester_error(e, d, qp, VRDMA_WC_RETRY_EXC_ERR);
+			return 1;
+		}
+		if (qp->attr.timeout)
+			qp->retry_left--;
+		rewind_to(qp, n->una_psn);
+		n->deadline = e->now + retry_wait_ns(qp);
+	}
+	while (left && qp->attr.state == VRDMA_QPS_RTS) {
+		if (n->sq_cur == n->sq_next && !start_next(e, d, qp, prod))
+			break;
+		if (n->sq_cur == n->sq_next) {  /* a local operation ran */
+			left--;
+			continue;
+		}
+		if (!send_packets(e, d, qp, &left))
+			break;
+	}
+	return budget - left;
+}

@@ -1,0 +1,477 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The responder of a QP whose peer is on another host: the requests that arrive for it as RoCE packets.
+ *
+ * Packets are taken in PSN order only. The expected one runs: a SEND's first packet takes a receive WQE (none
+ * posted: an RNR NAK, and the requester sends again after its wait), its packets fill that receive's SGEs at their
+ * place in the message and its last completes it; a WRITE's first packet names the remote memory (RETH: rkey, PD,
+ * bounds and access checked as on the local path, resp.c's remote_mr) and every packet is checked against it; a
+ * READ becomes responses, sent from responder_poll as the transmit ring has room; an atomic runs once and its
+ * answer is kept. A packet ahead of the expected PSN gets one sequence-error NAK per gap; a duplicate (behind it)
+ * is answered again without running twice: an ACK for a SEND or WRITE, the responses again for a READ, the kept
+ * answer for an atomic. Anything that breaks the rules of the transport (a message without its first packet, a
+ * middle packet that is not a whole MTU, more data than the RETH or the receive said) is an invalid request; a bad
+ * key an access error: a NAK, and the QP goes to the error state, as the specification's responder does. UC has
+ * no acknowledgements: what it cannot take is dropped, and a gap drops the message it falls in.
+ */
+#include <string.h>
+
+#include "vre.h"
+
+/* What a request packet is (its opcode's low 5 bits; RC and UC share them). */
+enum req_kind { REQ_NONE, REQ_SEND, REQ_WRITE, REQ_READ, REQ_ATOMIC };
+
+static const struct {
+	uint8_t kind;
+	uint8_t pos;              /* enum wire_pos */
+	uint8_t imm, inv;
+} requests[32] = {
+#define REQ(k, p, i, v) { .kind = k, .pos = p, .imm = i, .inv = v }
+	[0x00] = REQ(REQ_SEND, WIRE_FIRST, 0, 0), [0x01] = REQ(REQ_SEND, WIRE_MIDDLE, 0, 0),
+	[0x02] = REQ(REQ_SEND, WIRE_LAST, 0, 0), [0x03] = REQ(REQ_SEND, WIRE_LAST, 1, 0),
+	[0x04] = REQ(REQ_SEND, WIRE_ONLY, 0, 0), [0x05] = REQ(REQ_SEND, WIRE_ONLY, 1, 0),
+	[0x06] = REQ(REQ_WRITE, WIRE_FIRST, 0, 0), [0x07] = REQ(REQ_WRITE, WIRE_MIDDLE, 0, 0),
+	[0x08] = REQ(REQ_WRITE, WIRE_LAST, 0, 0), [0x09] = REQ(REQ_WRITE, WIRE_LAST, 1, 0),
+	[0x0a] = REQ(REQ_WRITE, WIRE_ONLY, 0, 0), [0x0b] = REQ(REQ_WRITE, WIRE_ONLY, 1, 0),
+	[0x0c] = REQ(REQ_READ, WIRE_ONLY, 0, 0),
+	[0x13] = REQ(REQ_ATOMIC, WIRE_ONLY, 0, 0), [0x14] = REQ(REQ_ATOMIC, WIRE_ONLY, 0, 0),
+	[0x16] = REQ(REQ_SEND, WIRE_LAST, 0, 1), [0x17] = REQ(REQ_SEND, WIRE_ONLY, 0, 1),
+#undef REQ
+};
+
+#define AETH_ACK_UNLIMITED 0x1f   /* an ACK, no end-to-end credits */
+#define AETH_RNR 0x20
+#define NAK_SEQ 0x60
+#define NAK_INVALID 0x61
+#define NAK_ACCESS 0x62
+#define NAK_OPERATION 0x63
+
+/* An ACK or NAK (syndrome) for `psn`, if the ring has room (a lost one is made good by the requester's timer). */
+static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
+{
+	struct vre_tx_pkt *slot = tx_slot(e, false);
+	struct vre_roce_pkt pkt = { .opcode = 0x11, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
+				    .aeth = (uint32_t)syndrome << 24 | (qp->net->msn & PSN_MASK) };
+
+	if (slot)
+		tx_queue(e, d, qp, slot, &pkt, 0);
+	else
+		e->net.tx_dropped++;
+}
+
+/* The request breaks the rules or the keys: NAK it and go to the error state (an event for the guest). */
+static void refuse(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t nak, uint32_t event)
+{
+	acknowledge(e, d, qp, nak, qp->net->epsn);
+	qp_to_error(e, d, qp, event);
+}
+
+static void complete_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
+			  struct vrdma_cqe *cqe, bool solicited)
+{
+	cq_push(e, d, rx->cq, cqe, solicited);
+	if (cqe->status != VRDMA_WC_SUCCESS)
+		qp->counters.error_cqes++;
+}
+
+/* The receive a SEND (or a WRITE with immediate) lands in: taken at its first (or only, or last) packet. */
+static bool take_receive(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
+			 bool uc)
+{
+	uint32_t max_sge = 0;
+
+	switch (take_recv(e, d, qp, rx, qp->net->rwqe, &max_sge)) {
+	case TAKE_OK:
+		if (qp->net->rwqe->hdr.num_sge <= max_sge)
+			return true;
+		qp->net->rwqe->hdr.num_sge = 0;
+		/* a receive with more SGEs than its queue allows is a broken ring */
+		__attribute__((fallthrough));
+	case TAKE_BROKEN:
+		qp_to_error(e, d, qp, VRDMA_EVENT_QP_FATAL);
+		return false;
+	case TAKE_EMPTY:
+		if (uc) {
+			d->counters.uc_dropped++;
+		} else {
+			acknowledge(e, d, qp, AETH_RNR | (qp->attr.min_rnr_timer & 0x1f), qp->net->epsn);
+			d->roce.rnr_naks++;
+		}
+		return false;
+	}
+	return false;
+}
+
+/* A SEND packet's data into the receive at its place in the message; an error status (and the receive completed
+ * with it) when it does not fit or the receive's memory is not the QP's to write. */
+static uint8_t send_data(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
+		      const uint8_t *payload, uint32_t len)
+{
+	struct vre_remote *n = qp->net;
+	struct vre_scratch *s = &e->scratch;
+	uint32_t nsegs = 0;
+	uint64_t room = 0;
+	uint8_t status = sges_to_segs(d, rx->pd, rx->kernel, n->rwqe->sge, n->rwqe->hdr.num_sge, true, UINT64_MAX,
+				      s->remote, &nsegs, &room);
+
+	if (status == VRDMA_WC_SUCCESS && n->msg_off + len > room)
+		status = VRDMA_WC_LOC_LEN_ERR;
+	if (status != VRDMA_WC_SUCCESS) {
+		struct vrdma_cqe cqe = { .wr_id = n->rwqe->hdr.wr_id, .status = status, .opcode = VRDMA_WC_OP_RECV,
+					 .qp_num = qp->cfg.qpn };
+
+		complete_recv(e, d, qp, rx, &cqe, false);
+		n->in_send = false;
+		return status;
+	}
+	copy_at(s->remote, nsegs, n->msg_off, (uint8_t *)(uintptr_t)payload, len, true);
+	return VRDMA_WC_SUCCESS;
+}
+
+/* The remote memory a WRITE packet's data goes to (checked for this packet's range), or NULL. */
+static struct vre_mr *write_target(struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx, uint32_t len,
+				   uint64_t *off)
+{
+	struct vre_remote *n = qp->net;
+
+	return remote_mr(d, qp, rx->pd, n->wr_rkey, n->wr_va + n->msg_off, len, VRDMA_ACCESS_REMOTE_WRITE, off);
+}
+
+/* A SEND or WRITE packet in sequence. Returns false when it was not taken (the PSN does not advance). */
+static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			   const struct vre_roce_pkt *pkt, const uint8_t *payload, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	uint8_t op = pkt->opcode & 0x1f;
+	bool uc = qp->cfg.flags & VRE_QP_UC, first, last, send = requests[op].kind == REQ_SEND;
+	struct vre_mr *mr;
+	uint64_t off;
+
+	first = requests[op].pos == WIRE_FIRST || requests[op].pos == WIRE_ONLY;
+	last = requests[op].pos == WIRE_LAST || requests[op].pos == WIRE_ONLY;
+	if (first == (n->in_send || n->in_write) || (!first && (send ? !n->in_send : !n->in_write)) ||
+	    (!last && pkt->payload_len != n->mtu) || pkt->payload_len > n->mtu) {
+		/* out of the order of a message, or a first or middle packet that is not a whole MTU */
+		if (uc) {
+			n->in_send = n->in_write = false;
+			d->counters.uc_dropped++;
+			return true;
+		}
+		refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+		return false;
+	}
+	if (first) {
+		n->msg_off = 0;
+		if (send) {
+			if (!take_receive(e, d, qp, rx, uc))
+				return uc;  /* RC: RNR NAK sent, the requester comes back */
+			n->in_send = true;
+		} else {
+			n->wr_va = pkt->va;
+			n->wr_rkey = pkt->rkey;
+			n->wr_len = pkt->dma_len;
+			n->in_write = true;
+		}
+	}
+	if (send) {
+		uint8_t status = send_data(e, d, qp, rx, payload, pkt->payload_len);
+
+		if (status != VRDMA_WC_SUCCESS) {
+			if (!uc)
+				refuse(e, d, qp, status == VRDMA_WC_LOC_LEN_ERR ? NAK_INVALID : NAK_OPERATION,
+				       VRDMA_EVENT_QP_REQ_ERR);
+			return uc;
+		}
+	}
+	if (!send) {
+		if (n->msg_off + pkt->payload_len > n->wr_len ||
+		    (last && n->msg_off + pkt->payload_len != n->wr_len)) {
+			n->in_write = false;
+			if (uc)
+				return true;
+			refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+			return false;
+		}
+		/* A WRITE with immediate consumes a receive at its last packet: taken before its data lands, so an
+		 * RNR NAK leaves the message as it was for the packet's return. */
+		if (last && requests[op].imm && !take_receive(e, d, qp, rx, uc)) {
+			if (first || uc)
+				n->in_write = false;
+			return uc;
+		}
+		if (pkt->payload_len) {
+			mr = write_target(d, qp, rx, pkt->payload_len, &off);
+			if (!mr) {
+				n->in_write = false;
+				if (uc) {
+					d->counters.uc_dropped++;
+					return true;
+				}
+				refuse(e, d, qp, NAK_ACCESS, VRDMA_EVENT_QP_ACCESS_ERR);
+				return false;
+			}
+			struct seg dst = { .mem = &mr->mem, .off = off, .len = pkt->payload_len };
+
+			copy_at(&dst, 1, 0, (uint8_t *)(uintptr_t)payload, pkt->payload_len, true);
+		}
+	}
+	n->msg_off += pkt->payload_len;
+	d->counters.bytes += pkt->payload_len;
+	qp->counters.bytes += pkt->payload_len;
+	if (!last)
+		return true;
+	if (send || requests[op].imm) {
+		struct vrdma_cqe cqe = { .wr_id = n->rwqe->hdr.wr_id, .opcode = send ? VRDMA_WC_OP_RECV :
+					 VRDMA_WC_OP_RECV_RDMA_WITH_IMM, .byte_len = (uint32_t)(send ? n->msg_off : 0),
+					 .qp_num = qp->cfg.qpn, .src_qp = qp->attr.dest_qpn };
+
+		if (requests[op].imm) {
+			cqe.imm_data = pkt->imm;
+			cqe.wc_flags = VRDMA_WC_WITH_IMM;
+			cqe.byte_len = (uint32_t)n->msg_off;
+		}
+		if (requests[op].inv) {
+			if (mr_invalidate(d, rx->pd, qp->cfg.qpn, pkt->inv_rkey) != VRDMA_WC_SUCCESS) {
+				cqe.status = VRDMA_WC_REM_INV_REQ_ERR;
+				cqe.byte_len = 0;
+				complete_recv(e, d, qp, rx, &cqe, false);
+				n->in_send = false;
+				if (!uc)
+					refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+				return uc;
+			}
+			cqe.imm_data = pkt->inv_rkey;
+			cqe.wc_flags = VRDMA_WC_WITH_INV;
+		}
+		complete_recv(e, d, qp, rx, &cqe, pkt->solicited);
+	}
+	n->in_send = n->in_write = false;
+	n->msn++;
+	return true;
+}
+
+/* A new READ or atomic: a slot of the responder's ring of them (the oldest answered one makes room). */
+static struct vre_rd_job *new_job(struct vre_qp *qp)
+{
+	struct vre_remote *n = qp->net;
+	uint32_t limit = qp->attr.max_dest_rd_atomic ? qp->attr.max_dest_rd_atomic : 1, busy = 0;
+
+	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
+		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
+
+		busy += !job->atomic && job->sent < job->npkts;
+	}
+	if (busy >= limit)
+		return NULL;
+	if (n->rd_tail - n->rd_head == VRE_MAX_RD)
+		n->rd_head++;  /* forget the oldest: answered (busy < limit <= VRE_MAX_RD) */
+	return &n->rd[n->rd_tail++ % VRE_MAX_RD];
+}
+
+/* A READ request in sequence: checked now, answered from responder_poll. */
+static void read_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			 const struct vre_roce_pkt *pkt, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	struct vre_rd_job *job;
+	uint64_t off;
+
+	if (pkt->dma_len && !remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, pkt->dma_len, VRDMA_ACCESS_REMOTE_READ,
+				       &off)) {
+		refuse(e, d, qp, NAK_ACCESS, VRDMA_EVENT_QP_ACCESS_ERR);
+		return;
+	}
+	job = new_job(qp);
+	if (!job) {  /* more READs outstanding than max_dest_rd_atomic allows */
+		refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+		return;
+	}
+	*job = (struct vre_rd_job){ .psn = pkt->psn, .npkts = pkt->dma_len ? DIV_ROUND_UP(pkt->dma_len, n->mtu) : 1,
+				    .rkey = pkt->rkey, .va = pkt->va, .len = pkt->dma_len };
+	n->epsn = psn_add(n->epsn, job->npkts);
+	n->msn++;
+	responder_poll(e, d, qp, VRE_TX_RING);
+}
+
+static void atomic_answer(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn, uint64_t orig)
+{
+	struct vre_tx_pkt *slot = tx_slot(e, false);
+	struct vre_roce_pkt pkt = { .opcode = 0x12, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
+				    .aeth = (uint32_t)AETH_ACK_UNLIMITED << 24 | (qp->net->msn & PSN_MASK),
+				    .orig = orig };
+
+	if (slot)
+		tx_queue(e, d, qp, slot, &pkt, 0);
+	else
+		e->net.tx_dropped++;
+}
+
+static void atomic_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			   const struct vre_roce_pkt *pkt, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	struct vre_rd_job *job;
+	struct vre_mr *mr;
+	uint64_t *target, off, orig;
+
+	mr = remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, 8, VRDMA_ACCESS_REMOTE_ATOMIC, &off);
+	if (!mr) {
+		refuse(e, d, qp, NAK_ACCESS, VRDMA_EVENT_QP_ACCESS_ERR);
+		return;
+	}
+	target = (uint64_t *)mem_at(&mr->mem, off);
+	job = (pkt->va & 7) || ((uintptr_t)target & 7) ? NULL : new_job(qp);
+	if (!job) {
+		refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+		return;
+	}
+	if ((pkt->opcode & 0x1f) == 0x13) {
+		orig = pkt->compare;
+		__atomic_compare_exchange_n(target, &orig, pkt->swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+	} else {
+		orig = __atomic_fetch_add(target, pkt->swap_add, __ATOMIC_SEQ_CST);
+	}
+	*job = (struct vre_rd_job){ .psn = pkt->psn, .npkts = 1, .sent = 1, .atomic = true, .orig = orig };
+	n->epsn = psn_add(n->epsn, 1);
+	n->msn++;
+	atomic_answer(e, d, qp, pkt->psn, orig);
+}
+
+/* A request behind the expected PSN: answered again, never run twice. */
+static void duplicate(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt,
+		      const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	uint8_t kind = requests[pkt->opcode & 0x1f].kind;
+	uint64_t off;
+
+	d->roce.duplicates++;
+	if (kind == REQ_SEND || kind == REQ_WRITE) {
+		acknowledge(e, d, qp, AETH_ACK_UNLIMITED, psn_add(n->epsn, PSN_MASK));
+		return;
+	}
+	for (uint32_t i = n->rd_tail; i != n->rd_head; i--) {
+		struct vre_rd_job *job = &n->rd[(i - 1) % VRE_MAX_RD];
+
+		if (psn_diff(pkt->psn, job->psn) < 0 || psn_diff(pkt->psn, job->psn) >= (int32_t)job->npkts)
+			continue;
+		if (kind == REQ_ATOMIC && job->atomic && job->psn == pkt->psn) {
+			atomic_answer(e, d, qp, job->psn, job->orig);
+		} else if (kind == REQ_READ && !job->atomic && pkt->rkey == job->rkey &&
+			   (!pkt->dma_len || remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, pkt->dma_len,
+						       VRDMA_ACCESS_REMOTE_READ, &off))) {
+			/* Asked again from `psn` on: the responses from there, for what the request now names. */
+			job->psn = pkt->psn;
+			job->va = pkt->va;
+			job->len = pkt->dma_len;
+			job->npkts = pkt->dma_len ? DIV_ROUND_UP(pkt->dma_len, n->mtu) : 1;
+			job->sent = 0;
+			responder_poll(e, d, qp, VRE_TX_RING);
+		}
+		return;
+	}
+	d->roce.dropped++;  /* too old to answer: the requester's retries run out */
+}
+
+VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			   const struct vre_roce_pkt *pkt, const uint8_t *payload)
+{
+	struct vre_remote *n = qp->net;
+	uint8_t kind = requests[pkt->opcode & 0x1f].kind;
+	bool uc = qp->cfg.flags & VRE_QP_UC;
+	int32_t ahead = psn_diff(pkt->psn, n->epsn);
+	struct vre_rx rx;
+
+	if (kind == REQ_NONE || (uc && kind != REQ_SEND && kind != REQ_WRITE) || !rx_of(d, qp, 0, &rx)) {
+		d->roce.dropped++;
+		return;
+	}
+	if (uc && ahead != 0) {
+		/* A gap: the message it falls in is lost; a first (or only) packet starts afresh from its PSN. */
+		d->counters.uc_dropped += n->in_send || n->in_write;
+		n->in_send = n->in_write = false;
+		if (requests[pkt->opcode & 0x1f].pos != WIRE_FIRST && requests[pkt->opcode & 0x1f].pos != WIRE_ONLY) {
+			d->roce.dropped++;
+			return;
+		}
+		n->epsn = pkt->psn;
+		ahead = 0;
+	}
+	if (ahead > 0) {
+		if (!n->nak_sent) {
+			acknowledge(e, d, qp, NAK_SEQ, n->epsn);
+			d->roce.seq_naks++;
+			n->nak_sent = true;
+		}
+		return;
+	}
+	if (ahead < 0) {
+		duplicate(e, d, qp, pkt, &rx);
+		return;
+	}
+	if (kind == REQ_READ) {
+		n->nak_sent = false;
+		read_request(e, d, qp, pkt, &rx);
+		return;
+	}
+	if (kind == REQ_ATOMIC) {
+		n->nak_sent = false;
+		atomic_request(e, d, qp, pkt, &rx);
+		return;
+	}
+	if (!message_packet(e, d, qp, pkt, payload, &rx))
+		return;
+	n->nak_sent = false;
+	n->epsn = psn_add(n->epsn, 1);
+	if (pkt->ackreq && !uc && qp->attr.state != VRDMA_QPS_ERR)
+		acknowledge(e, d, qp, AETH_ACK_UNLIMITED, pkt->psn);
+}
+
+/* READ responses owed, in order, while the ring has room: each packet's data read from the MR as it goes. */
+VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
+{
+	struct vre_remote *n = qp->net;
+	uint32_t done = 0;
+	struct vre_rx rx;
+
+	if (!n || !rx_of(d, qp, 0, &rx))
+		return 0;
+	for (uint32_t i = n->rd_head; i != n->rd_tail && done < budget; i++) {
+		struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
+
+		while (!job->atomic && job->sent < job->npkts && done < budget) {
+			uint64_t off = (uint64_t)job->sent * n->mtu, moff = 0;
+			uint32_t plen = job->len - off < n->mtu ? (uint32_t)(job->len - off) : n->mtu;
+			struct vre_roce_pkt pkt = { .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn,
+						    .psn = psn_add(job->psn, job->sent),
+						    .aeth = (uint32_t)AETH_ACK_UNLIMITED << 24 | (n->msn & PSN_MASK) };
+			struct vre_tx_pkt *slot;
+			struct vre_mr *mr = NULL;
+
+			if (plen && !(mr = remote_mr(d, qp, rx.pd, job->rkey, job->va + off, plen,
+						    VRDMA_ACCESS_REMOTE_READ, &moff))) {
+				/* The MR went away (or lost its rights) while the READ was answered. */
+				job->sent = job->npkts;
+				acknowledge(e, d, qp, NAK_ACCESS, pkt.psn);
+				qp_to_error(e, d, qp, VRDMA_EVENT_QP_ACCESS_ERR);
+				return done;
+			}
+			slot = tx_slot(e, false);
+			if (!slot)
+				return done;
+			pkt.opcode = job->npkts == 1 ? 0x10 : job->sent == 0 ? 0x0d :
+				     job->sent == job->npkts - 1 ? 0x0f : 0x0e;
+			if (plen) {
+				struct seg src = { .mem = &mr->mem, .off = moff, .len = plen };
+
+				copy_at(&src, 1, 0, slot->data + roce_header_len(pkt.opcode), plen, false);
+			}
+			tx_queue(e, d, qp, slot, &pkt, plen);
+			d->counters.bytes += plen;
+			qp->counters.bytes += plen;
+			job->sent++;
+			done++;
+		}
+	}
+	return done;
+}

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The engine's only contact with file descriptors: the two sockets the daemon opened for RoCE and handed over
+ * (vre_net_attach), read and written in batches from the polling loop. Nothing else in the engine makes a system
+ * call on a descriptor; the device model (Python) never sees these.
+ *
+ * Receiving: a raw IPv4 socket of protocol UDP gets each UDP packet addressed to this host (the daemon filters it
+ * to port 4791) with its IP header, whose identification and flags the ICRC covers (docs/interhost.md). The IP and
+ * UDP headers are checked here (version, lengths, no fragments, port), the rest is vre_roce_input's.
+ *
+ * Sending: an unconnected UDP socket bound to port 4791, don't-fragment on, allowed to send from addresses that are
+ * not the host's (IP_TRANSPARENT): each packet goes from its QP's GID (IP_PKTINFO) to its peer's, and Linux writes
+ * identification 0, the value the packet's ICRC was computed with.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  /* recvmmsg, sendmmsg */
+#endif
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "vre.h"
+
+#define RX_BATCH 32
+#define RX_ROOM 9216              /* a jumbo frame's IP packet */
+#define TX_BATCH 64
+
+static uint16_t be16_at(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+/* One IPv4 packet from the raw socket: its UDP payload to the engine if it is whole, unfragmented and for 4791. */
+static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len)
+{
+	struct vre_roce_addr addr;
+	uint32_t ihl, total, udp_len;
+	const uint8_t *udp;
+
+	if (len < 20 || (ip[0] >> 4) != 4)
+		goto malformed;
+	ihl = (uint32_t)(ip[0] & 0xf) * 4;
+	total = be16_at(ip + 2);
+	if (ihl < 20 || total > len || total < ihl + 8 || ip[9] != 17)
+		goto malformed;
+	udp = ip + ihl;
+	if (be16_at(udp + 2) != VRE_ROCE_PORT)
+		return;  /* someone else's UDP (the daemon's filter normally keeps it away) */
+	udp_len = be16_at(udp + 4);
+	if ((be16_at(ip + 6) & 0x3fff) || udp_len < 8 || udp_len > total - ihl)
+		goto malformed;  /* a fragment (RoCE is never fragmented), or UDP lengths that do not add up */
+	memset(&addr, 0, sizeof(addr));
+	memcpy(addr.src, ipv4_mapped_prefix, 12);
+	memcpy(addr.src + 12, ip + 12, 4);
+	memcpy(addr.dst, ipv4_mapped_prefix, 12);
+	memcpy(addr.dst + 12, ip + 16, 4);
+	addr.sport = be16_at(udp);
+	addr.dport = VRE_ROCE_PORT;
+	addr.ip_id = be16_at(ip + 4);
+	addr.ip_frag = be16_at(ip + 6);
+	vre_roce_input(e, udp + 8, udp_len - 8, &addr);
+	return;
+malformed:
+	e->net.rx_packets++;
+	e->net.rx_malformed++;
+}
+
+VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget)
+{
+	struct mmsghdr msgs[RX_BATCH];
+	struct iovec iov[RX_BATCH];
+	uint32_t done = 0;
+
+	if (!e->rx) {
+		e->rx = malloc((size_t)RX_BATCH * RX_ROOM);
+		if (!e->rx)
+			return 0;
+	}
+	while (done < budget) {
+		uint32_t want = budget - done < RX_BATCH ? budget - done : RX_BATCH;
+		int got;
+
+		memset(msgs, 0, sizeof(msgs[0]) * want);
+		for (uint32_t i = 0; i < want; i++) {
+			iov[i] = (struct iovec){ .iov_base = e->rx + (size_t)i * RX_ROOM, .iov_len = RX_ROOM };
+			msgs[i].msg_hdr.msg_iov = &iov[i];
+			msgs[i].msg_hdr.msg_iovlen = 1;
+		}
+		got = recvmmsg(e->rx_fd, msgs, want, MSG_DONTWAIT, NULL);
+		if (got <= 0)
+			break;
+		for (int i = 0; i < got; i++) {
+			if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
+				e->net.rx_packets++;
+				e->net.rx_malformed++;
+				continue;
+			}
+			ipv4_packet(e, iov[i].iov_base, msgs[i].msg_len);
+		}
+		done += (uint32_t)got;
+		if ((uint32_t)got < want)
+			break;
+	}
+	return done;
+}
+
+VRE_FN void sock_send(struct vre_engine *e)
+{
+	struct mmsghdr msgs[TX_BATCH];
+	struct iovec iov[TX_BATCH];
+	struct sockaddr_in dst[TX_BATCH];
+	union {
+		struct cmsghdr align;
+		uint8_t buf[CMSG_SPACE(sizeof(struct in_pktinfo))];
+	} control[TX_BATCH];
+
+	while (e->tx_head != e->tx_tail) {
+		uint32_t n = e->tx_tail - e->tx_head;
+		int sent;
+
+		n = n < TX_BATCH ? n : TX_BATCH;
+		memset(msgs, 0, sizeof(msgs[0]) * n);
+		for (uint32_t i = 0; i < n; i++) {
+			struct vre_tx_pkt *p = &e->tx[(e->tx_head + i) % VRE_TX_RING];
+			struct cmsghdr *cm;
+			struct in_pktinfo info = { 0 };
+
+			dst[i] = (struct sockaddr_in){ .sin_family = AF_INET, .sin_port = htons(p->addr.dport) };
+			memcpy(&dst[i].sin_addr, p->addr.dst + 12, 4);
+			memcpy(&info.ipi_spec_dst, p->addr.src + 12, 4);
+			iov[i] = (struct iovec){ .iov_base = p->data, .iov_len = p->len };
+			msgs[i].msg_hdr = (struct msghdr){ .msg_name = &dst[i], .msg_namelen = sizeof(dst[i]),
+							   .msg_iov = &iov[i], .msg_iovlen = 1,
+							   .msg_control = control[i].buf,
+							   .msg_controllen = sizeof(control[i].buf) };
+			cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr);
+			cm->cmsg_level = IPPROTO_IP;
+			cm->cmsg_type = IP_PKTINFO;
+			cm->cmsg_len = CMSG_LEN(sizeof(info));
+			memcpy(CMSG_DATA(cm), &info, sizeof(info));
+		}
+		sent = sendmmsg(e->tx_fd, msgs, n, MSG_DONTWAIT);
+		if (sent < 0) {
+			if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR)
+				return;  /* the next poll tries again */
+			/* this packet cannot go (no route, too big for the link): lost, as on a wire */
+			e->net.tx_dropped++;
+			e->tx_head++;
+			continue;
+		}
+		e->net.tx_packets += (uint32_t)sent;
+		e->tx_head += (uint32_t)sent;
+	}
+}
