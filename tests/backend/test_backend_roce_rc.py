@@ -72,7 +72,7 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def fabric() -> Iterator[Fabric]:
-    with Fabric(2, subnet="10.97.0.0/24", prefix=f"rc{os.getpid() % 100000}") as hosts:
+    with Fabric(3, subnet="10.97.0.0/24", prefix=f"rc{os.getpid() % 100000}") as hosts:  # h2: a forger
         yield hosts
 
 
@@ -211,3 +211,58 @@ def test_impaired_link_keeps_the_data_intact(tmp_path: Path, impairment: Impairm
             raise
         finally:
             p.close()
+
+
+FORGE = """
+import sys
+from scapy.all import IP, UDP, Raw, send
+from scapy.contrib.roce import BTH
+src, dst, qpn, psn, rkey, va, size, bad_icrc, truncate = sys.argv[1:]
+reth = int(va).to_bytes(8, "big") + int(rkey).to_bytes(4, "big") + int(size).to_bytes(4, "big")
+pkt = IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=4791, dport=4791) / \
+    BTH(opcode=0x0A, dqpn=int(qpn), psn=int(psn), pkey=0xFFFF) / Raw(reth + b"F" * int(size))
+if bad_icrc == "1":
+    pkt[BTH].icrc = 0x12345678
+if truncate == "1":
+    pkt = IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=4791, dport=4791) / Raw(bytes(pkt[BTH])[:10])
+send(pkt, verbose=False)
+"""
+
+
+def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric: Fabric) -> None:
+    """A third host sends RDMA WRITEs at vm1's QP: with a bad ICRC, to an unknown QPN, from its own address (not
+    the QP's peer), truncated, longer than the path MTU, and (spoofing the peer's address) ahead of and behind the
+    expected PSN. None writes a byte; each is counted where it was refused; the connection then works as before."""
+    import sys
+
+    a, b = pair.connect()
+    done = send(a, WR["RDMA_WRITE"], b"genuine", remote_addr=b.mr.addr, rkey=b.mr.rkey)  # PSN 0: expected is 1
+    assert done.status == WC["SUCCESS"]
+    peer, target, forger = fabric[0].address, fabric[1].address, fabric[2].address
+    qpn, rkey, va = b.qp.qpn, b.mr.rkey, b.mr.addr + 4096
+    cases = [  # (src, qpn, psn, size, bad icrc, truncated): the counter it lands in
+        ((peer, qpn, 1, 16, 1, 0), ("network", "rx_bad_icrc")),
+        ((peer, qpn ^ 0x100, 1, 16, 0, 0), ("network", "rx_no_qp")),
+        ((forger, qpn, 1, 16, 0, 0), ("network", "rx_not_peer")),
+        ((peer, qpn, 1, 16, 0, 1), ("network", "rx_malformed")),
+        ((peer, qpn, 1, 2048, 0, 0), ("roce", "dropped")),
+        ((peer, qpn, 1000, 16, 0, 0), ("roce", "seq_naks")),
+        ((peer, qpn, 0, 16, 0, 0), ("roce", "duplicates")),
+    ]
+    backend = pair.backends[1]
+    for (src, dqpn, psn, size, bad, cut), (group, name) in cases:
+        before = backend.network_counters() if group == "network" else pair.roce(1)
+        result = fabric[2].run([sys.executable, "-c", FORGE, src, target, str(dqpn), str(psn), str(rkey), str(va),
+                                str(size), str(bad), str(cut)])
+        assert result.returncode == 0, result.stderr
+        backend.wait_for_counters(
+            "vm1", lambda c, g=group, n=name, was=before[name]: (c["roce"] if g == "roce" else
+                                                                 backend.network_counters())[n] > was,
+            f"a forged packet counted in {group}.{name}")
+    assert b.verbs.memory.read(va, 2048) == bytes(2048)  # not a byte of "F"
+    assert int(b.verbs.query_qp(b.qp).qp_state) != ERR
+    b.verbs.post_recv(b.qp, [(b.mr.addr + 8192, 64, b.mr.lkey)], wr_id=1)
+    done = send(a, WR["SEND"], b"still connected")
+    assert done.status == WC["SUCCESS"]
+    (got,) = wait_cqes(b.verbs, b.cq, 1)
+    assert b.verbs.memory.read(b.mr.addr + 8192, 15) == b"still connected"

@@ -149,8 +149,12 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 
 	first = requests[op].pos == WIRE_FIRST || requests[op].pos == WIRE_ONLY;
 	last = requests[op].pos == WIRE_LAST || requests[op].pos == WIRE_ONLY;
+	if (pkt->payload_len > n->mtu) {
+		d->roce.dropped++;  /* longer than the path allows: a malformed packet, dropped unseen (no NAK) */
+		return false;
+	}
 	if (first == (n->in_send || n->in_write) || (!first && (send ? !n->in_send : !n->in_write)) ||
-	    (!last && pkt->payload_len != n->mtu) || pkt->payload_len > n->mtu) {
+	    (!last && pkt->payload_len != n->mtu)) {
 		/* out of the order of a message, or a first or middle packet that is not a whole MTU */
 		if (uc) {
 			n->in_send = n->in_write = false;
