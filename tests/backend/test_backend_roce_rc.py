@@ -265,4 +265,5 @@ def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric
     done = send(a, WR["SEND"], b"still connected")
     assert done.status == WC["SUCCESS"]
     (got,) = wait_cqes(b.verbs, b.cq, 1)
+    assert (got.status, got.byte_len) == (WC["SUCCESS"], 15)
     assert b.verbs.memory.read(b.mr.addr + 8192, 15) == b"still connected"
