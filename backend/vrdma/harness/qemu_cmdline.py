@@ -29,9 +29,12 @@ NUM_QUEUES = abi.const("VRDMA_NUM_QUEUES")
 
 @dataclass(frozen=True)
 class GuestIdentity:
-    """Name and link addresses of guest number ``index``."""
+    """Name and link addresses of guest number ``index``: on the private guest link by default; a guest on a host
+    of several (vrdma.harness.multihost) has ``cidr`` on its host's bridge and ``gateway`` its way out."""
 
     index: int
+    cidr: str | None = None
+    gateway: str | None = None
 
     @property
     def name(self) -> str:
@@ -39,11 +42,11 @@ class GuestIdentity:
 
     @property
     def ip(self) -> str:
-        return f"{LINK_NET}.{self.index + 1}"
+        return self.cidr.split("/")[0] if self.cidr else f"{LINK_NET}.{self.index + 1}"
 
     @property
     def address(self) -> str:
-        return f"{self.ip}/{LINK_PREFIX}"
+        return self.cidr or f"{self.ip}/{LINK_PREFIX}"
 
     @property
     def mac(self) -> str:
@@ -55,6 +58,8 @@ def kernel_append(identity: GuestIdentity, extra: str = "") -> str:
     """The guest kernel command line; the vrdma.* parameters are read by the image's start-up script."""
     parts = ["console=ttyS0", "panic=-1", "quiet", f"vrdma_guest.name={identity.name}",
              f"vrdma_guest.addr={identity.address}"]
+    if identity.gateway:
+        parts.append(f"vrdma_guest.gw={identity.gateway}")
     if extra:
         parts.append(extra)
     return " ".join(parts)
@@ -138,8 +143,12 @@ def _person_link_remote(run: str, index: int, guests: int) -> str:
 
 def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel: Mapping[str, object],
                     image: Mapping[str, object], accel: str, memory_mib: int, directory: Path,
-                    link_remote: str, append_extra: str = "") -> dict[str, str]:
-    """Every template field but the three chardev addresses (console, qmp, agent)."""
+                    link_remote: str, append_extra: str = "", tap: str | None = None) -> dict[str, str]:
+    """Every template field but the three chardev addresses (console, qmp, agent). ``tap``: the guest's netdev is
+    that tap device (made beforehand, in the network namespace QEMU runs in) instead of the private link."""
+    link = (f"tap,id=link,ifname={tap},script=no,downscript=no" if tap else
+            f"dgram,id=link,local.type=unix,local.path={directory / 'link.sock'},remote.type=unix,"
+            f"remote.path={link_remote}")
     firmware = [str(d) for d in qemu["firmware_dirs"]]  # type: ignore[attr-defined]
     return {
         "name": ident.name,
@@ -152,8 +161,7 @@ def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel:
         "initrd": str(image["initrd_path"]),
         "append": kernel_append(ident, append_extra),
         "console_log": str(directory / "console.log"),
-        "link_local": str(directory / "link.sock"),
-        "link_remote": link_remote,
+        "netdev": link,
         "mac": ident.mac,
         "vrdma_socket": str(directory / "vrdma.sock"),
         "vrdma_doorbell": str(directory.parent / "backend" / f"{ident.name}.doorbell"),

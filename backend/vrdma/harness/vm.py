@@ -64,8 +64,13 @@ class Vm(Managed):
 
     def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
                  products: Products, link_remote: str, memory_mib: int = 1024, boot_timeout: float = 120.0,
-                 detach: bool = False, append_extra: str = "", with_device: bool = True) -> None:
+                 detach: bool = False, append_extra: str = "", with_device: bool = True, tap: str | None = None,
+                 wrapper: list[str] | None = None) -> None:
+        """``tap``: the guest's netdev is this tap device instead of the private link; ``wrapper``: the command QEMU
+        runs under (a host of vrdma.harness.hosts: its network namespace, where the tap is)."""
         self.identity = identity
+        self.tap = tap
+        self.wrapper = wrapper or []
         self.name = identity.name
         self.directory = directory
         self.accel = accel
@@ -123,9 +128,9 @@ class Vm(Managed):
             fields = qemu_cmdline.standard_fields(
                 self.identity, qemu=self.products.qemu, kernel=self.products.kernel, image=self.products.image,
                 accel=self.accel, memory_mib=self.memory_mib, directory=self.directory,
-                link_remote=self.link_remote, append_extra=self.append_extra)
+                link_remote=self.link_remote, append_extra=self.append_extra, tap=self.tap)
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
-            self.cmdline = [str(self.products.qemu["binary_path"]),
+            self.cmdline = [*self.wrapper, str(self.products.qemu["binary_path"]),
                             *qemu_cmdline.render_guest(fields, self.with_device)]
             log.debug("%s: %s", self.name, " ".join(self.cmdline))
             with self.qemu_log.open("wb") as qemu_out:
