@@ -51,7 +51,10 @@ class DeviceLimits:
     max_srq_wr: int = _limit(32768, config=True, query=True, engine="max_srq_wr")
     max_srq_sge: int = _limit(16, query=True)
     max_ah: int = _limit(32768, config=True, query=True)
-    max_qp_rd_atom: int = _limit(16, query=True)  # also QUERY_DEVICE's max_qp_init_rd_atom (query_fields)
+    # READs and atomics outstanding per QP, either way (also QUERY_DEVICE's max_qp_init_rd_atom: query_fields): rxe's
+    # 128, because tools set a QP's max_rd_atomic to what the peer's device reports (perftest does) and a smaller
+    # limit here refuses that QP. The engine's responder keeps as many (engine/vre.h, VRE_MAX_RD).
+    max_qp_rd_atom: int = _limit(128, query=True)
     # The header page, then pages of 1022 queue slots each, handed to contexts as they need them (a context takes
     # one, and another whenever its queues fill those it has). 4 MiB, a power of two for ivshmem: room for 1022
     # processes, or for every queue the limits above allow (2 max_qp + max_cq + max_srq slots need 137 pages).

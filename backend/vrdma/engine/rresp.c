@@ -260,6 +260,8 @@ static struct vre_rd_job *new_job(struct vre_qp *qp)
 	struct vre_remote *n = qp->net;
 	uint32_t limit = qp->attr.max_dest_rd_atomic ? qp->attr.max_dest_rd_atomic : 1, busy = 0;
 
+	limit = limit < VRE_MAX_RD ? limit : VRE_MAX_RD;
+
 	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
 		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
 

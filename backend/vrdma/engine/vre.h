@@ -110,7 +110,7 @@ struct vre_qp {
 
 #define VRE_TX_RING 512           /* packets the engine holds for the network between two sends */
 #define VRE_TX_RESERVE 64         /* ... of which requesters leave this many to responders (ACKs, READ responses) */
-#define VRE_MAX_RD 16             /* READs and atomics outstanding on a QP, either way (max_qp_rd_atom) */
+#define VRE_MAX_RD 128            /* READs and atomics outstanding on a QP, either way (max_qp_rd_atom) */
 #define VRE_PKT_ROOM (VRE_ROCE_MAX_HEADERS + 4096 + 8)   /* headers, the largest path MTU, pad and ICRC */
 #define PSN_MASK 0xffffffu
 

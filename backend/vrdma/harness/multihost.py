@@ -2,7 +2,9 @@
 
 Each host is a network namespace of a vrdma.harness.hosts fabric (its `eth0` on the fabric's segment), set up with
 the same commands docs/interhost.md gives an operator for a real host (``host_commands``): the host's guests on
-tap devices in a bridge (`guests`, 10.99.K.1/24, their default gateway), forwarding on, a route to each other
+tap devices in a bridge (`guests`, 10.99.K.1/24, their default gateway; its ports isolated from each other, the
+host answering their ARP for each other, so that guest-to-guest traffic too passes the host's IP layer), forwarding
+on, a route to each other
 host's guests through that host's address, and RoCE for each vrdma guest's address delivered to the host itself,
 where its backend (`vrdma backend --roce`, started in the namespace) takes it: a policy rule `to GUEST ipproto udp
 dport 4791` looks up a table whose one route makes everything local. A guest planned with ``rxe=True`` boots
@@ -55,9 +57,14 @@ def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_ta
                 ["ip", "addr", "add", f"{net}.1/24", "dev", GUEST_BRIDGE],
                 ["ip", "link", "set", GUEST_BRIDGE, "up"]]
     for tap in guest_taps:
+        # Isolated ports: guests of one host reach each other through the host's IP layer (which answers their
+        # ARP for each other: proxy_arp_pvlan), never straight across the bridge, so that RoCE for a vrdma guest
+        # meets the rule below even from its neighbour.
         commands += [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
-                     ["ip", "link", "set", tap, "master", GUEST_BRIDGE, "up"]]
-    commands.append(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+                     ["ip", "link", "set", tap, "master", GUEST_BRIDGE, "up"],
+                     ["bridge", "link", "set", "dev", tap, "isolated", "on"]]
+    commands += [["sysctl", "-qw", "net.ipv4.ip_forward=1", f"net.ipv4.conf.{GUEST_BRIDGE}.proxy_arp_pvlan=1",
+                  f"net.ipv4.conf.{GUEST_BRIDGE}.send_redirects=0", "net.ipv4.conf.all.send_redirects=0"]]
     for other, address in enumerate(hosts):
         if other != host:
             commands.append(["ip", "route", "add", f"{guest_subnet(other)}.0/24", "via", address, "dev", HOST_LINK])

@@ -1,0 +1,148 @@
+"""Guests on two hosts (issue 14): vrdma guests whose backends speak RoCE v2 to each other, and to the kernel's rxe.
+
+Three guests on the two hosts of a vrdma.harness.multihost fabric (network namespaces): vm0 (vrdma) on h0, vm1
+(vrdma) and vm2 (rxe, no vrdma device) on h1. vm0 to vm1 is vrdma to vrdma across hosts; vm0 to vm2 is vrdma to
+rxe across hosts, vm1 to vm2 on the same host, both ways: rxe is an independent implementation of the protocol, so
+each of its runs is the proof that the wire format is right. A capture on h1's link during vrdma-to-rxe traffic
+decodes in scapy's RoCE layer with the ICRCs scapy computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vrdma.harness import verbs
+from vrdma.harness.daemon import vm_counters
+from vrdma.harness.multihost import GuestPlan, MultiHost
+from vrdma.harness.vm import Products, Vm
+
+pytestmark = pytest.mark.vm
+log = logging.getLogger(__name__)
+
+PLAN = [GuestPlan(0), GuestPlan(1), GuestPlan(1, rxe=True)]
+
+
+@pytest.fixture(scope="module")
+def hosts(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
+    with MultiHost(tmp_path_factory.mktemp("interhost"), PLAN, products=products) as multihost:
+        yield multihost
+
+
+def device(mh: MultiHost, vm: Vm) -> str:
+    return "rxe0" if mh.plan[mh.vms.index(vm)].rxe else "vrdma0"
+
+
+def roce_counters(mh: MultiHost, host: int, vm: str) -> dict[str, int]:
+    return vm_counters(mh.backends[host], vm)["roce"]  # type: ignore[no-any-return]
+
+
+def pingpong(mh: MultiHost, server: Vm, client: Vm, size: int = 4096, iterations: int = 200) -> Any:
+    """ibv_rc_pingpong with its data check (-c), each side on its own device and IPv4 GID."""
+    common = ["-s", str(size), "-n", str(iterations), "-c"]
+    server_argv = ["ibv_rc_pingpong", "-d", device(mh, server), "-g",
+                   str(verbs.ipv4_gid_index(server, device(mh, server))), *common]
+    client_argv = ["ibv_rc_pingpong", "-d", device(mh, client), "-g",
+                   str(verbs.ipv4_gid_index(client, device(mh, client))), *common, server.address]
+    _, out = verbs.client_server(server, client, server_argv, client_argv=client_argv, timeout=300)
+    assert re.search(rf"{iterations} iters in [\d.]+ seconds", out.stdout), out.stdout
+    return out
+
+
+def perftest(mh: MultiHost, server: Vm, client: Vm, tool: str, extra: tuple[str, ...] = ()) -> list[str]:
+    common = ["-F", "-n", "200", *extra]
+    server_argv = [tool, "-d", device(mh, server), "-x", str(verbs.ipv4_gid_index(server, device(mh, server))),
+                   *common]
+    client_argv = [tool, "-d", device(mh, client), "-x", str(verbs.ipv4_gid_index(client, device(mh, client))),
+                   *common, server.address]
+    _, out = verbs.client_server(server, client, server_argv, client_argv=client_argv, timeout=600)
+    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+[\d.]+", out.stdout, flags=re.M)
+    assert rows, out.stdout
+    return rows
+
+
+@pytest.mark.parametrize("size", [4096, 65536])
+def test_rc_pingpong_vrdma_to_vrdma_across_hosts(hosts: MultiHost, size: int) -> None:
+    vm0, vm1 = hosts.vms[0], hosts.vms[1]
+    before = roce_counters(hosts, 0, "vm0")["tx_packets"]
+    out = pingpong(hosts, vm1, vm0, size=size)
+    sent = roce_counters(hosts, 0, "vm0")["tx_packets"] - before
+    # every message went over the wire, segmented at the 1024-byte path MTU of a 1500-byte link
+    assert sent >= 200 * -(-size // 1024), sent
+    log.info("vrdma<->vrdma across hosts, %d B: %s", size, out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("tool", ["ib_write_bw", "ib_read_bw", "ib_atomic_bw", "ib_send_lat"])
+def test_perftest_vrdma_to_vrdma_across_hosts(hosts: MultiHost, tool: str) -> None:
+    rows = perftest(hosts, hosts.vms[1], hosts.vms[0], tool)
+    log.info("%s across hosts: %s", tool, rows)
+
+
+# (server, client) guest indexes: vrdma on h0 with rxe on h1, both ways; vrdma and rxe on h1, both ways.
+INTEROP = {"vrdma h0 -> rxe h1": (2, 0), "rxe h1 -> vrdma h0": (0, 2), "vrdma h1 -> rxe h1": (2, 1),
+           "rxe h1 -> vrdma h1": (1, 2)}
+
+
+@pytest.mark.parametrize("pair", INTEROP, ids=list(INTEROP))
+def test_rc_pingpong_with_rxe(hosts: MultiHost, pair: str) -> None:
+    server, client = (hosts.vms[i] for i in INTEROP[pair])
+    pingpong(hosts, server, client, size=8192)
+
+
+@pytest.mark.parametrize("tool", ["ib_write_bw", "ib_read_bw"])
+@pytest.mark.parametrize("pair", INTEROP, ids=list(INTEROP))
+def test_perftest_with_rxe(hosts: MultiHost, pair: str, tool: str) -> None:
+    server, client = (hosts.vms[i] for i in INTEROP[pair])
+    perftest(hosts, server, client, tool)
+
+
+SNIFF = """
+import sys
+from scapy.all import UDP, AsyncSniffer, wrpcap
+sniffer = AsyncSniffer(iface="eth0", lfilter=lambda p: UDP in p and p[UDP].dport == 4791,
+                       started_callback=lambda: print("sniffing", flush=True))
+sniffer.start()
+sys.stdin.readline()  # until the test has made its traffic
+wrpcap(sys.argv[1], sniffer.stop())
+print("written", flush=True)
+"""
+
+
+def test_capture_decodes_as_roce_v2_with_valid_icrcs(hosts: MultiHost, tmp_path: Path) -> None:
+    """vrdma (vm0, h0) to rxe (vm2, h1): what crosses h1's link, both ways, decodes in scapy's RoCE layer, and
+    every ICRC is the one scapy computes."""
+    from scapy.all import IP, UDP, rdpcap
+    from scapy.contrib.roce import BTH
+
+    pcap = tmp_path / "roce.pcap"
+    sniffer = subprocess.Popen(hosts.fabric[1].command([sys.executable, "-c", SNIFF, str(pcap)]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert sniffer.stdin is not None and sniffer.stdout is not None
+    try:
+        assert sniffer.stdout.readline().strip() == "sniffing", sniffer.stderr
+        pingpong(hosts, hosts.vms[2], hosts.vms[0], size=3000, iterations=20)
+        sniffer.stdin.write("done\n")
+        sniffer.stdin.flush()
+        assert sniffer.stdout.readline().strip() == "written", sniffer.stderr
+    finally:
+        sniffer.kill()
+        sniffer.wait(30)
+    packets = [p for p in rdpcap(str(pcap)) if BTH in p]
+    senders = {p[IP].src for p in packets}
+    assert senders == {hosts.vms[0].address, hosts.vms[2].address}, senders
+    for p in packets:
+        got = p[BTH].icrc
+        again = p[IP].copy()
+        again[BTH].icrc = None
+        assert IP(bytes(again))[BTH].icrc == got, p.summary()
+        assert p[UDP].dport == 4791 and p[BTH].version == 0
+    opcodes = {p[BTH].opcode for p in packets}
+    assert {0x00, 0x02, 0x11} <= opcodes, opcodes  # SEND first and last (3000 B at 1024), ACKs
+    log.info("%d RoCE v2 packets decoded, opcodes %s", len(packets), sorted(opcodes))
