@@ -10,6 +10,7 @@ decodes in scapy's RoCE layer with the ICRCs scapy computes.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 
 from vrdma.harness import verbs
 from vrdma.harness.daemon import vm_counters
+from vrdma.harness.impair import Impairment
 from vrdma.harness.multihost import GuestPlan, MultiHost
 from vrdma.harness.vm import Products, Vm
 
@@ -146,3 +148,21 @@ def test_capture_decodes_as_roce_v2_with_valid_icrcs(hosts: MultiHost, tmp_path:
     opcodes = {p[BTH].opcode for p in packets}
     assert {0x00, 0x02, 0x11} <= opcodes, opcodes  # SEND first and last (3000 B at 1024), ACKs
     log.info("%d RoCE v2 packets decoded, opcodes %s", len(packets), sorted(opcodes))
+
+
+LOSSY = Impairment(loss=0.01, duplicate=0.01, reorder=0.01, seed=14)
+
+
+def test_lossy_link_keeps_the_data_intact(products: Products, tmp_path: Path) -> None:
+    """1% loss, 1% duplication and 1% reordering on the link between the hosts (the harness's impairing switch:
+    this machine has no netem): ibv_rc_pingpong's data check and ib_write_bw complete, and the backends' counters
+    show the recovery (retransmissions, duplicates answered again)."""
+    with MultiHost(tmp_path, [GuestPlan(0), GuestPlan(1)], products=products, impairment=LOSSY,
+                   prefix=f"lossy{os.getpid() % 100000}") as lossy:
+        vm0, vm1 = lossy.vms
+        pingpong(lossy, vm1, vm0, size=16384, iterations=300)
+        perftest(lossy, vm1, vm0, "ib_write_bw", ("-s", "65536"))
+        sent = [roce_counters(lossy, k, f"vm{k}") for k in (0, 1)]
+        log.info("after 1%% loss, duplication and reordering: vm0 %s, vm1 %s", sent[0], sent[1])
+        assert sum(c["retransmits"] for c in sent) > 0, sent
+        assert sum(c["duplicates"] + c["seq_naks"] for c in sent) > 0, sent
