@@ -105,6 +105,46 @@ def test_perftest_with_rxe(hosts: MultiHost, pair: str, tool: str) -> None:
     perftest(hosts, server, client, tool)
 
 
+
+ALL_PAIRS = {"vrdma h0 -> vrdma h1": (1, 0), **INTEROP}
+RPING_PORT = 7174
+
+
+def both(mh: MultiHost, server: Vm, client: Vm, tool: str, *args: str) -> tuple[list[str], list[str]]:
+    """A pingpong's server and client argv, each on its own device and IPv4 GID."""
+    return ([tool, "-d", device(mh, server), "-g", str(verbs.ipv4_gid_index(server, device(mh, server))), *args],
+            [tool, "-d", device(mh, client), "-g", str(verbs.ipv4_gid_index(client, device(mh, client))), *args,
+             server.address])
+
+
+@pytest.mark.parametrize("pair", ALL_PAIRS, ids=list(ALL_PAIRS))
+def test_ud_pingpong(hosts: MultiHost, pair: str) -> None:
+    """Datagrams (a DETH, the Q_Key checked) between hosts and with rxe: ibv_ud_pingpong with its data check."""
+    server, client = (hosts.vms[i] for i in ALL_PAIRS[pair])
+    server_argv, client_argv = both(hosts, server, client, "ibv_ud_pingpong", "-n", "200", "-s", "1024", "-c")
+    _, out = verbs.client_server(server, client, server_argv, client_argv=client_argv, timeout=300)
+    assert "200 iters in" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("pair", ["vrdma h0 -> vrdma h1", "vrdma h0 -> rxe h1", "rxe h1 -> vrdma h0"])
+def test_uc_pingpong(hosts: MultiHost, pair: str) -> None:
+    server, client = (hosts.vms[i] for i in ALL_PAIRS[pair])
+    server_argv, client_argv = both(hosts, server, client, "ibv_uc_pingpong", "-n", "200", "-s", "8192", "-c")
+    _, out = verbs.client_server(server, client, server_argv, client_argv=client_argv, timeout=300)
+    assert "200 iters in" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("pair", ALL_PAIRS, ids=list(ALL_PAIRS))
+def test_rping(hosts: MultiHost, pair: str) -> None:
+    """The RDMA CM across hosts: its MADs as datagrams between the QP1s (GSI), then RC; rping checks its data."""
+    server, client = (hosts.vms[i] for i in ALL_PAIRS[pair])
+    _, out = verbs.client_server(
+        server, client, ["rping", "-s", "-a", server.address, "-V", "-C", "200", "-p", str(RPING_PORT)],
+        port=RPING_PORT, rdma_cm=True,
+        client_argv=["rping", "-c", "-a", server.address, "-V", "-C", "200", "-v", "-p", str(RPING_PORT)])
+    assert out.stdout.count("ping data: rdma-ping-") == 200, out.stdout[-2000:]
+
+
 SNIFF = """
 import sys
 from scapy.all import UDP, AsyncSniffer, wrpcap

@@ -56,12 +56,12 @@ VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester)
 	return &e->tx[e->tx_tail % VRE_TX_RING];
 }
 
-VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct vre_tx_pkt *slot,
-		     const struct vre_roce_pkt *pkt, uint32_t payload_len)
+VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vre_roce_addr *addr,
+		     struct vre_tx_pkt *slot, const struct vre_roce_pkt *pkt, uint32_t payload_len)
 {
 	int len;
 
-	slot->addr = qp->net->addr;
+	slot->addr = *addr;
 	len = vre_roce_build(slot->data, sizeof(slot->data), &slot->addr, pkt,
 			     slot->data + roce_header_len(pkt->opcode), payload_len);
 	if (len < 0) {  /* an opcode or size the engine itself got wrong: never on the wire */
@@ -197,6 +197,15 @@ int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t le
 	if (!qp) {
 		e->net.rx_no_qp++;
 		return -ENOENT;
+	}
+	if ((pkt.opcode >> 5) == 3) {  /* a datagram: any source may send one to a UD or GSI QP with its Q_Key */
+		if (!(qp->cfg.flags & VRE_QP_UD)) {
+			e->net.rx_not_peer++;
+			return -EPERM;
+		}
+		d->roce.rx_packets++;
+		ud_input(e, d, qp, &pkt, udp_payload + pkt.payload_off, addr);
+		return 0;
 	}
 	/* Its peer: connected to this source from this GID of ours, over the packet's transport (RC 0, UC 1). */
 	transport = pkt.opcode >> 5;

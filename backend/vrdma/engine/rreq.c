@@ -388,7 +388,7 @@ static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_
 		}
 		if (pkt.ackreq)
 			n->since_ackreq = 0;
-		tx_queue(e, d, qp, slot, &pkt, plen);
+		tx_queue(e, d, &qp->net->addr, slot, &pkt, plen);
 		if (!uc && !n->deadline)
 			arm_timer(e, qp);  /* an answer is due from now */
 		if (psn_diff(n->cur_psn, n->sent_psn) < 0)

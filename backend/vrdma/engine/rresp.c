@@ -54,7 +54,7 @@ static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_q
 				    .aeth = (uint32_t)syndrome << 24 | (qp->net->msn & PSN_MASK) };
 
 	if (slot)
-		tx_queue(e, d, qp, slot, &pkt, 0);
+		tx_queue(e, d, &qp->net->addr, slot, &pkt, 0);
 	else
 		e->net.tx_dropped++;
 }
@@ -307,7 +307,7 @@ static void atomic_answer(struct vre_engine *e, struct vre_device *d, struct vre
 				    .orig = orig };
 
 	if (slot)
-		tx_queue(e, d, qp, slot, &pkt, 0);
+		tx_queue(e, d, &qp->net->addr, slot, &pkt, 0);
 	else
 		e->net.tx_dropped++;
 }
@@ -472,7 +472,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 
 				copy_at(&src, 1, 0, slot->data + roce_header_len(pkt.opcode), plen, false);
 			}
-			tx_queue(e, d, qp, slot, &pkt, plen);
+			tx_queue(e, d, &qp->net->addr, slot, &pkt, plen);
 			d->counters.bytes += plen;
 			qp->counters.bytes += plen;
 			job->sent++;

@@ -496,8 +496,11 @@ VRE_FN uint32_t roce_header_len(uint8_t opcode);
 VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester);
 /* Finish the packet in the slot tx_slot gave: build its headers around the payload already at
  * data + roce_header_len(pkt->opcode) and queue it. */
-VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, struct vre_tx_pkt *slot,
-		     const struct vre_roce_pkt *pkt, uint32_t payload_len);
+VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vre_roce_addr *addr,
+		     struct vre_tx_pkt *slot, const struct vre_roce_pkt *pkt, uint32_t payload_len);
+/* A datagram that arrived for UD or GSI QP `qp` (ud.c). */
+VRE_FN void ud_input(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt,
+		     const uint8_t *payload, const struct vre_roce_addr *addr);
 /* A QP becomes remote (RTR, peer not here) or stops being: its transport state made or freed. */
 VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state);
 VRE_FN bool net_busy(const struct vre_qp *qp);
