@@ -25,7 +25,11 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
             "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms",
             # NVMe over Fabrics over vrdma and rxe, and NVMe/TCP over virtio-net, in the same guests
             *(f"{name}_{io}" for name in ("vrdma_nvmeof", "rxe_nvmeof", "nvmetcp")
-              for io in ("randread_4k_iops", "seqread_128k_gbps"))} <= set(results)
+              for io in ("randread_4k_iops", "seqread_128k_gbps")),
+            # between hosts: vrdma, vrdma with rxe, rxe, and the path's UDP reference
+            "interhost_vrdma_write_bw_1mib_gbps", "interhost_vrdma_rxe_write_bw_1mib_gbps",
+            "interhost_rxe_write_bw_1mib_gbps", "interhost_udp_gbps", "interhost_vrdma_write_lat_small_us",
+            "interhost_rxe_write_lat_small_us"} <= set(results)
     for name, result in results.items():
         assert result["command"].startswith("vrdma bench"), name
         value = result["value"]

@@ -8,7 +8,9 @@
   driver (vrdma.testing.native) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE
   latency (8 B), 8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration;
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
-  with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test.
+  with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test;
+- between hosts (interhost.py): 1 MiB WRITE bandwidth and small WRITE latency between guests on two hosts for
+  vrdma to vrdma, vrdma to rxe and rxe to rxe, and the same path's UDP throughput (iperf3) as the reference.
 
 Each result is a Metric (name, value, unit and the command that measures it), so runs can be compared. The
 measurements live in native.py (no guest) and guests.py (two booted guests).
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from vrdma import paths
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
+from vrdma.bench.interhost import interhost
 from vrdma.bench.metric import Metric, Report, write
 from vrdma.bench.native import MIB, control_round_trip, memcpy_bandwidth, native_backend
 
@@ -46,6 +49,10 @@ def ratios(results: list[Metric]) -> list[Metric]:
     ratio("vrdma_qp_create_vs_rxe", "vrdma_qp_create_per_s", "rxe_qp_create_per_s")
     ratio("vrdma_cm_connect_vs_rxe", "vrdma_cm_connect_per_s", "rxe_cm_connect_per_s")
     ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    # between hosts (issue 14): >= 0.5 of the UDP reference, >= 5x rxe's bandwidth, <= 0.5x its latency
+    ratio("interhost_vrdma_write_bw_vs_udp", "interhost_vrdma_write_bw_1mib_gbps", "interhost_udp_gbps")
+    ratio("interhost_vrdma_write_bw_vs_rxe", "interhost_vrdma_write_bw_1mib_gbps", "interhost_rxe_write_bw_1mib_gbps")
+    ratio("interhost_vrdma_write_lat_vs_rxe", "interhost_vrdma_write_lat_small_us", "interhost_rxe_write_lat_small_us")
     for io, unit in (("randread_4k", "iops"), ("seqread_128k", "gbps")):
         ratio(f"vrdma_nvmeof_{io}_vs_nvmetcp", f"vrdma_nvmeof_{io}_{unit}", f"nvmetcp_{io}_{unit}")
         ratio(f"vrdma_nvmeof_{io}_vs_rxe", f"vrdma_nvmeof_{io}_{unit}", f"rxe_nvmeof_{io}_{unit}")
@@ -67,6 +74,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
                                                "NVMe-oF and NVMe/TCP with fio"]))
     guest_results, sweeps = guests_vs_rxe()
     results += guest_results
+    log.info("between hosts: four guests on two hosts (vrdma and rxe on each), iperf3 between the hosts")
+    results += interhost()
     results += ratios(results)
     out = output or paths.build_dir() / "bench" / "results.json"
     write(results, out)

@@ -61,8 +61,10 @@ class Fabric(Managed):
     """``count`` hosts (``<prefix>-h0`` ...) on one bridge (in ``<prefix>-sw``), addresses from ``subnet``."""
 
     def __init__(self, count: int, subnet: str = "10.98.0.0/24", prefix: str | None = None,
-                 impairment: Impairment | None = None) -> None:
+                 impairment: Impairment | None = None, mtu: int = 1500) -> None:
+        """``mtu``: of every link of the fabric (9000: jumbo frames, RoCE's 4096-byte path MTU)."""
         self.impairment = impairment
+        self.mtu = mtu
         self.switch_process: subprocess.Popen[str] | None = None
         if not 1 <= count <= 16:
             raise ValueError(f"a fabric of {count} hosts (1 to 16)")
@@ -92,11 +94,13 @@ class Fabric(Managed):
                 ipr.link("set", index=ipr.link_lookup(ifname=port)[0], net_ns_fd=self.switch)
             with NetNS(self.switch) as sw:
                 index = sw.link_lookup(ifname=port)[0]
+                sw.link("set", index=index, mtu=self.mtu)
                 if self.impairment is None:
                     sw.link("set", index=index, master=sw.link_lookup(ifname=SWITCH_BRIDGE)[0])
                 sw.link("set", index=index, state="up")
             with NetNS(host.netns) as ns:
                 index = ns.link_lookup(ifname=HOST_LINK)[0]
+                ns.link("set", index=index, mtu=self.mtu)
                 ns.addr("add", index=index, address=host.address, prefixlen=host.prefixlen)
                 ns.link("set", index=index, state="up")
                 ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")

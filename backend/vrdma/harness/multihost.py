@@ -49,11 +49,13 @@ class GuestPlan:
     rxe: bool = False
 
 
-def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_taps: list[str]) -> list[list[str]]:
+def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_taps: list[str],
+                  mtu: int = 1500) -> list[list[str]]:
     """The commands that make host number ``host`` (fabric addresses ``hosts``) a home for its guests: the bridge
-    and taps, forwarding, routes to the other hosts' guests, and RoCE for ``vrdma_guests`` delivered locally."""
+    and taps (of ``mtu``), forwarding, routes to the other hosts' guests, and RoCE for ``vrdma_guests`` delivered
+    locally."""
     net = guest_subnet(host)
-    commands = [["ip", "link", "add", GUEST_BRIDGE, "type", "bridge"],
+    commands = [["ip", "link", "add", GUEST_BRIDGE, "mtu", str(mtu), "type", "bridge"],
                 ["ip", "addr", "add", f"{net}.1/24", "dev", GUEST_BRIDGE],
                 ["ip", "link", "set", GUEST_BRIDGE, "up"]]
     for tap in guest_taps:
@@ -61,7 +63,7 @@ def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_ta
         # ARP for each other: proxy_arp_pvlan), never straight across the bridge, so that RoCE for a vrdma guest
         # meets the rule below even from its neighbour.
         commands += [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
-                     ["ip", "link", "set", tap, "master", GUEST_BRIDGE, "up"],
+                     ["ip", "link", "set", tap, "mtu", str(mtu), "master", GUEST_BRIDGE, "up"],
                      ["bridge", "link", "set", "dev", tap, "isolated", "on"]]
     commands += [["sysctl", "-qw", "net.ipv4.ip_forward=1", f"net.ipv4.conf.{GUEST_BRIDGE}.proxy_arp_pvlan=1",
                   f"net.ipv4.conf.{GUEST_BRIDGE}.send_redirects=0", "net.ipv4.conf.all.send_redirects=0"]]
@@ -82,7 +84,8 @@ class MultiHost(Managed):
 
     def __init__(self, directory: Path, plan: list[GuestPlan], *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, products: Products | None = None, prefix: str | None = None,
-                 impairment: Impairment | None = None) -> None:
+                 impairment: Impairment | None = None, mtu: int = 1500) -> None:
+        """``mtu``: of every link, the hosts' and the guests' (9000: jumbo frames, 4096-byte RoCE packets)."""
         if not plan:
             raise ValueError("no guests planned")
         self.directory = directory
@@ -92,7 +95,8 @@ class MultiHost(Managed):
         self.memory_mib = memory_mib
         self.boot_timeout = boot_timeout
         self.products = products
-        self.fabric = Fabric(self.host_count, prefix=prefix, impairment=impairment)
+        self.mtu = mtu
+        self.fabric = Fabric(self.host_count, prefix=prefix, impairment=impairment, mtu=mtu)
         self.identities = [GuestIdentity(i, cidr=f"{guest_subnet(p.host)}.{i + 2}/24",
                                          gateway=f"{guest_subnet(p.host)}.1") for i, p in enumerate(plan)]
         self.backends: dict[int, DaemonProcess] = {}
@@ -114,7 +118,7 @@ class MultiHost(Managed):
         for k, host in enumerate(self.fabric.hosts):
             mine = self.guests_on(k)
             vrdma = [self.identities[i].ip for i in mine if not self.plan[i].rxe]
-            for argv in host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine]):
+            for argv in host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine], self.mtu):
                 result = host.run(argv)
                 if result.returncode != 0:
                     raise FabricError(f"{host.name}: `{' '.join(argv)}` failed: {result.stderr.strip()}")
@@ -134,6 +138,8 @@ class MultiHost(Managed):
         if first is not None:
             raise first
         for i, vm in enumerate(self.vms):
+            if self.mtu != 1500:
+                vm.run(["ip", "link", "set", "eth0", "mtu", str(self.mtu)]).check(f"ip link set eth0 mtu {self.mtu}")
             if self.plan[i].rxe:
                 add_rxe(vm)
         log.info("%d guests on %d hosts: %s", len(self.vms), self.host_count,

@@ -145,12 +145,15 @@ def rc_pingpong(server: Vm, client: Vm, device: str, gid_index: int, *, size: in
 
 
 def perftest(server: Vm, client: Vm, tool: str, device: str, gid_index: int, extra: tuple[str, ...] = (),
-             timeout: float = 900.0) -> list[dict[str, float]]:
+             timeout: float = 900.0, client_device: tuple[str, int] | None = None) -> list[dict[str, float]]:
     """Run a perftest tool (ib_write_bw, ib_send_lat, ...) between two guests; return its result rows as
-    {column: value}, columns named as perftest prints them (``#bytes``, ``BW average[MiB/sec]``, ...)."""
+    {column: value}, columns named as perftest prints them (``#bytes``, ``BW average[MiB/sec]``, ...).
+    ``client_device``: the client's (device, GID index), where it differs from the server's (vrdma and rxe)."""
     argv = [tool, "-d", device, "-x", str(gid_index), "-F", *extra]
+    cdev, cgid = client_device or (device, gid_index)
+    client_argv = [tool, "-d", cdev, "-x", str(cgid), "-F", *extra, server.address]
     for attempt in range(1, PERFTEST_CLOCK_ATTEMPTS + 1):
-        _, out = client_server(server, client, argv, timeout=timeout)
+        _, out = client_server(server, client, argv, timeout=timeout, client_argv=client_argv)
         rows = _perftest_rows(tool, out.stdout)
         if all(math.isfinite(value) for row in rows for value in row.values()):
             return rows

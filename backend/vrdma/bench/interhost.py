@@ -1,0 +1,102 @@
+"""Between hosts (issue 14): RDMA WRITE bandwidth and latency between guests on two hosts of a
+vrdma.harness.multihost fabric, for vrdma to vrdma, vrdma to rxe and rxe to rxe in the same run, and the same
+path's plain UDP throughput (iperf3 between the two hosts' namespaces) as the reference limit.
+
+The path: each host's backend sends its guests' RoCE packets through its namespace's stack, over a veth pair and a
+bridge to the other host. Every link carries jumbo frames (9000 bytes, as RoCE fabrics are run: the guests' ports
+report a 4096-byte path MTU), and iperf3 sends the largest datagrams that fit them. The guests run under whatever
+accelerator the machine has (TCG here); the figures say what a guest sees.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import tempfile
+from pathlib import Path
+
+from vrdma.bench.metric import Metric
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+PLAN_DEVICES = ("vrdma0", "vrdma0", "rxe0", "rxe0")  # vm0 h0, vm1 h1, vm2 h0 (rxe), vm3 h1 (rxe)
+BW_ITERATIONS = {"vrdma0": 200, "rxe0": 20}
+LAT_ITERATIONS = 300
+IPERF_PORT = 5201
+IPERF_SECONDS = 3
+MTU = 9000
+IP_UDP_HEADERS = 28
+
+
+def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
+    from vrdma.harness import verbs
+    from vrdma.harness.multihost import GuestPlan, MultiHost
+
+    plan = [GuestPlan(0), GuestPlan(1), GuestPlan(0, rxe=True), GuestPlan(1, rxe=True)]
+    results: list[Metric] = []
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-interhost-") as tmp, \
+            MultiHost(Path(tmp), plan, memory_mib=memory_mib, mtu=mtu) as mh:
+        accel = mh.accel.upper()
+        where = f"two {accel} guests on two hosts"
+        results.append(udp_reference(mh, mtu - IP_UDP_HEADERS))
+        gids = [verbs.ipv4_gid_index(vm, dev) for vm, dev in zip(mh.vms, PLAN_DEVICES, strict=True)]
+
+        def bandwidth(server: int, client: int) -> float:
+            """ib_write_bw of 1 MiB from guest `client` to guest `server`: the median of three runs, in GB/s."""
+            figures = []
+            for _ in range(5):
+                row = verbs.perftest(mh.vms[server], mh.vms[client], "ib_write_bw", PLAN_DEVICES[server],
+                                     gids[server], ("-s", str(MIB), "-n", str(BW_ITERATIONS[PLAN_DEVICES[client]])),
+                                     client_device=(PLAN_DEVICES[client], gids[client]))[-1]
+                if row["BW average[MiB/sec]"] > 0:  # (perftest under TCG now and then reports 0: run again)
+                    figures.append(row["BW average[MiB/sec]"] * MIB / 1e9)
+                if len(figures) == 3:
+                    break
+            if not figures:
+                raise RuntimeError(f"ib_write_bw vm{client} -> vm{server} reported no bandwidth")
+            return round(statistics.median(figures), 3)
+
+        for name, server, client in (("interhost_vrdma_write_bw_1mib_gbps", 1, 0),
+                                     ("interhost_vrdma_rxe_write_bw_1mib_gbps", 3, 0),
+                                     ("interhost_rxe_write_bw_1mib_gbps", 3, 2)):
+            value = bandwidth(server, client)
+            log.info("%s: %.3f GB/s", name, value)
+            results.append(Metric(name, value, "GB/s", f"vrdma bench (ib_write_bw -s 1048576, {PLAN_DEVICES[client]} "
+                                                       f"on h0 to {PLAN_DEVICES[server]} on h1, {where})"))
+        for name, server, client in (("interhost_vrdma_write_lat_small_us", 1, 0),
+                                     ("interhost_rxe_write_lat_small_us", 3, 2)):
+            row = verbs.perftest(mh.vms[server], mh.vms[client], "ib_write_lat", PLAN_DEVICES[server], gids[server],
+                                 ("-n", str(LAT_ITERATIONS)))[-1]
+            results.append(Metric(name, round(row["t_typical[usec]"], 1), "us",
+                                  f"vrdma bench (ib_write_lat 2 B, {PLAN_DEVICES[client]} on h0 to h1, {where})"))
+    return results
+
+
+def udp_reference(mh: object, datagram: int) -> Metric:
+    """iperf3's UDP throughput from host h0 to host h1 (what arrived), unlimited rate, the largest datagrams the
+    links carry unfragmented."""
+    from vrdma.harness.multihost import MultiHost
+
+    assert isinstance(mh, MultiHost)
+    h0, h1 = mh.fabric[0], mh.fabric[1]
+    server = h1.popen(["iperf3", "-s", "-1", "-B", h1.address, "-p", str(IPERF_PORT)])
+    try:
+        client = None
+        for _ in range(50):  # the server is listening once a client gets through (no sleep: iperf3 -c retries)
+            client = h0.run(["iperf3", "-u", "-b", "0", "-l", str(datagram), "-t", str(IPERF_SECONDS), "-J",
+                             "-c", h1.address, "-p", str(IPERF_PORT)], timeout=60)
+            if client.returncode == 0:
+                break
+        assert client is not None
+        if client.returncode != 0:
+            raise RuntimeError(f"iperf3 between the hosts failed: {client.stdout[-2000:]}{client.stderr}")
+        end = json.loads(client.stdout)["end"]["sum"]
+        received = end["bits_per_second"] * (1 - end.get("lost_percent", 0.0) / 100) / 8 / 1e9
+    finally:
+        server.terminate()
+        server.wait(10)
+    log.info("UDP between the hosts (iperf3): %.3f GB/s received", received)
+    return Metric("interhost_udp_gbps", round(received, 3), "GB/s",
+                  f"vrdma bench (iperf3 -u -b 0 -l {datagram} -t {IPERF_SECONDS}, host h0 to host h1)")
