@@ -58,8 +58,8 @@ def engine_fuzzer() -> Path:
     if OUT.exists() and stamp.exists() and stamp.read_text().strip() == key:
         return OUT
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([cc, *FLAGS, *map(str, sources), "-o", str(OUT)], check=False, capture_output=True,
-                            text=True)
+    result = subprocess.run([cc, *FLAGS, *map(str, sources), "-lz", "-o", str(OUT)], check=False,
+                            capture_output=True, text=True)
     if result.returncode != 0:
         raise BuildError(f"building {OUT.name} failed:\n{result.stderr}")
     stamp.write_text(key + "\n")
@@ -79,8 +79,8 @@ def engine_coverage(corpora: list[Path]) -> str:
     merged = OUT.with_name("engine_cov.profdata")
     flags = ["-g", "-O0", "-fsanitize=fuzzer", "-fprofile-instr-generate", "-fcoverage-mapping", f"-I{ENGINE}",
              f"-I{ABI}"]
-    subprocess.run([cc, *flags, *map(str, harness_sources()), *map(str, engine_sources()), "-o", str(binary)],
-                   check=True)
+    subprocess.run([cc, *flags, *map(str, harness_sources()), *map(str, engine_sources()), "-lz", "-o",
+                    str(binary)], check=True)
     subprocess.run([str(binary), "-runs=0", *map(str, corpora)], env={"LLVM_PROFILE_FILE": str(profile)},
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.run([str(tools["llvm-profdata"]), "merge", "-sparse", str(profile), "-o", str(merged)], check=True)

@@ -29,12 +29,13 @@ def abi_include_dir(package_dir: Path) -> Path:
     return package_dir.parents[2] / "guest-driver" / "include"
 
 
-def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path]) -> cffi.FFI:
+def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path],
+            libraries: list[str] | None = None) -> cffi.FFI:
     """An API-mode FFI for C whose header declares its API between /* <marker>-BEGIN */ and -END: that text is
     the cffi declaration, so the API is declared once. ``source``: one C file, or a list of C files, compiled as
     the module's one translation unit (a list is #included in order: the files stay apart in the tree while the
     compiler sees them whole and inlines across them, as it did when they were one file; split into separate
-    units, the data engine's 8-byte WRITE rate fell by 14%). Warnings are errors."""
+    units, the data engine's 8-byte WRITE rate fell by 14%). ``libraries``: linked in (-l). Warnings are errors."""
     text = header.read_text()
     match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
     if match is None:
@@ -43,10 +44,11 @@ def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], i
     ffi.cdef(re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S))
     if isinstance(source, Path):
         ffi.set_source(module, source.read_text(), include_dirs=[str(d) for d in include_dirs],
-                       extra_compile_args=CFLAGS)
+                       extra_compile_args=CFLAGS, libraries=libraries or [])
     else:
         unit = "#define VRE_ONE_UNIT\n" + "".join(f'#include "{path.name}"\n' for path in source)
-        ffi.set_source(module, unit, include_dirs=[str(d) for d in include_dirs], extra_compile_args=CFLAGS)
+        ffi.set_source(module, unit, include_dirs=[str(d) for d in include_dirs], extra_compile_args=CFLAGS,
+                       libraries=libraries or [])
     return ffi
 
 

@@ -81,18 +81,19 @@ def udp_reference(mh: object, datagram: int) -> Metric:
 
     assert isinstance(mh, MultiHost)
     h0, h1 = mh.fabric[0], mh.fabric[1]
-    server = h1.popen(["iperf3", "-s", "-1", "-B", h1.address, "-p", str(IPERF_PORT)])
+    server = h1.popen(["iperf3", "-s", "-1", "--forceflush", "-B", h1.address, "-p", str(IPERF_PORT)])
     try:
-        client = None
-        for _ in range(50):  # the server is listening once a client gets through (no sleep: iperf3 -c retries)
-            client = h0.run(["iperf3", "-u", "-b", "0", "-l", str(datagram), "-t", str(IPERF_SECONDS), "-J",
-                             "-c", h1.address, "-p", str(IPERF_PORT)], timeout=60)
-            if client.returncode == 0:
+        assert server.stdout is not None
+        for line in server.stdout:  # "Server listening on 5201 (test #1)": ready
+            if "listening" in line:
                 break
-        assert client is not None
-        if client.returncode != 0:
-            raise RuntimeError(f"iperf3 between the hosts failed: {client.stdout[-2000:]}{client.stderr}")
-        end = json.loads(client.stdout)["end"]["sum"]
+        client = h0.run(["iperf3", "-u", "-b", "0", "-l", str(datagram), "-t", str(IPERF_SECONDS), "-J",
+                         "-c", h1.address, "-p", str(IPERF_PORT)], timeout=60)
+        report = json.loads(client.stdout) if client.stdout.strip().startswith("{") else {}
+        end = report.get("end", {}).get("sum")
+        if client.returncode != 0 or end is None:
+            raise RuntimeError(f"iperf3 between the hosts failed: {report.get('error', '')} "
+                               f"{client.stdout[-2000:]}{client.stderr}")
         received = end["bits_per_second"] * (1 - end.get("lost_percent", 0.0) / 100) / 8 / 1e9
     finally:
         server.terminate()

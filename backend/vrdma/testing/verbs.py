@@ -312,7 +312,7 @@ class SimVerbs:
 
     def connect(self, qp: SimQp, dest_qpn: int, dgid: bytes, sgid_index: int = 0,
                 access: int = REMOTE_ACCESS, rnr_retry: int = 7, min_rnr_timer: int = 1, uc: bool = False,
-                xrc: str = "", timeout: int = 14, retry_cnt: int = 7) -> None:
+                xrc: str = "", timeout: int = 14, retry_cnt: int = 7, path_mtu: int = 3) -> None:
         """RESET -> INIT -> RTR -> RTS, the way ibv_rc_pingpong does it (``uc``: ibv_uc_pingpong, which gives
         none of the attributes of acknowledgements; ``xrc`` "INI" or "TGT": ibv_xsrq_pingpong's send and receive
         QPs, each with its half of RC's)."""
@@ -327,7 +327,7 @@ class SimVerbs:
             rtr |= m("MAX_DEST_RD_ATOMIC", "MIN_RNR_TIMER")
         if not uc:
             rts |= m("TIMEOUT") if xrc == "TGT" else m("TIMEOUT", "RETRY_CNT", "RNR_RETRY", "MAX_QP_RD_ATOMIC")
-        self.modify_qp(qp, rtr, qp_state=2, path_mtu=3, dest_qp_num=dest_qpn, rq_psn=0, max_dest_rd_atomic=1,
+        self.modify_qp(qp, rtr, qp_state=2, path_mtu=path_mtu, dest_qp_num=dest_qpn, rq_psn=0, max_dest_rd_atomic=1,
                        min_rnr_timer=min_rnr_timer, dgid=list(dgid), sgid_index=sgid_index, hop_limit=1)
         self.modify_qp(qp, rts, qp_state=3, sq_psn=0, timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
                        max_rd_atomic=1)
