@@ -18,7 +18,6 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from vrdma._cffi_inplace import DEVICE_API_HEADER, abi_include_dir, api_ffi, compile_in_place, inputs_key  # noqa: E402
 
-
 LIBRARIES = ["z"]
 
 
