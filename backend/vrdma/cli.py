@@ -31,8 +31,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_vm_up(args: argparse.Namespace) -> int:
     from vrdma.harness import session
 
+    if args.hosts and args.no_device:
+        print("vrdma vm up: --hosts boots guests with their vrdma devices (one backend with RoCE per host); "
+              "--no-device does not combine with it", file=sys.stderr)
+        return 2
     guests = session.up(args.guests, accel=args.accel, memory_mib=args.memory, boot_timeout=args.boot_timeout,
-                        with_device=not args.no_device)
+                        with_device=not args.no_device, hosts=args.hosts)
     for guest in guests:
         print(f"{guest.name}\t{guest.address}\tready in {guest.boot_seconds or 0:.1f} s\t{guest.directory}")
     return 0
@@ -137,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds a guest may take to become ready (default 120)")
     up.add_argument("--no-device", action="store_true",
                     help="boot the guests without the vrdma device (and without starting the backend)")
+    up.add_argument("--hosts", type=_positive_int, default=0, metavar="N",
+                    help="spread the guests over N hosts (network namespaces on one bridge, each with its own "
+                         "backend speaking RoCE v2 to the others; vm0 on h0, vm1 on h1, ...): docs/interhost.md")
     up.set_defaults(func=_cmd_vm_up)
     ex = vm_sub.add_parser("exec", help="run a command in a guest: vrdma vm exec vm0 -- CMD [ARG...]")
     ex.add_argument("guest", help="guest name: vm0, vm1, ...")

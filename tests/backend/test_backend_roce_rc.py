@@ -267,3 +267,61 @@ def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric
     (got,) = wait_cqes(b.verbs, b.cq, 1)
     assert (got.status, got.byte_len) == (WC["SUCCESS"], 15)
     assert b.verbs.memory.read(b.mr.addr + 8192, 15) == b"still connected"
+
+
+FORGE_ATOMIC = """
+import sys
+from scapy.all import IP, UDP, Raw, send
+from scapy.contrib.roce import BTH
+src, dst, qpn, psn, rkey, va, add = sys.argv[1:]
+eth = int(va).to_bytes(8, "big") + int(rkey).to_bytes(4, "big") + int(add).to_bytes(8, "big") + bytes(8)
+send(IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=4791, dport=4791) /
+     BTH(opcode=0x14, dqpn=int(qpn), psn=int(psn), pkey=0xFFFF, ackreq=1) / Raw(eth), verbose=False)
+"""
+
+
+def test_a_duplicate_atomic_is_answered_from_the_replay_cache(pair: Pair, fabric: Fabric) -> None:
+    """A FETCH_AND_ADD that arrives again (its PSN behind the expected one, from the peer's address, as a
+    retransmission after a lost acknowledgement would) is answered with the value kept from the first time, and
+    not added a second time."""
+    import sys
+
+    a, b = pair.connect()
+    b.verbs.memory.write(b.mr.addr + 64, struct.pack("<Q", 1000))
+    a.verbs.post_send(a.qp, WR["ATOMIC_FETCH_AND_ADD"], [(a.mr.addr, 8, a.mr.lkey)], remote_addr=b.mr.addr + 64,
+                      rkey=b.mr.rkey, compare_add=5)  # PSN 0
+    (done,) = wait_cqes(a.verbs, a.cq, 1)
+    assert done.status == WC["SUCCESS"] and struct.unpack("<Q", a.verbs.memory.read(a.mr.addr, 8)) == (1000,)
+    before = pair.roce(1)
+    result = fabric[2].run([sys.executable, "-c", FORGE_ATOMIC, fabric[0].address, fabric[1].address,
+                            str(b.qp.qpn), "0", str(b.mr.rkey), str(b.mr.addr + 64), "5"])
+    assert result.returncode == 0, result.stderr
+    after = pair.backends[1].wait_for_counters("vm1", lambda c: c["roce"]["duplicates"] > before["duplicates"],
+                                               "the duplicate atomic")["roce"]
+    assert after["tx_packets"] == before["tx_packets"] + 1  # the kept answer went out again
+    assert struct.unpack("<Q", b.verbs.memory.read(b.mr.addr + 64, 8)) == (1005,)  # added once
+
+
+def test_a_peer_backend_that_restarts(fabric: Fabric, tmp_path: Path) -> None:
+    """The peer's backend stops (its VM and QP with it): the next WRITE exhausts its retries; the backend comes back,
+    its VM makes its objects anew, and a QP of vm0, reset and connected to the new one, works again."""
+    p = Pair(fabric, tmp_path)
+    try:
+        a, b = p.connect(timeout=8, retry_cnt=2)
+        assert send(a, WR["RDMA_WRITE"], b"before", remote_addr=b.mr.addr, rkey=b.mr.rkey).status == WC["SUCCESS"]
+        p.fes[1].__exit__(None, None, None)
+        assert p.backends[1].stop() == 0
+        done = send(a, WR["RDMA_WRITE"], b"nobody", remote_addr=b.mr.addr, rkey=b.mr.rkey)
+        assert done.status == WC["RETRY_EXC_ERR"] and int(a.verbs.query_qp(a.qp).qp_state) == ERR
+        p.backends[1] = BackendProcess(tmp_path / "h1-again", names=("vm1",), host=fabric[1])
+        p.fes[1] = p.backends[1].frontend("vm1")
+        p.fes[1].__enter__()
+        again = start_side(p.fes[1], p.backends[1], "vm1", p.gids[1], MR_SIZE)
+        a.verbs.reset_qp(a.qp)
+        a.verbs.connect(a.qp, again.qp.qpn, p.gids[1])
+        again.verbs.connect(again.qp, a.qp.qpn, p.gids[0])
+        assert send(a, WR["RDMA_WRITE"], b"after", remote_addr=again.mr.addr, rkey=again.mr.rkey).status == \
+            WC["SUCCESS"]
+        assert again.verbs.memory.read(again.mr.addr, 5) == b"after"
+    finally:
+        p.close()

@@ -47,7 +47,23 @@ def test_project_template_has_the_devices_the_harness_relies_on() -> None:
     assert ("-nodefaults", None) in options
     assert "memory-backend-memfd,id=mem,size=${memory}M,share=on" in values
     assert "name=org.qemu.guest_agent.0" in values
-    assert "-netdev" in dict(options) and dict(options)["-netdev"].startswith("dgram,")
+    assert dict(options).get("-netdev") == "${netdev}"
+
+
+def test_the_guest_link_is_the_private_link_or_a_hosts_tap() -> None:
+    """The netdev field: unix datagram sockets between the guests by default; a tap made beforehand on a host of
+    several (vrdma.harness.multihost), whose guest also gets its address and gateway on the kernel command line."""
+    products = {"qemu": {"firmware_dirs": ["/q", "/b"]}, "kernel": {"vmlinuz_path": "/k"},
+                "image": {"initrd_path": "/i"}}
+    common = {"accel": "tcg", "memory_mib": 512, "directory": Path("/run/vm1"), "link_remote": "/run/vm0/link.sock"}
+    private = qemu_cmdline.standard_fields(GuestIdentity(1), **products, **common)
+    assert private["netdev"] == ("dgram,id=link,local.type=unix,local.path=/run/vm1/link.sock,remote.type=unix,"
+                                 "remote.path=/run/vm0/link.sock")
+    ident = GuestIdentity(1, cidr="10.99.1.3/24", gateway="10.99.1.1")
+    tap = qemu_cmdline.standard_fields(ident, **products, **common, tap="tap1")
+    assert tap["netdev"] == "tap,id=link,ifname=tap1,script=no,downscript=no"
+    assert "vrdma_guest.addr=10.99.1.3/24" in tap["append"] and "vrdma_guest.gw=10.99.1.1" in tap["append"]
+    assert ident.ip == "10.99.1.3"
 
 
 def test_kernel_command_line_carries_the_guest_parameters() -> None:

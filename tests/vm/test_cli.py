@@ -80,6 +80,43 @@ def test_up_exec_down(run_dir: Path) -> None:
     assert "no guests are up" in vrdma("vm", "status").stdout
 
 
+def test_up_on_two_hosts_runs_rdma_between_them(run_dir: Path) -> None:
+    """`vrdma vm up --hosts 2 --guests 2`: vm0 on host h0, vm1 on h1, each host a network namespace with its own
+    backend speaking RoCE v2; ibv_rc_pingpong between them checks its data; `vrdma vm down` stops everything and
+    removes the hosts."""
+    from pyroute2 import netns
+
+    before = set(netns.listnetns())
+    up = vrdma("vm", "up", "--hosts", "2", "--guests", "2")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "vm0\t10.99.0.2\tready in" in up.stdout and "vm1\t10.99.1.3\tready in" in up.stdout, up.stdout
+        rows = [row.split("\t")[:3] for row in vrdma("vm", "status").stdout.splitlines()]
+        assert rows == [["vm0", "10.99.0.2", "running"], ["vm1", "10.99.1.3", "running"]]
+        gid = vrdma("vm", "exec", "vm0", "--", "sh", "-c",
+                    "grep -l v2 /sys/class/infiniband/vrdma0/ports/1/gid_attrs/types/* | "
+                    "while read f; do i=${f##*/}; grep -q ffff /sys/class/infiniband/vrdma0/ports/1/gids/$i && "
+                    "echo $i && break; done").stdout.strip()
+        assert gid.isdigit(), gid
+        server = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "vm", "exec", "vm1", "--", "ibv_rc_pingpong",
+                                   "-d", "vrdma0", "-g", gid, "-n", "50", "-c"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        client = None
+        for _ in range(100):  # the server listens once its TCP port is open: a refused client tries again
+            client = vrdma("vm", "exec", "vm0", "--", "ibv_rc_pingpong", "-d", "vrdma0", "-g", gid, "-n", "50",
+                           "-c", "10.99.1.3")
+            if client.returncode == 0 or "Couldn't connect" not in client.stdout + client.stderr:
+                break
+        out, err = server.communicate(timeout=120)
+        assert client is not None and client.returncode == 0, (client.stdout, client.stderr, out, err)
+        assert "50 iters in" in client.stdout and server.returncode == 0, (client.stdout, out, err)
+    finally:
+        down = vrdma("vm", "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped 2 guest(s): vm0, vm1" in down.stdout
+    assert set(netns.listnetns()) == before  # the hosts went with the guests
+
+
 def test_terminating_vm_up_while_booting_leaves_no_guest(run_dir: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "vm", "up", "--guests", "1"],
                             stderr=subprocess.PIPE, text=True)

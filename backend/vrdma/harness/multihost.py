@@ -84,8 +84,11 @@ class MultiHost(Managed):
 
     def __init__(self, directory: Path, plan: list[GuestPlan], *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, products: Products | None = None, prefix: str | None = None,
-                 impairment: Impairment | None = None, mtu: int = 1500) -> None:
-        """``mtu``: of every link, the hosts' and the guests' (9000: jumbo frames, 4096-byte RoCE packets)."""
+                 impairment: Impairment | None = None, mtu: int = 1500, detach: bool = False) -> None:
+        """``mtu``: of every link, the hosts' and the guests' (9000: jumbo frames, 4096-byte RoCE packets);
+        ``detach``: the guests and backends outlive this process (`vrdma vm up --hosts`), and so do the fabric's
+        namespaces until `vrdma vm down` removes them."""
+        self.detach = detach
         if not plan:
             raise ValueError("no guests planned")
         self.directory = directory
@@ -129,7 +132,8 @@ class MultiHost(Managed):
             host = self.fabric[k]
             self.vms.append(Vm(ident, self.host_directory(k) / ident.name, accel=self.accel, products=products,
                                link_remote="", memory_mib=self.memory_mib, boot_timeout=self.boot_timeout,
-                               with_device=not self.plan[i].rxe, tap=f"tap{i}", wrapper=host.command([])))
+                               with_device=not self.plan[i].rxe, tap=f"tap{i}", wrapper=host.command([]),
+                               detach=self.detach))
         for vm in self.vms:
             vm.launch()  # from this thread: QEMU's parent-death signal follows the launching thread
         with concurrent.futures.ThreadPoolExecutor(len(self.vms)) as pool:
@@ -150,7 +154,7 @@ class MultiHost(Managed):
         directory = self.host_directory(k)
         backend = DaemonProcess([Served(i.name, daemon.socket_path(directory, i), i.mac) for i in identities],
                                 log_file=directory / "backend.log", admin_socket=directory / "backend" / "admin.sock",
-                                doorbell_dir=directory / "backend", roce=True,
+                                doorbell_dir=directory / "backend", roce=True, detach=self.detach,
                                 launcher=host.command([sys.executable, "-m", "vrdma.cli"]))
         backend.start()
         return backend

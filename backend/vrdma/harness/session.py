@@ -11,17 +11,20 @@ import contextlib
 import fcntl
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
+from pyroute2 import netns
 
 from vrdma import paths
 from vrdma.errors import VrdmaError
 from vrdma.harness.agent import ExecResult
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.errors import NoGuestsError, UnknownGuestError, VmError
+from vrdma.harness.multihost import GuestPlan, MultiHost
 from vrdma.harness.process import find_process, record
 from vrdma.harness.vm import Vm
 
@@ -47,8 +50,9 @@ def _load(directory: Path) -> dict[str, Any] | None:
 
 
 def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout: float = 120.0,
-       with_device: bool = True) -> list[Vm]:
-    """Boot ``count`` guests in the background and return once every one is ready."""
+       with_device: bool = True, hosts: int = 0) -> list[Vm]:
+    """Boot ``count`` guests in the background and return once every one is ready; with ``hosts``, on that many
+    hosts (network namespaces, a backend with RoCE each: vrdma.harness.multihost), vm0 on h0, vm1 on h1, ..."""
     directory = paths.run_dir()
     with _locked(directory):
         existing = _load(directory)
@@ -57,6 +61,9 @@ def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout:
                              "run `vrdma vm down` first")
         if existing is not None:
             _stop(directory, existing)  # leftovers of a session whose guests died: clear them
+        if hosts:
+            return _up_on_hosts(directory, count, hosts, accel=accel, memory_mib=memory_mib,
+                                boot_timeout=boot_timeout)
         cluster = Cluster(count, directory, accel=accel, memory_mib=memory_mib, boot_timeout=boot_timeout,
                           detach=True, with_device=with_device)
         try:
@@ -72,10 +79,33 @@ def up(count: int, *, accel: str = "auto", memory_mib: int = 1024, boot_timeout:
         return list(cluster.vms)
 
 
+def _up_on_hosts(directory: Path, count: int, hosts: int, **options: Any) -> list[Vm]:
+    if not 1 <= hosts <= count:
+        raise VrdmaError(f"--hosts {hosts} for {count} guests: every host gets at least one guest")
+    plan = [GuestPlan(i % hosts) for i in range(count)]
+    multihost = MultiHost(directory, plan, detach=True, prefix=f"vrdma-run{os.getpid() % 100000}", **options)
+    try:
+        multihost.start()
+    except BaseException:
+        multihost.stop()
+        raise
+    session = {"guests": [vm.name for vm in multihost.vms], "accel": multihost.accel, "hub": None, "backend": None,
+               "guest_dirs": {vm.name: str(vm.directory) for vm in multihost.vms},
+               "addresses": {vm.name: vm.address for vm in multihost.vms},
+               "backends": [record(b.process) for b in multihost.backends.values() if b.process is not None],
+               "namespaces": [multihost.fabric.switch, *(h.netns for h in multihost.fabric.hosts)]}
+    (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
+    return list(multihost.vms)
+
+
+def _guest_dir(directory: Path, session: dict[str, Any], name: str) -> Path:
+    return Path(session.get("guest_dirs", {}).get(name, directory / name))
+
+
 def _attached(directory: Path, session: dict[str, Any]) -> list[Vm]:
     vms = []
     for name in session.get("guests", []):
-        vm = Vm.attach(directory / name)
+        vm = Vm.attach(_guest_dir(directory, session, name))
         if vm is not None:
             vms.append(vm)
     return vms
@@ -90,10 +120,10 @@ def guest(name: str) -> Vm:
     names = session.get("guests", [])
     if name not in names:
         raise UnknownGuestError(f"unknown guest {name!r}: the guests that are up are {', '.join(names)}")
-    vm = Vm.attach(directory / name)
+    vm = Vm.attach(_guest_dir(directory, session, name))
     if vm is None or not vm.running:
         raise VmError(name, "is not running (its QEMU has exited); `vrdma vm down` clears the session",
-                      console_log=directory / name / "console.log")
+                      console_log=_guest_dir(directory, session, name) / "console.log")
     return vm
 
 
@@ -120,6 +150,12 @@ def _stop(directory: Path, session: dict[str, Any]) -> list[str]:
             stopped.append(vm.name)
     for helper in ("backend", "hub"):  # after the guests: QEMU leaves the backend cleanly
         _stop_process(session.get(helper))
+    for backend in session.get("backends", []):
+        _stop_process(backend)
+    existing = set(netns.listnetns())
+    for name in session.get("namespaces", []):  # the hosts of `vm up --hosts`, with their links
+        if name in existing:
+            netns.remove(name)
     (directory / SESSION_FILE).unlink(missing_ok=True)
     return stopped
 
@@ -145,7 +181,8 @@ def status() -> list[tuple[str, str, str, str]]:
         return []
     rows = []
     for index, name in enumerate(session.get("guests", [])):
-        vm = Vm.attach(directory / name)
+        vm = Vm.attach(_guest_dir(directory, session, name))
         state = "running" if vm is not None and vm.running else "stopped"
-        rows.append((name, f"169.254.100.{index + 1}", state, str(directory / name)))
+        address = session.get("addresses", {}).get(name, f"169.254.100.{index + 1}")
+        rows.append((name, address, state, str(_guest_dir(directory, session, name))))
     return rows
