@@ -45,9 +45,9 @@ def gid_of(host: Host) -> bytes:
 class Pair:
     """Two backends on two hosts, one simulated VM each (vm0 on h0, vm1 on h1), an RC QP on each."""
 
-    def __init__(self, fabric: Fabric, directory: Path) -> None:
+    def __init__(self, fabric: Fabric, directory: Path, gids: list[bytes] | None = None) -> None:
         self.backends = [BackendProcess(directory / f"h{i}", names=(f"vm{i}",), host=fabric[i]) for i in range(2)]
-        self.gids = [gid_of(fabric[0]), gid_of(fabric[1])]
+        self.gids = gids or [gid_of(fabric[0]), gid_of(fabric[1])]
         self.fes = [b.frontend(f"vm{i}") for i, b in enumerate(self.backends)]
         for fe in self.fes:
             fe.__enter__()
@@ -181,7 +181,7 @@ def test_impaired_link_keeps_the_data_intact(tmp_path: Path, impairment: Impairm
     with Fabric(2, subnet="10.96.0.0/24", prefix=f"rci{os.getpid() % 100000}", impairment=impairment) as impaired:
         p = Pair(impaired, tmp_path)
         try:
-            a, b = p.connect(timeout=10)
+            a, b = p.connect(timeout=14)  # 67 ms, as ibv_rc_pingpong asks (the Python switch can be slow)
             data = pattern(1 << 20)
             done = send(a, WR["RDMA_WRITE"], data, remote_addr=b.mr.addr, rkey=b.mr.rkey)
             assert done.status == WC["SUCCESS"]
@@ -323,5 +323,26 @@ def test_a_peer_backend_that_restarts(fabric: Fabric, tmp_path: Path) -> None:
         assert send(a, WR["RDMA_WRITE"], b"after", remote_addr=again.mr.addr, rkey=again.mr.rkey).status == \
             WC["SUCCESS"]
         assert again.verbs.memory.read(again.mr.addr, 5) == b"after"
+    finally:
+        p.close()
+
+
+def test_ipv6_gids(fabric: Fabric, tmp_path: Path) -> None:
+    """GIDs that are IPv6 addresses (not IPv4-mapped): the same RC traffic through the backends' IPv6 socket."""
+    addresses = ["fd00:97::1", "fd00:97::2"]
+    for host, address in zip(fabric.hosts[:2], addresses, strict=True):
+        result = host.run(["ip", "-6", "addr", "add", f"{address}/64", "dev", "eth0", "nodad"])
+        assert result.returncode == 0 or "File exists" in result.stderr, result.stderr
+    p = Pair(fabric, tmp_path, gids=[ipaddress.IPv6Address(a).packed for a in addresses])
+    try:
+        a, b = p.connect()
+        data = pattern(100_000)
+        assert send(a, WR["RDMA_WRITE"], data, remote_addr=b.mr.addr, rkey=b.mr.rkey).status == WC["SUCCESS"]
+        assert b.verbs.memory.read(b.mr.addr, len(data)) == data
+        a.verbs.post_send(a.qp, WR["RDMA_READ"], [(a.mr.addr + (1 << 20), len(data), a.mr.lkey)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey)
+        (done,) = wait_cqes(a.verbs, a.cq, 1)
+        assert done.status == WC["SUCCESS"] and a.verbs.memory.read(a.mr.addr + (1 << 20), len(data)) == data
+        assert p.roce(1)["rx_packets"] >= 98 and p.backends[1].network_counters()["rx_bad_icrc"] == 0
     finally:
         p.close()

@@ -8,6 +8,9 @@ the data engine, which reads and writes them from its polling loop (engine.h, vr
   not the host's) and don't-fragment (Linux then writes identification 0, the value the engine's ICRC assumes).
   Bound, it also keeps the host's UDP from answering RoCE packets for the guests with ICMP port unreachable; a
   drop-everything filter keeps it from queueing them.
+- IPv6: one UDP socket bound to [::]:4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, IPV6_RECVPKTINFO for each packet's
+  destination, don't-fragment) sends and receives: the ICRC of an IPv6 packet covers nothing it does not show.
+  On a host without IPv6 there is none, and IPv6 GIDs stay out of reach.
 
 Both need CAP_NET_RAW and CAP_NET_ADMIN (root, in the harness). How packets for the guests' addresses reach this
 host's stack (routing, nftables) is the operator's part: docs/interhost.md.
@@ -16,17 +19,23 @@ host's stack (routing, nftables) is the operator's part: docs/interhost.md.
 from __future__ import annotations
 
 import ctypes
+import logging
 import socket
 import struct
 from dataclasses import dataclass
 
 from vrdma.errors import VrdmaError
 
+log = logging.getLogger(__name__)
+
 ROCE_PORT = 4791
 SO_ATTACH_FILTER = 26
 IP_TRANSPARENT = 19
 IP_MTU_DISCOVER = 10  # (not in Python 3.11's socket module)
 IP_PMTUDISC_DO = 2
+IPV6_TRANSPARENT = 75
+IPV6_MTU_DISCOVER = 23
+IPV6_PMTUDISC_DO = 2
 BUFFER_BYTES = 8 << 20
 
 
@@ -65,10 +74,13 @@ def _attach(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> No
 class RoceSockets:
     rx: socket.socket
     tx: socket.socket
+    udp6: socket.socket | None = None
 
     def close(self) -> None:
         self.rx.close()
         self.tx.close()
+        if self.udp6 is not None:
+            self.udp6.close()
 
 
 def open_sockets() -> RoceSockets:
@@ -104,7 +116,30 @@ def open_sockets() -> RoceSockets:
         tx.close()
         raise RoceError(f"cannot bind UDP port {ROCE_PORT} for RoCE: {err.strerror} (is another RoCE "
                         f"endpoint, or another backend, using it in this network namespace?)") from err
-    return RoceSockets(rx, tx)
+    return RoceSockets(rx, tx, _open_udp6())
+
+
+def _open_udp6() -> socket.socket | None:
+    """The IPv6 socket, or None on a host without IPv6 (logged: IPv6 GIDs are then out of reach)."""
+    try:
+        udp6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    except OSError as err:
+        log.warning("no IPv6 here (%s): RoCE with IPv6 GIDs is off", err.strerror)
+        return None
+    try:
+        udp6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        udp6.setsockopt(socket.IPPROTO_IPV6, IPV6_TRANSPARENT, 1)
+        udp6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        udp6.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
+        udp6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        udp6.bind(("::", ROCE_PORT))
+        udp6.setblocking(False)
+        _force_buffer(udp6, socket.SO_RCVBUF, 33)
+        _force_buffer(udp6, socket.SO_SNDBUF, 32)
+    except OSError as err:
+        udp6.close()
+        raise RoceError(f"cannot open the IPv6 RoCE socket (UDP [::]:{ROCE_PORT}): {err.strerror}") from err
+    return udp6
 
 
 def _force_buffer(sock: socket.socket, option: int, force_option: int) -> None:

@@ -228,9 +228,12 @@ class Backend:
         try:
             if roce:
                 self.roce = open_sockets()
-                self.engine.attach_network(self.roce.rx.fileno(), self.roce.tx.fileno())
-                # Readable wakes a parked loop; the engine reads the socket when it polls.
-                self.loop.add_reader(self.roce.rx.fileno(), lambda: None)
+                udp6 = self.roce.udp6.fileno() if self.roce.udp6 is not None else -1
+                self.engine.attach_network(self.roce.rx.fileno(), self.roce.tx.fileno(), udp6)
+                # Readable wakes a parked loop; the engine reads the sockets when it polls.
+                for fd in (self.roce.rx.fileno(), udp6):
+                    if fd >= 0:
+                        self.loop.add_reader(fd, lambda: None)
                 log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
                          ROCE_PORT)
             for spec in specs:
@@ -299,7 +302,9 @@ class Backend:
         self.endpoints = []
         if self.roce is not None:
             self.loop.remove_reader(self.roce.rx.fileno())
-            self.engine.attach_network(-1, -1)
+            if self.roce.udp6 is not None:
+                self.loop.remove_reader(self.roce.udp6.fileno())
+            self.engine.attach_network(-1, -1, -1)
             self.roce.close()
             self.roce = None
         if self.guard is not None:

@@ -108,7 +108,7 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 		return NULL;
 	}
 	e->ndevices = max_devices;
-	e->rx_fd = e->tx_fd = -1;
+	e->rx_fd = e->tx_fd = e->udp6_fd = -1;
 	return e;
 }
 

@@ -314,11 +314,12 @@ int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr
  * RoCE v2 to other hosts (net.c, rreq.c, rresp.c; the sockets in sockio.c). The daemon opens the sockets, with
  * the privileges they need, and hands them over: `rx_fd` a raw IPv4 socket of protocol UDP (it sees each packet's
  * IP header, whose identification the ICRC covers), `tx_fd` a UDP socket bound to port 4791 that may send from
- * addresses that are not the host's (IP_TRANSPARENT) with don't-fragment set. -1, -1: no network (connected QPs
- * with a destination no device here holds wait and time out, as before). The engine reads and writes them from
- * vre_poll and vre_spin.
+ * addresses that are not the host's (IP_TRANSPARENT) with don't-fragment set; `udp6_fd` (-1: no IPv6) an IPv6 UDP
+ * socket bound to port 4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, IPV6_RECVPKTINFO) that sends and receives IPv6 RoCE,
+ * whose ICRC covers nothing a UDP socket does not show. -1, -1, -1: no network (connected QPs with a destination
+ * no device here holds wait and time out, as before). The engine reads and writes them from vre_poll and vre_spin.
  */
-int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd);
+int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd);
 /* One UDP payload that arrived for port 4791 between `addr`: parsed, checked and executed, or dropped and
  * counted. 0 when a QP took it, else the reason (-EBADMSG, -EILSEQ, -ENOENT no such QP, -EPERM not its peer). */
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);

@@ -91,9 +91,9 @@ class Engine:
 
     # -- the network (the daemon's: the device model never calls these) -------------------------------------
 
-    def attach_network(self, rx_fd: int, tx_fd: int) -> None:
-        """Hand the engine its RoCE sockets (see engine.h, vre_net_attach); -1, -1 takes them back."""
-        self._check(lib.vre_net_attach(self._e, rx_fd, tx_fd))
+    def attach_network(self, rx_fd: int, tx_fd: int, udp6_fd: int = -1) -> None:
+        """Hand the engine its RoCE sockets (see engine.h, vre_net_attach); -1, -1, -1 takes them back."""
+        self._check(lib.vre_net_attach(self._e, rx_fd, tx_fd, udp6_fd))
 
     def net_counters(self) -> dict[str, int]:
         out = ffi.new("struct vre_net_counters *")

@@ -15,10 +15,11 @@
 
 #include "vre.h"
 
-int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd)
+int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
 {
-	if ((rx_fd < 0) != (tx_fd < 0))
-		return vre_fail(e, EINVAL, "RoCE needs both sockets (receive %d, send %d), or neither", rx_fd, tx_fd);
+	if ((rx_fd < 0) != (tx_fd < 0) || (udp6_fd >= 0 && tx_fd < 0))
+		return vre_fail(e, EINVAL, "RoCE needs its IPv4 sockets (receive %d, send %d), with or without the IPv6 "
+				"one (%d), or none", rx_fd, tx_fd, udp6_fd);
 	if (tx_fd >= 0 && !e->tx) {
 		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
 		if (!e->tx)
@@ -26,6 +27,7 @@ int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd)
 	}
 	e->rx_fd = rx_fd;
 	e->tx_fd = tx_fd;
+	e->udp6_fd = udp6_fd;
 	return 0;
 }
 
@@ -106,8 +108,8 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 		return 0;
 	}
 	if (!net_on(e) || qp->attr.dest_dev != VRE_NO_DEVICE || (qp->cfg.flags & ~(VRE_QP_KERNEL | VRE_QP_UC)) ||
-	    state == VRDMA_QPS_ERR || !ipv4_mapped(qp->attr.sgid) || !ipv4_mapped(qp->attr.dgid))
-		return 0;  /* (IPv6 GIDs: not yet; such a QP's requests go unanswered) */
+	    state == VRDMA_QPS_ERR || !net_reaches(e, qp->attr.sgid, qp->attr.dgid))
+		return 0;
 	if (!qp->net) {
 		n = calloc(1, sizeof(*n));
 		if (n) {

@@ -149,16 +149,41 @@ static struct vre_sent *answered(struct vre_engine *e, struct vre_device *d, str
 	return s;
 }
 
+/*
+ * A response ahead of the oldest unanswered PSN: what came between was lost. The requester sends again from there at
+ * once (as rxe's does), not after its timer: a READ's responses keep coming for a whole message, and each would
+ * otherwise be dropped until the timer ran out, a whole message at a time. Once per gap (the timer covers a lost
+ * request), and not counted against retry_cnt: the peer answers, and the timer starts again from this answer (a
+ * queue of responses sent before the request came again may take longer to drain than the timer's period).
+ */
+static void response_gap(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp)
+{
+	struct vre_remote *n = qp->net;
+
+	d->roce.dropped++;
+	arm_timer(e, qp);
+	if (n->gap_asked && n->gap_psn == n->una_psn)
+		return;
+	n->gap_asked = true;
+	n->gap_psn = n->una_psn;
+	rewind_to(qp, n->una_psn);
+}
+
 /* A READ response: its data goes to the READ's local SGEs at its place in the message. */
 static void read_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
 			  const struct vre_roce_pkt *pkt, const uint8_t *payload)
 {
 	struct vre_remote *n = qp->net;
-	struct vre_sent *s = answered(e, d, qp, pkt->psn, OP_READS);
+	struct vre_sent *s;
 	uint32_t k, expect;
 	struct vre_request r;
 	uint64_t off;
 
+	if (psn_diff(pkt->psn, n->una_psn) > 0 && qp->sq_head != n->sq_next) {
+		response_gap(e, d, qp);
+		return;
+	}
+	s = answered(e, d, qp, pkt->psn, OP_READS);
 	if (!s) {
 		d->roce.dropped++;
 		return;

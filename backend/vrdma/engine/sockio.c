@@ -11,6 +11,9 @@
  * Sending: an unconnected UDP socket bound to port 4791, don't-fragment on, allowed to send from addresses that are
  * not the host's (IP_TRANSPARENT): each packet goes from its QP's GID (IP_PKTINFO) to its peer's, and Linux writes
  * identification 0, the value the packet's ICRC was computed with.
+ *
+ * IPv6: one UDP socket does both, since the ICRC of an IPv6 packet covers nothing its reader does not see (the
+ * addresses, from the source address and IPV6_PKTINFO; the lengths).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE  /* recvmmsg, sendmmsg */
@@ -67,6 +70,53 @@ malformed:
 	e->net.rx_malformed++;
 }
 
+/* IPv6 packets from the IPv6 UDP socket: their source, their destination (IPV6_PKTINFO), their UDP payload. */
+static uint32_t recv6(struct vre_engine *e, uint32_t budget)
+{
+	struct mmsghdr msgs[RX_BATCH];
+	struct iovec iov[RX_BATCH];
+	struct sockaddr_in6 from[RX_BATCH];
+	union {
+		struct cmsghdr align;
+		uint8_t buf[CMSG_SPACE(sizeof(struct in6_pktinfo))];
+	} control[RX_BATCH];
+	uint32_t want = budget < RX_BATCH ? budget : RX_BATCH;
+	int got;
+
+	memset(msgs, 0, sizeof(msgs[0]) * want);
+	for (uint32_t i = 0; i < want; i++) {
+		iov[i] = (struct iovec){ .iov_base = e->rx + (size_t)i * RX_ROOM, .iov_len = RX_ROOM };
+		msgs[i].msg_hdr = (struct msghdr){ .msg_name = &from[i], .msg_namelen = sizeof(from[i]),
+						   .msg_iov = &iov[i], .msg_iovlen = 1, .msg_control = control[i].buf,
+						   .msg_controllen = sizeof(control[i].buf) };
+	}
+	got = recvmmsg(e->udp6_fd, msgs, want, MSG_DONTWAIT, NULL);
+	for (int i = 0; i < got; i++) {
+		struct vre_roce_addr addr = { .dport = VRE_ROCE_PORT };
+		struct cmsghdr *cm;
+		bool have_dst = false;
+
+		for (cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm; cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm)) {
+			if (cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_PKTINFO) {
+				struct in6_pktinfo info;
+
+				memcpy(&info, CMSG_DATA(cm), sizeof(info));
+				memcpy(addr.dst, &info.ipi6_addr, 16);
+				have_dst = true;
+			}
+		}
+		if (!have_dst || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) || ipv4_mapped(addr.dst)) {
+			e->net.rx_packets++;
+			e->net.rx_malformed++;
+			continue;
+		}
+		memcpy(addr.src, &from[i].sin6_addr, 16);
+		addr.sport = ntohs(from[i].sin6_port);
+		vre_roce_input(e, iov[i].iov_base, msgs[i].msg_len, &addr);
+	}
+	return got > 0 ? (uint32_t)got : 0;
+}
+
 VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget)
 {
 	struct mmsghdr msgs[RX_BATCH];
@@ -103,6 +153,8 @@ VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget)
 		if ((uint32_t)got < want)
 			break;
 	}
+	if (e->udp6_fd >= 0 && done < budget)
+		done += recv6(e, budget - done);
 	return done;
 }
 
@@ -110,14 +162,19 @@ VRE_FN void sock_send(struct vre_engine *e)
 {
 	struct mmsghdr msgs[TX_BATCH];
 	struct iovec iov[TX_BATCH];
-	struct sockaddr_in dst[TX_BATCH];
+	union {
+		struct sockaddr_in v4;
+		struct sockaddr_in6 v6;
+	} dst[TX_BATCH];
 	union {
 		struct cmsghdr align;
-		uint8_t buf[CMSG_SPACE(sizeof(struct in_pktinfo))];
+		uint8_t buf[CMSG_SPACE(sizeof(struct in6_pktinfo))];
 	} control[TX_BATCH];
 
 	while (e->tx_head != e->tx_tail) {
 		uint32_t n = e->tx_tail - e->tx_head;
+		/* a batch of one family: the first packet's */
+		bool v6 = !ipv4_mapped(e->tx[e->tx_head % VRE_TX_RING].addr.src);
 		int sent;
 
 		n = n < TX_BATCH ? n : TX_BATCH;
@@ -125,23 +182,46 @@ VRE_FN void sock_send(struct vre_engine *e)
 		for (uint32_t i = 0; i < n; i++) {
 			struct vre_tx_pkt *p = &e->tx[(e->tx_head + i) % VRE_TX_RING];
 			struct cmsghdr *cm;
-			struct in_pktinfo info = { 0 };
 
-			dst[i] = (struct sockaddr_in){ .sin_family = AF_INET, .sin_port = htons(p->addr.dport) };
-			memcpy(&dst[i].sin_addr, p->addr.dst + 12, 4);
-			memcpy(&info.ipi_spec_dst, p->addr.src + 12, 4);
+			if (!ipv4_mapped(p->addr.src) != v6) {
+				n = i;
+				break;
+			}
 			iov[i] = (struct iovec){ .iov_base = p->data, .iov_len = p->len };
-			msgs[i].msg_hdr = (struct msghdr){ .msg_name = &dst[i], .msg_namelen = sizeof(dst[i]),
-							   .msg_iov = &iov[i], .msg_iovlen = 1,
+			msgs[i].msg_hdr = (struct msghdr){ .msg_name = &dst[i], .msg_iov = &iov[i], .msg_iovlen = 1,
 							   .msg_control = control[i].buf,
 							   .msg_controllen = sizeof(control[i].buf) };
-			cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr);
-			cm->cmsg_level = IPPROTO_IP;
-			cm->cmsg_type = IP_PKTINFO;
-			cm->cmsg_len = CMSG_LEN(sizeof(info));
-			memcpy(CMSG_DATA(cm), &info, sizeof(info));
+			cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr);  /* (needs msg_controllen: set exactly below) */
+			if (v6) {
+				struct in6_pktinfo info = { 0 };
+
+				dst[i].v6 = (struct sockaddr_in6){ .sin6_family = AF_INET6,
+								   .sin6_port = htons(p->addr.dport) };
+				memcpy(&dst[i].v6.sin6_addr, p->addr.dst, 16);
+				memcpy(&info.ipi6_addr, p->addr.src, 16);
+				msgs[i].msg_hdr.msg_namelen = sizeof(dst[i].v6);
+				cm->cmsg_level = IPPROTO_IPV6;
+				cm->cmsg_type = IPV6_PKTINFO;
+				cm->cmsg_len = CMSG_LEN(sizeof(info));
+				memcpy(CMSG_DATA(cm), &info, sizeof(info));
+				msgs[i].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(info));
+			} else {
+				struct in_pktinfo info = { 0 };
+
+				dst[i].v4 = (struct sockaddr_in){ .sin_family = AF_INET, .sin_port = htons(p->addr.dport) };
+				memcpy(&dst[i].v4.sin_addr, p->addr.dst + 12, 4);
+				memcpy(&info.ipi_spec_dst, p->addr.src + 12, 4);
+				msgs[i].msg_hdr.msg_namelen = sizeof(dst[i].v4);
+				cm->cmsg_level = IPPROTO_IP;
+				cm->cmsg_type = IP_PKTINFO;
+				cm->cmsg_len = CMSG_LEN(sizeof(info));
+				memcpy(CMSG_DATA(cm), &info, sizeof(info));
+				msgs[i].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(info));
+			}
 		}
-		sent = sendmmsg(e->tx_fd, msgs, n, MSG_DONTWAIT);
+		sent = v6 && e->udp6_fd < 0 ? -1 : sendmmsg(v6 ? e->udp6_fd : e->tx_fd, msgs, n, MSG_DONTWAIT);
+		if (v6 && e->udp6_fd < 0)
+			errno = EAFNOSUPPORT;
 		if (sent < 0) {
 			if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR)
 				return;  /* the next poll tries again */

@@ -197,8 +197,7 @@ VRE_FN void ud_send(struct vre_request *r)
 		return;
 	}
 	dd = device_by_gid(e, av->dgid);
-	if (!dd && net_on(e) && sgid->type == VRDMA_GID_TYPE_ROCE_V2 && ipv4_mapped(sgid->raw) &&
-	    ipv4_mapped(av->dgid)) {
+	if (!dd && net_on(e) && sgid->type == VRDMA_GID_TYPE_ROCE_V2 && net_reaches(e, sgid->raw, av->dgid)) {
 		ud_send_remote(r, sgid, qkey);
 		complete_send(e, r->d, r->qp, h, VRDMA_WC_SUCCESS, (uint32_t)r->len);
 		return;

@@ -150,6 +150,8 @@ struct vre_remote {
 	uint32_t next_psn;           /* the first PSN of the next WQE to start */
 	uint32_t una_psn;            /* the oldest PSN not acknowledged */
 	uint32_t sent_psn;           /* one past the highest PSN sent (a packet below it is a retransmission) */
+	uint32_t gap_psn;            /* the una_psn a response ahead of it made the requester send again from ... */
+	bool gap_asked;              /* ... once per gap, as a responder NAKs once per gap */
 	uint32_t rd_out;             /* READs and atomics among [sq_head, sq_cur) not answered yet */
 	int64_t deadline;            /* retransmission timer (CLOCK_MONOTONIC ns), 0: stopped */
 	uint32_t since_ackreq;       /* packets sent since the last that asked for an acknowledgement */
@@ -242,7 +244,7 @@ struct vre_engine {
 	int64_t now;
 	char error[256];
 	/* The network (net.c): sockets the daemon gave (-1: none), packets waiting to go [tx_head, tx_tail). */
-	int rx_fd, tx_fd;
+	int rx_fd, tx_fd, udp6_fd;
 	struct vre_tx_pkt *tx;
 	uint32_t tx_head, tx_tail;
 	uint8_t *rx;              /* sockio.c's receive buffers */
@@ -478,6 +480,13 @@ VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, str
 static inline bool net_on(const struct vre_engine *e)
 {
 	return e->tx_fd >= 0;
+}
+
+/* Whether packets from GID `src` to GID `dst` can go out: both IPv4 (IPv4-mapped), or both IPv6 with an IPv6
+ * socket. */
+static inline bool net_reaches(const struct vre_engine *e, const uint8_t *src, const uint8_t *dst)
+{
+	return ipv4_mapped(src) ? ipv4_mapped(dst) : !ipv4_mapped(dst) && e->udp6_fd >= 0;
 }
 
 static inline uint32_t psn_add(uint32_t psn, uint32_t n)
