@@ -49,25 +49,26 @@ def roce_counters(mh: MultiHost, host: int, vm: str) -> dict[str, int]:
 
 def pingpong(mh: MultiHost, server: Vm, client: Vm, size: int = 4096, iterations: int = 200) -> Any:
     """ibv_rc_pingpong with its data check (-c), each side on its own device and IPv4 GID."""
-    common = ["-s", str(size), "-n", str(iterations), "-c"]
-    server_argv = ["ibv_rc_pingpong", "-d", device(mh, server), "-g",
-                   str(verbs.ipv4_gid_index(server, device(mh, server))), *common]
-    client_argv = ["ibv_rc_pingpong", "-d", device(mh, client), "-g",
-                   str(verbs.ipv4_gid_index(client, device(mh, client))), *common, server.address]
+    server_argv, client_argv = both(mh, server, client, "ibv_rc_pingpong", "-s", str(size), "-n", str(iterations),
+                                    "-c")
     _, out = verbs.client_server(server, client, server_argv, client_argv=client_argv, timeout=300)
     assert re.search(rf"{iterations} iters in [\d.]+ seconds", out.stdout), out.stdout
     return out
 
 
-def perftest(mh: MultiHost, server: Vm, client: Vm, tool: str, extra: tuple[str, ...] = ()) -> list[str]:
-    common = ["-F", "-n", "200", *extra]
-    server_argv = [tool, "-d", device(mh, server), "-x", str(verbs.ipv4_gid_index(server, device(mh, server))),
-                   *common]
-    client_argv = [tool, "-d", device(mh, client), "-x", str(verbs.ipv4_gid_index(client, device(mh, client))),
-                   *common, server.address]
-    _, out = verbs.client_server(server, client, server_argv, client_argv=client_argv, timeout=600)
-    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+[\d.]+", out.stdout, flags=re.M)
-    assert rows, out.stdout
+def both(mh: MultiHost, server: Vm, client: Vm, tool: str, *args: str) -> tuple[list[str], list[str]]:
+    """A pingpong's server and client argv, each on its own device and IPv4 GID."""
+    return ([tool, "-d", device(mh, server), "-g", str(verbs.ipv4_gid_index(server, device(mh, server))), *args],
+            [tool, "-d", device(mh, client), "-g", str(verbs.ipv4_gid_index(client, device(mh, client))), *args,
+             server.address])
+
+
+def perftest(mh: MultiHost, server: Vm, client: Vm, tool: str, extra: tuple[str, ...] = ()) -> list[Any]:
+    """A perftest tool between two guests, each side on its own device and IPv4 GID: its result rows."""
+    rows = verbs.perftest(server, client, tool, device(mh, server), verbs.ipv4_gid_index(server, device(mh, server)),
+                          ("-n", "200", *extra), timeout=600,
+                          client_device=(device(mh, client), verbs.ipv4_gid_index(client, device(mh, client))))
+    assert rows
     return rows
 
 
@@ -109,13 +110,6 @@ def test_perftest_with_rxe(hosts: MultiHost, pair: str, tool: str) -> None:
 
 ALL_PAIRS = {"vrdma h0 -> vrdma h1": (1, 0), **INTEROP}
 RPING_PORT = 7174
-
-
-def both(mh: MultiHost, server: Vm, client: Vm, tool: str, *args: str) -> tuple[list[str], list[str]]:
-    """A pingpong's server and client argv, each on its own device and IPv4 GID."""
-    return ([tool, "-d", device(mh, server), "-g", str(verbs.ipv4_gid_index(server, device(mh, server))), *args],
-            [tool, "-d", device(mh, client), "-g", str(verbs.ipv4_gid_index(client, device(mh, client))), *args,
-             server.address])
 
 
 @pytest.mark.parametrize("pair", ALL_PAIRS, ids=list(ALL_PAIRS))

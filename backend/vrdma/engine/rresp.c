@@ -46,17 +46,25 @@ static const struct {
 #define NAK_ACCESS 0x62
 #define NAK_OPERATION 0x63
 
-/* An ACK or NAK (syndrome) for `psn`, if the ring has room (a lost one is made good by the requester's timer). */
-static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
+/* A response without data, if the ring has room (a lost one is made good by the requester's timer). */
+static void send_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			  const struct vre_roce_pkt *pkt)
 {
 	struct vre_tx_pkt *slot = tx_slot(e, false);
+
+	if (slot)
+		tx_queue(e, d, &qp->net->addr, slot, pkt, 0);
+	else
+		e->net.tx_dropped++;
+}
+
+/* An ACK or NAK (syndrome) for `psn`. */
+static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
+{
 	struct vre_roce_pkt pkt = { .opcode = 0x11, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
 				    .aeth = (uint32_t)syndrome << 24 | (qp->net->msn & PSN_MASK) };
 
-	if (slot)
-		tx_queue(e, d, &qp->net->addr, slot, &pkt, 0);
-	else
-		e->net.tx_dropped++;
+	send_response(e, d, qp, &pkt);
 }
 
 /* The request breaks the rules or the keys: NAK it and go to the error state (an event for the guest). */
@@ -301,15 +309,11 @@ static void read_request(struct vre_engine *e, struct vre_device *d, struct vre_
 
 static void atomic_answer(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn, uint64_t orig)
 {
-	struct vre_tx_pkt *slot = tx_slot(e, false);
 	struct vre_roce_pkt pkt = { .opcode = 0x12, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
 				    .aeth = (uint32_t)AETH_ACK_UNLIMITED << 24 | (qp->net->msn & PSN_MASK),
 				    .orig = orig };
 
-	if (slot)
-		tx_queue(e, d, &qp->net->addr, slot, &pkt, 0);
-	else
-		e->net.tx_dropped++;
+	send_response(e, d, qp, &pkt);
 }
 
 static void atomic_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,

@@ -158,6 +158,18 @@ VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget)
 	return done;
 }
 
+/* The message's one control message: `level`/`type` with `len` bytes of `data` (the source address to send from). */
+static void put_pktinfo(struct msghdr *msg, int level, int type, const void *data, size_t len)
+{
+	struct cmsghdr *cm = CMSG_FIRSTHDR(msg);  /* msg_controllen holds the whole buffer here: set exactly below */
+
+	cm->cmsg_level = level;
+	cm->cmsg_type = type;
+	cm->cmsg_len = CMSG_LEN(len);
+	memcpy(CMSG_DATA(cm), data, len);
+	msg->msg_controllen = CMSG_SPACE(len);
+}
+
 VRE_FN void sock_send(struct vre_engine *e)
 {
 	struct mmsghdr msgs[TX_BATCH];
@@ -181,7 +193,6 @@ VRE_FN void sock_send(struct vre_engine *e)
 		memset(msgs, 0, sizeof(msgs[0]) * n);
 		for (uint32_t i = 0; i < n; i++) {
 			struct vre_tx_pkt *p = &e->tx[(e->tx_head + i) % VRE_TX_RING];
-			struct cmsghdr *cm;
 
 			if (!ipv4_mapped(p->addr.src) != v6) {
 				n = i;
@@ -191,7 +202,6 @@ VRE_FN void sock_send(struct vre_engine *e)
 			msgs[i].msg_hdr = (struct msghdr){ .msg_name = &dst[i], .msg_iov = &iov[i], .msg_iovlen = 1,
 							   .msg_control = control[i].buf,
 							   .msg_controllen = sizeof(control[i].buf) };
-			cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr);  /* (needs msg_controllen: set exactly below) */
 			if (v6) {
 				struct in6_pktinfo info = { 0 };
 
@@ -200,11 +210,7 @@ VRE_FN void sock_send(struct vre_engine *e)
 				memcpy(&dst[i].v6.sin6_addr, p->addr.dst, 16);
 				memcpy(&info.ipi6_addr, p->addr.src, 16);
 				msgs[i].msg_hdr.msg_namelen = sizeof(dst[i].v6);
-				cm->cmsg_level = IPPROTO_IPV6;
-				cm->cmsg_type = IPV6_PKTINFO;
-				cm->cmsg_len = CMSG_LEN(sizeof(info));
-				memcpy(CMSG_DATA(cm), &info, sizeof(info));
-				msgs[i].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(info));
+				put_pktinfo(&msgs[i].msg_hdr, IPPROTO_IPV6, IPV6_PKTINFO, &info, sizeof(info));
 			} else {
 				struct in_pktinfo info = { 0 };
 
@@ -212,16 +218,15 @@ VRE_FN void sock_send(struct vre_engine *e)
 				memcpy(&dst[i].v4.sin_addr, p->addr.dst + 12, 4);
 				memcpy(&info.ipi_spec_dst, p->addr.src + 12, 4);
 				msgs[i].msg_hdr.msg_namelen = sizeof(dst[i].v4);
-				cm->cmsg_level = IPPROTO_IP;
-				cm->cmsg_type = IP_PKTINFO;
-				cm->cmsg_len = CMSG_LEN(sizeof(info));
-				memcpy(CMSG_DATA(cm), &info, sizeof(info));
-				msgs[i].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(info));
+				put_pktinfo(&msgs[i].msg_hdr, IPPROTO_IP, IP_PKTINFO, &info, sizeof(info));
 			}
 		}
-		sent = v6 && e->udp6_fd < 0 ? -1 : sendmmsg(v6 ? e->udp6_fd : e->tx_fd, msgs, n, MSG_DONTWAIT);
-		if (v6 && e->udp6_fd < 0)
-			errno = EAFNOSUPPORT;
+		if (v6 && e->udp6_fd < 0) {
+			sent = -1;
+			errno = EAFNOSUPPORT;  /* (only the engine's own bug would queue one: net_reaches checks first) */
+		} else {
+			sent = sendmmsg(v6 ? e->udp6_fd : e->tx_fd, msgs, n, MSG_DONTWAIT);
+		}
 		if (sent < 0) {
 			if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR)
 				return;  /* the next poll tries again */
