@@ -104,10 +104,12 @@ def sizeof(struct: str) -> int:
     return int(ffi.sizeof(f"struct {struct}"))
 
 
-def check_enum(enum: type[IntEnum] | type[IntFlag], prefix: str) -> None:
+def check_enum(enum: type[IntEnum] | type[IntFlag], prefix: str, exclude: tuple[str, ...] = ()) -> None:
     """Hold a Python enum to the header: its members are exactly the header's ``<prefix>*`` constants, same
-    values (called at import by the modules that declare them, so a drift fails at once, naming the member)."""
-    header = {name[len(prefix):]: value for name, value in constants.items() if name.startswith(prefix)}
+    values (called at import by the modules that declare them, so a drift fails at once, naming the member).
+    ``exclude``: names under the prefix that belong to another set (VRDMA_WC_OP_* beside the statuses)."""
+    header = {name[len(prefix):]: value for name, value in constants.items()
+              if name.startswith(prefix) and not name[len(prefix):].startswith(exclude or ("\0",))}
     ours = {member.name: int(member.value) for member in enum}
     if header != ours:
         differ = sorted(set(header.items()) ^ set(ours.items()))

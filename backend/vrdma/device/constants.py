@@ -81,7 +81,67 @@ class GidType(IntEnum):
     ROCE_V2 = 2
 
 
+class WrOpcode(IntEnum):
+    """What a send WQE asks (struct vrdma_send_wqe.opcode)."""
+
+    RDMA_WRITE = 0
+    RDMA_WRITE_WITH_IMM = 1
+    SEND = 2
+    SEND_WITH_IMM = 3
+    RDMA_READ = 4
+    ATOMIC_CMP_AND_SWP = 5
+    ATOMIC_FETCH_AND_ADD = 6
+    LOCAL_INV = 7
+    BIND_MW = 8
+    SEND_WITH_INV = 9
+    REG_MR = 0x20
+
+
+class WcStatus(IntEnum):
+    """How a work request ended (struct vrdma_cqe.status)."""
+
+    SUCCESS = 0
+    LOC_LEN_ERR = 1
+    LOC_QP_OP_ERR = 2
+    LOC_PROT_ERR = 4
+    WR_FLUSH_ERR = 5
+    MW_BIND_ERR = 6
+    LOC_ACCESS_ERR = 8
+    REM_INV_REQ_ERR = 9
+    REM_ACCESS_ERR = 10
+    REM_OP_ERR = 11
+    RETRY_EXC_ERR = 12
+    RNR_RETRY_EXC_ERR = 13
+    FATAL_ERR = 15
+    GENERAL_ERR = 21
+
+
+class WcOpcode(IntEnum):
+    """What a completion completes (struct vrdma_cqe.opcode)."""
+
+    SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
+    COMP_SWAP = 3
+    FETCH_ADD = 4
+    BIND_MW = 5
+    LOCAL_INV = 6
+    REG_MR = 8
+    RECV = 128
+    RECV_RDMA_WITH_IMM = 129
+
+
+class WcFlags(IntFlag):
+    GRH = 1
+    WITH_IMM = 2
+    WITH_INV = 4
+
+
 abi.check_enum(CommandOpcode, "VRDMA_CMD_")
+abi.check_enum(WrOpcode, "VRDMA_WR_")
+abi.check_enum(WcStatus, "VRDMA_WC_", exclude=("OP_", "GRH", "WITH_"))
+abi.check_enum(WcOpcode, "VRDMA_WC_OP_")
+abi.check_enum(WcFlags, "VRDMA_WC_", exclude=(*(s.name for s in WcStatus), "OP_"))
 abi.check_enum(EventType, "VRDMA_EVENT_")
 abi.check_enum(Access, "VRDMA_ACCESS_")
 abi.check_enum(QpType, "VRDMA_QPT_")

@@ -323,6 +323,20 @@ int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd);
 /* One UDP payload that arrived for port 4791 between `addr`: parsed, checked and executed, or dropped and
  * counted. 0 when a QP took it, else the reason (-EBADMSG, -EILSEQ, -ENOENT no such QP, -EPERM not its peer). */
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);
+/*
+ * A network without sockets, for tests and fuzzers that play the other hosts in process (tests/unit's RoCE tier,
+ * fuzz/engine's stateful target): what the engine sends waits in its transmit ring (VRE_TX_RING packets; a full
+ * ring refuses more, as a busy socket does) until vre_net_take takes it, and nothing arrives but what
+ * vre_roce_input is given. The daemon never uses it. vre_net_attach (any sockets, or none) ends it.
+ */
+int vre_net_capture(struct vre_engine *e);
+/* The oldest packet waiting to go: its addresses into *addr, its UDP payload into buf (room bytes: a longer one is
+ * cut short), and its whole length; 0 when none waits. Only in capture mode. */
+uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct vre_roce_addr *addr);
+/* The engine's clock for its timers (retransmission, RNR waits, CQ moderation): CLOCK_MONOTONIC (now_ns 0), or a
+ * fixed time in ns that only the caller moves, so that a test or a fuzzer steps timers without waiting for them.
+ * Under a fixed clock vre_spin polls once. */
+void vre_clock_set(struct vre_engine *e, int64_t now_ns);
 void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out);
 void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roce_counters *out);
 

@@ -38,7 +38,7 @@ except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError("the data engine is not built: run `make backend` "
                       "(python backend/vrdma/engine/_build.py)") from err
 
-__all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi"]
+__all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi", "lib"]
 
 # The typed interface declares engine.h's sentinels without importing C: hold the two equal.
 assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, QP_XRC_INI, QP_XRC_TGT, SRQ_KERNEL, MAX_GIDS) == \
@@ -46,6 +46,7 @@ assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, QP_XRC_INI, QP_XRC_T
      lib.VRE_QP_XRC_INI, lib.VRE_QP_XRC_TGT, lib.VRE_SRQ_KERNEL, lib.VRE_MAX_GIDS), \
     "vrdma.engine.api disagrees with engine.h"
 EVENT_BATCH = 256
+PACKET_ROOM = 9216  # the largest UDP payload a RoCE packet has (a jumbo frame's)
 
 
 class Engine:
@@ -106,6 +107,24 @@ class Engine:
         addr = ffi.new("struct vre_roce_addr *", {"src": list(src), "dst": list(dst), "sport": sport,
                                                    "dport": 4791, "ip_id": ip_id, "ip_frag": ip_frag})
         return int(lib.vre_roce_input(self._e, udp_payload, len(udp_payload), addr))
+
+    def capture_network(self) -> None:
+        """A network without sockets (engine.h, vre_net_capture): what the engine sends waits for take_packets,
+        and only roce_input brings packets in. For tests and fuzzers that play the other hosts in process."""
+        self._check(lib.vre_net_capture(self._e))
+
+    def take_packets(self) -> list[tuple[bytes, bytes, bytes]]:
+        """Every packet waiting to go, oldest first: (UDP payload, source GID, destination GID)."""
+        packets = []
+        addr = ffi.new("struct vre_roce_addr *")
+        buf = ffi.new("uint8_t[]", PACKET_ROOM)
+        while n := int(lib.vre_net_take(self._e, buf, PACKET_ROOM, addr)):
+            packets.append((bytes(ffi.buffer(buf, min(n, PACKET_ROOM))), bytes(addr.src), bytes(addr.dst)))
+        return packets
+
+    def set_clock(self, now_ns: int) -> None:
+        """Measure timers against a fixed time that only the caller moves (0: CLOCK_MONOTONIC again)."""
+        lib.vre_clock_set(self._e, now_ns)
 
     # -- objects ------------------------------------------------------------------------------------------------
 

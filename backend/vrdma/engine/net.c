@@ -28,7 +28,41 @@ int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
 	e->rx_fd = rx_fd;
 	e->tx_fd = tx_fd;
 	e->udp6_fd = udp6_fd;
+	e->capture = false;
 	return 0;
+}
+
+int vre_net_capture(struct vre_engine *e)
+{
+	if (e->tx_fd >= 0)
+		return vre_fail(e, EBUSY, "the engine has its sockets: no capture");
+	if (!e->tx) {
+		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
+		if (!e->tx)
+			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
+	}
+	e->capture = true;
+	return 0;
+}
+
+uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct vre_roce_addr *addr)
+{
+	const struct vre_tx_pkt *p;
+
+	if (!e->capture || e->tx_head == e->tx_tail)
+		return 0;
+	p = &e->tx[e->tx_head++ % VRE_TX_RING];
+	*addr = p->addr;
+	memcpy(buf, p->data, p->len < room ? p->len : room);
+	e->net.tx_packets++;
+	return p->len;
+}
+
+void vre_clock_set(struct vre_engine *e, int64_t now_ns)
+{
+	e->clock = now_ns > 0 ? now_ns : 0;
+	if (e->clock)
+		e->now = e->clock;
 }
 
 void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out)
@@ -184,7 +218,7 @@ int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t le
 	bool uc;
 	int err;
 
-	e->now = e->now ? e->now : vre_monotonic_ns();
+	e->now = e->clock ? e->clock : e->now ? e->now : vre_monotonic_ns();
 	e->net.rx_packets++;
 	err = vre_roce_parse(udp_payload, len, addr, &pkt);
 	if (err) {

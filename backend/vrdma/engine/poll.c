@@ -10,8 +10,8 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 {
 	uint32_t work = 0;
 
-	e->now = vre_monotonic_ns();
-	if (net_on(e))
+	e->now = engine_clock(e);
+	if (net_on(e) && !e->capture)
 		work += sock_recv(e, budget);
 	for (uint32_t i = 0; i < e->ndevices; i++) {
 		struct vre_device *d = &e->devices[i];
@@ -34,13 +34,13 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
  */
 uint32_t vre_spin(struct vre_engine *e, uint32_t budget, uint64_t spin_ns)
 {
-	int64_t until = vre_monotonic_ns() + (int64_t)spin_ns;
+	int64_t until = engine_clock(e) + (int64_t)spin_ns;
 	uint32_t work = 0;
 
 	do {
 		work += vre_poll(e, budget);
-		if (e->ev_head != e->ev_tail)
-			break;
+		if (e->ev_head != e->ev_tail || e->clock)
+			break;  /* events to deliver, or a fixed clock that would never reach `until` */
 		__builtin_ia32_pause();
 	} while (e->now < until);
 	return work;

@@ -183,6 +183,8 @@ VRE_FN void sock_send(struct vre_engine *e)
 		uint8_t buf[CMSG_SPACE(sizeof(struct in6_pktinfo))];
 	} control[TX_BATCH];
 
+	if (e->capture)
+		return;  /* the packets wait for vre_net_take */
 	while (e->tx_head != e->tx_tail) {
 		uint32_t n = e->tx_tail - e->tx_head;
 		/* a batch of one family: the first packet's */

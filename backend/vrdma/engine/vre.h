@@ -245,6 +245,8 @@ struct vre_engine {
 	char error[256];
 	/* The network (net.c): sockets the daemon gave (-1: none), packets waiting to go [tx_head, tx_tail). */
 	int rx_fd, tx_fd, udp6_fd;
+	bool capture;             /* vre_net_capture: no sockets, the caller takes what is sent */
+	int64_t clock;            /* vre_clock_set: a fixed time (ns), 0: CLOCK_MONOTONIC */
 	struct vre_tx_pkt *tx;
 	uint32_t tx_head, tx_tail;
 	uint8_t *rx;              /* sockio.c's receive buffers */
@@ -479,7 +481,13 @@ VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, str
 /* Whether the engine has a network (a connected QP whose peer no device here holds then speaks RoCE). */
 static inline bool net_on(const struct vre_engine *e)
 {
-	return e->tx_fd >= 0;
+	return e->tx_fd >= 0 || e->capture;
+}
+
+/* The time timers are measured against (vre_clock_set). */
+static inline int64_t engine_clock(const struct vre_engine *e)
+{
+	return e->clock ? e->clock : vre_monotonic_ns();
 }
 
 /* Whether packets from GID `src` to GID `dst` can go out: both IPv4 (IPv4-mapped), or both IPv6 with an IPv6

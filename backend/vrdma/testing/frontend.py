@@ -271,6 +271,10 @@ class Frontend:
                 return self.memory.read(in_gpas[0], min(length, response_size))
         raise FrontendError(f"queue {queue}: used ring returned another chain than {head}")
 
+    def wake(self) -> None:
+        """Kick the device's wake queue (what a poster does when it finds the engine parked)."""
+        self.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
+
     def close(self) -> None:
         self.sock.close()
         for vq in self.queues:

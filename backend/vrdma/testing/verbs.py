@@ -12,11 +12,11 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vrdma.device import abi
 from vrdma.device.rings import CQE, PAGE, PBL_ENTRIES, RECV_WQE, SEND_WQE, SGE
-from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError
+from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError, GuestMemory
 
 # The ring layouts are the device's (vrdma.device.rings): this driver lays rings out as the device reads them.
 PBL = PBL_ENTRIES
@@ -121,17 +121,30 @@ class SimQp:
     rq: SimRing  # depth 0 when the QP receives from an SRQ
 
 
+class DevicePort(Protocol):
+    """How a simulated driver reaches its device: guest memory, the control queue, the wake-up kick. A vhost-user
+    Frontend is one (a backend process); vrdma.testing.inprocess.LocalPort another (a device model in process)."""
+
+    memory: GuestMemory
+
+    def command(self, request: bytes, response_size: int) -> bytes: ...
+    def wake(self) -> None: ...
+
+
 class SimVerbs:
     """One user context of one simulated guest, or (``kernel``) its kernel's objects: context 0, whose queues ring
-    doorbell page 1 and whose work requests may use the local DMA lkey."""
+    doorbell page 1 and whose work requests may use the local DMA lkey. ``doorbells``: the doorbell region's file
+    (a backend process's), or the region itself (a device in process)."""
 
-    def __init__(self, fe: Frontend, doorbell_file: Path, kernel: bool = False) -> None:
+    def __init__(self, fe: DevicePort, doorbells: Path | mmap.mmap, kernel: bool = False) -> None:
         self.fe = fe
         self.memory = fe.memory
         self.seq = 0
-        fd = open(doorbell_file, "r+b")  # noqa: SIM115 - the mapping outlives the file object
-        self.doorbells = mmap.mmap(fd.fileno(), 0)
-        fd.close()
+        if isinstance(doorbells, mmap.mmap):
+            self.doorbells = doorbells
+        else:
+            with open(doorbells, "r+b") as fd:  # the mapping outlives the file object
+                self.doorbells = mmap.mmap(fd.fileno(), 0)
         if kernel:
             self.ucontext, self.doorbell_page = 0, abi.const("VRDMA_KERNEL_DOORBELL_PAGE")
         else:
@@ -401,7 +414,7 @@ class SimVerbs:
         """Store the send queue's producer index; wake the device if its engine is parked (as libvrdma does)."""
         self.ring(qp.sq.db, qp.sq.prod)
         if self.parked(qp.sq.db):
-            self.fe.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
+            self.fe.wake()
 
     def post_recv(self, qp: SimQp, sges: list[tuple[int, int, int]], wr_id: int = 0) -> None:
         self.put_wqe(qp.rq, recv_wqe_bytes(sges, wr_id))
@@ -429,16 +442,21 @@ class SimVerbs:
         hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
         return bool(hdr.overflow)
 
+    def _frontend(self) -> Frontend:
+        if not isinstance(self.fe, Frontend):
+            raise FrontendError("events travel on a virtqueue: this driver has no vhost-user frontend")
+        return self.fe
+
     def post_event_buffers(self, count: int = 8) -> None:
         """Give the device event buffers, as the driver does."""
-        vq = self.fe.queues[abi.const("VRDMA_QUEUE_EVENT")]
+        vq = self._frontend().queues[abi.const("VRDMA_QUEUE_EVENT")]
         for _ in range(count):
             vq.add([], [abi.sizeof("vrdma_event")])
         vq.notify()
 
     def wait_events(self, timeout: float = 10.0) -> list[Any]:
         """The events the device wrote into posted event buffers, as the buffers come back used."""
-        vq = self.fe.queues[abi.const("VRDMA_QUEUE_EVENT")]
+        vq = self._frontend().queues[abi.const("VRDMA_QUEUE_EVENT")]
         size = abi.sizeof("vrdma_event")
         return [abi.from_bytes("vrdma_event", self.memory.read(vq.buffer_address(desc), size))
                 for desc, length in vq.wait_used(timeout) if length == size]

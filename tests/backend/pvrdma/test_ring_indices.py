@@ -35,7 +35,7 @@ def test_garbage_send_producer_index_runs_nothing(backend: BackendProcess, pair:
         v.post_send(qp, WR["RDMA_WRITE"], [(attacker.mr.addr, 64, attacker.mr.lkey)], wr_id=i, ring=False,
                     remote_addr=victim.mr.addr + 64 * i, rkey=victim.mr.rkey)
     v.ring(qp.sq.db, producer)
-    v.fe.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
+    v.fe.wake()
     wait_for(lambda: engine(backend, "vm1")["qp_fatal"] == 1, "QP_FATAL")
     assert [(e.type, e.handle) for e in v.wait_events()] == [(EVENT["QP_FATAL"], qp.handle)]
     assert engine(backend, "vm1")["send_wqes"] == 0
