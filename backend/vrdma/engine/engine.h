@@ -337,6 +337,9 @@ uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct 
  * fixed time in ns that only the caller moves, so that a test or a fuzzer steps timers without waiting for them.
  * Under a fixed clock vre_spin polls once. */
 void vre_clock_set(struct vre_engine *e, int64_t now_ns);
+/* The invariants of every QP's transport state (net.c, net_check): 0, or -EPROTO and the first that does not hold
+ * (vre_error names the QP). Cheap enough for tests and fuzzers to call after every step. */
+int vre_check(struct vre_engine *e);
 void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out);
 void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roce_counters *out);
 

@@ -122,6 +122,11 @@ class Engine:
             packets.append((bytes(ffi.buffer(buf, min(n, PACKET_ROOM))), bytes(addr.src), bytes(addr.dst)))
         return packets
 
+    def check(self) -> None:
+        """Hold every QP's transport state to its invariants (engine.h, vre_check): EngineError names the first
+        that does not hold."""
+        self._check(lib.vre_check(self._e))
+
     def set_clock(self, now_ns: int) -> None:
         """Measure timers against a fixed time that only the caller moves (0: CLOCK_MONOTONIC again)."""
         lib.vre_clock_set(self._e, now_ns)

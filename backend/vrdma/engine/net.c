@@ -170,7 +170,7 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 	if (old_state < VRDMA_QPS_RTR) {
 		n->epsn = qp->attr.rq_psn & PSN_MASK;
 		n->msn = 0;
-		n->nak_sent = n->in_send = n->in_write = false;
+		n->nak_sent = n->in_send = n->in_write = n->ack_owed = false;
 		n->rd_head = n->rd_tail = 0;
 	}
 	if (state == VRDMA_QPS_RTS && old_state < VRDMA_QPS_RTS) {
@@ -178,6 +178,7 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 		n->sq_cur = n->sq_next = qp->sq_head;
 		n->rd_out = 0;
 		n->deadline = 0;
+		n->gap_asked = false;
 	}
 	return 0;
 }
@@ -191,13 +192,99 @@ VRE_FN bool net_busy(const struct vre_qp *qp)
 		return false;
 	if (n->sq_cur != n->sq_next && qp->attr.state == VRDMA_QPS_RTS)
 		return true;
+	if (n->ack_owed)
+		return true;
 	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
 		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
 
-		if (!job->atomic && job->sent < job->npkts)
+		if (job->sent < job->npkts)
 			return true;
 	}
 	return false;
+}
+
+/* -- invariants ---------------------------------------------------------------------------------------------- */
+
+/*
+ * What the requester's and responder's functions keep true of a remote QP between two calls into the engine
+ * (rreq.c's cursor_at, cursor_past, retire_head and arm_timer; rresp.c's answers in order): NULL, or the first
+ * that does not hold. vre_check runs it over every QP; the fuzzers after every operation.
+ */
+VRE_FN const char *net_check(const struct vre_qp *qp)
+{
+	const struct vre_remote *n = qp->net;
+	uint32_t depth = qp->cfg.sq_depth, started, cursor, rd = 0, psn;
+	bool owed = false;
+
+	if (!n)
+		return NULL;
+	if (n->rd_tail - n->rd_head > VRE_MAX_RD)
+		return "the responder keeps more READs and atomics than its ring holds";
+	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
+		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
+
+		if (job->sent > job->npkts || (job->atomic && job->npkts != 1))
+			return "a READ or atomic of the responder has sent more than it owes";
+		if (owed && job->sent)
+			return "an answer went out ahead of one owed before it";
+		owed |= job->sent < job->npkts;
+	}
+	if (n->ack_owed && !owed && qp->attr.state != VRDMA_QPS_ERR)
+		return "an ACK waits for answers that are not owed";
+	if (qp->attr.state != VRDMA_QPS_RTS)
+		return NULL;  /* the requester's state counts from RTS (net_qp_update) */
+	started = n->sq_next - qp->sq_head;
+	cursor = n->sq_cur - qp->sq_head;
+	if (started > depth || cursor > started)
+		return "the send cursor is outside the started WQEs (on a completed one, or past sq_next)";
+	psn = started ? n->sent[qp->sq_head & (depth - 1)].first_psn : n->next_psn;
+	for (uint32_t i = 0; i < started; i++) {
+		const struct vre_sent *s = &n->sent[(qp->sq_head + i) & (depth - 1)];
+
+		if (s->first_psn != psn || s->npkts == 0 || s->npkts > PSN_MASK / 2)
+			return "the started WQEs' PSNs do not follow each other";
+		if (i == cursor && (psn_diff(n->cur_psn, s->first_psn) < 0 ||
+				    psn_diff(n->cur_psn, psn_add(s->first_psn, s->npkts)) >= 0))
+			return "the cursor's PSN is outside the WQE it is on";
+		if (i < cursor)
+			rd += s->kind != SENT_ACKED;
+		psn = psn_add(psn, s->npkts);
+	}
+	if (psn != n->next_psn)
+		return "next_psn is not where the started WQEs end";
+	if (cursor == started && n->cur_psn != n->next_psn)
+		return "the cursor has nothing to send but its PSN is not next_psn";
+	if (rd != n->rd_out)
+		return "rd_out is not the READs and atomics asked and not answered";
+	if (started && !(qp->cfg.flags & VRE_QP_UC)) {
+		const struct vre_sent *head = &n->sent[qp->sq_head & (depth - 1)];
+
+		if (psn_diff(n->una_psn, head->first_psn) < 0 ||
+		    psn_diff(n->una_psn, psn_add(head->first_psn, head->npkts)) >= 0)
+			return "the oldest unanswered PSN is not in the oldest unanswered WQE";
+		if (!n->deadline && !qp->rnr_until)
+			return "unanswered work without a deadline";
+	}
+	if (!started && n->una_psn != n->next_psn && !(qp->cfg.flags & VRE_QP_UC))
+		return "everything answered, but una_psn is not next_psn";
+	if (started && psn_diff(n->cur_psn, n->una_psn) < 0)
+		return "the cursor is behind the oldest unanswered PSN";
+	return NULL;
+}
+
+int vre_check(struct vre_engine *e)
+{
+	for (uint32_t i = 0; i < e->ndevices; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
+			const char *broken = net_check(d->active[j]);
+
+			if (broken)
+				return vre_fail(e, EPROTO, "device %u QP %#x: %s", i, d->active[j]->cfg.qpn, broken);
+		}
+	}
+	return 0;
 }
 
 /* -- arriving packets ------------------------------------------------------------------------------------------ */

@@ -36,8 +36,30 @@ static uint32_t packets_for(uint64_t len, uint32_t mtu)
 	return len ? (uint32_t)DIV_ROUND_UP(len, mtu) : 1;
 }
 
-/* Send again from `psn` (or move forward to it, when an acknowledgement passed what was being resent): the WQE
- * holding it becomes the one being sent. */
+/*
+ * The requester's state moves through four functions only, which keep it whole (net_check states it):
+ *
+ *   cursor_at    the send cursor (sq_cur, cur_psn) goes to a WQE, backward or forward; rd_out is counted again
+ *   cursor_past  the cursor passes the WQE it is on, all of it sent (a READ or an atomic is counted asked)
+ *   retire_head  the oldest WQE is answered or failed: completed, and a cursor on it moves on to the next
+ *   arm_timer    the retransmission timer runs while anything started is unanswered, and only then
+ *
+ * so that the cursor never sits on a completed WQE, rd_out is always the READs and atomics asked and not answered
+ * ([sq_head, sq_cur)), and a QP with unanswered work always has a deadline (or waits out an RNR NAK).
+ */
+static void cursor_at(struct vre_qp *qp, uint32_t index, uint32_t psn)
+{
+	struct vre_remote *n = qp->net;
+
+	n->sq_cur = index;
+	n->cur_psn = index == n->sq_next ? n->next_psn : psn;
+	n->rd_out = 0;
+	for (uint32_t i = qp->sq_head; i != index; i++)  /* at most sq_depth: index lies in [sq_head, sq_next] */
+		n->rd_out += sent_of(qp, i)->kind != SENT_ACKED;
+}
+
+/* The cursor to the WQE holding `psn` (back to send it again, or forward past what the peer has), from `psn` on;
+ * to sq_next if no started WQE holds it. */
 static void rewind_to(struct vre_qp *qp, uint32_t psn)
 {
 	struct vre_remote *n = qp->net;
@@ -46,19 +68,45 @@ static void rewind_to(struct vre_qp *qp, uint32_t psn)
 		struct vre_sent *s = sent_of(qp, i);
 
 		if (psn_diff(psn, last_psn(s)) <= 0) {
-			n->sq_cur = i;
-			n->cur_psn = psn_diff(psn, s->first_psn) > 0 ? psn : s->first_psn;
-			n->rd_out = 0;
+			cursor_at(qp, i, psn_diff(psn, s->first_psn) > 0 ? psn : s->first_psn);
 			return;
 		}
 	}
-	n->sq_cur = n->sq_next;
-	n->cur_psn = n->next_psn;
+	cursor_at(qp, n->sq_next, 0);
+}
+
+/* The cursor passes the WQE it is on, all of it sent: a READ or an atomic is now asked and not answered. */
+static void cursor_past(struct vre_qp *qp)
+{
+	struct vre_remote *n = qp->net;
+
+	n->rd_out += sent_of(qp, n->sq_cur)->kind != SENT_ACKED;
+	n->sq_cur++;
+	n->cur_psn = n->sq_cur == n->sq_next ? n->next_psn : sent_of(qp, n->sq_cur)->first_psn;
 }
 
 static void arm_timer(struct vre_engine *e, struct vre_qp *qp)
 {
 	qp->net->deadline = qp->sq_head == qp->net->sq_next ? 0 : e->now + retry_wait_ns(qp);
+}
+
+/* The oldest WQE is done: completed with `status` (and `len`, its message length, on success). */
+static void retire_head(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w,
+			uint8_t status, uint32_t len)
+{
+	struct vre_remote *n = qp->net;
+	bool cursor_on_it = n->sq_cur == qp->sq_head;  /* being sent again when its answer came */
+
+	if (!cursor_on_it && sent_of(qp, qp->sq_head)->kind != SENT_ACKED)
+		n->rd_out--;
+	if (status == VRDMA_WC_SUCCESS) {
+		qp->rnr_left = qp->attr.rnr_retry;
+		qp->retry_left = qp->attr.retry_cnt;
+	}
+	complete_send(e, d, qp, &w->hdr, status, status == VRDMA_WC_SUCCESS ? len : 0);  /* sq_head++ */
+	if (cursor_on_it)  /* nothing of it is left to send: on to the next */
+		cursor_at(qp, qp->sq_head, qp->sq_head == n->sq_next ? 0 : sent_of(qp, qp->sq_head)->first_psn);
+	arm_timer(e, qp);
 }
 
 /* The requester fails: the WQE at the head completes with `status`, the rest are flushed in the error state. */
@@ -68,18 +116,9 @@ static void requester_error(struct vre_engine *e, struct vre_device *d, struct v
 
 	if (qp->sq_head != qp->net->sq_next) {
 		sq_wqe(qp, qp->sq_head, w);
-		complete_send(e, d, qp, &w->hdr, status, 0);
+		retire_head(e, d, qp, w, status, 0);
 	}
 	qp_to_error(e, d, qp, 0);
-}
-
-/* The head WQE is answered: completed successfully with its length. */
-static void complete_head(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w,
-			  uint64_t len)
-{
-	qp->rnr_left = qp->attr.rnr_retry;
-	qp->retry_left = qp->attr.retry_cnt;
-	complete_send(e, d, qp, &w->hdr, VRDMA_WC_SUCCESS, (uint32_t)len);
 }
 
 /* Local data of WQE `w` checked as at the start (keys, bounds, access): 0, or the status that fails it. */
@@ -92,8 +131,25 @@ static uint8_t local_of(struct vre_engine *e, struct vre_device *d, struct vre_q
 }
 
 /*
+ * Send again from the oldest unanswered PSN now, not after the timer: once for each una_psn (as a responder NAKs
+ * once per gap), so that a run of answers that all show the same loss asks once. The timer covers a request asked
+ * again and lost.
+ */
+static void ask_again(struct vre_qp *qp)
+{
+	struct vre_remote *n = qp->net;
+
+	if (n->gap_asked && n->gap_psn == n->una_psn)
+		return;
+	n->gap_asked = true;
+	n->gap_psn = n->una_psn;
+	rewind_to(qp, n->una_psn);
+}
+
+/*
  * Everything up to and including `psn` is acknowledged: complete the SENDs and WRITEs it covers, in order. A READ
- * or an atomic it passes without its response was answered and the answer lost: it is asked again.
+ * or an atomic it covers without its answer was answered (a responder answers in PSN order) and the answer lost:
+ * it is asked again from its first missing response, and what follows it waits.
  */
 static void ack_upto(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn)
 {
@@ -102,18 +158,19 @@ static void ack_upto(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 
 	while (qp->sq_head != n->sq_next && qp->attr.state == VRDMA_QPS_RTS) {
 		struct vre_sent *s = sent_of(qp, qp->sq_head);
-		const struct vre_opcode *op;
 
 		if (psn_diff(psn, last_psn(s)) < 0)
 			break;
-		sq_wqe(qp, qp->sq_head, w);
-		op = vre_opcode(w->hdr.opcode);
-		if (op && (op->flags & OP_READS)) {
-			rewind_to(qp, s->first_psn);
+		if (s->kind != SENT_ACKED) {
 			psn = psn_add(s->first_psn, PSN_MASK);  /* acknowledged: what came before it */
+			if (psn_diff(psn_add(psn, 1), n->una_psn) > 0)
+				n->una_psn = psn_add(psn, 1);
+			ask_again(qp);
 			break;
 		}
-		complete_head(e, d, qp, w, s->len);
+		sq_wqe(qp, qp->sq_head, w);
+		n->una_psn = psn_add(last_psn(s), 1);
+		retire_head(e, d, qp, w, VRDMA_WC_SUCCESS, s->len);
 	}
 	if (psn_diff(psn_add(psn, 1), n->una_psn) > 0) {
 		n->una_psn = psn_add(psn, 1);
@@ -124,49 +181,61 @@ static void ack_upto(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 	arm_timer(e, qp);
 }
 
-/* The WQE a READ response or an atomic acknowledgement at `psn` answers: the head, once everything before `psn` is
- * acknowledged (a response acknowledges what precedes it), if `psn` is the oldest outstanding one; else NULL. */
+/*
+ * The WQE an answer (READ response, atomic acknowledgement) at `psn` is for: the head (copied into the scratch
+ * WQE), of `kind`, holding `psn`, when `psn` is the oldest unanswered PSN; else NULL. An answer that starts a run of responses (`first`: a READ's
+ * first or only response, an atomic acknowledgement) acknowledges everything before it.
+ */
 static struct vre_sent *answered(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn,
-				 uint32_t want_flag)
+				 uint32_t kind, bool first)
 {
 	struct vre_remote *n = qp->net;
-	const struct vre_opcode *op;
 	struct vre_sent *s;
 
-	if (psn_diff(psn, n->una_psn) != 0)
-		return NULL;  /* a duplicate, or one after a lost response: the timer asks again */
 	if (qp->sq_head == n->sq_next)
 		return NULL;
-	ack_upto(e, d, qp, psn_add(psn, PSN_MASK));
-	if (qp->sq_head == n->sq_next || qp->attr.state != VRDMA_QPS_RTS)
+	if (first && psn_diff(psn, n->una_psn) > 0)
+		ack_upto(e, d, qp, psn_add(psn, PSN_MASK));
+	if (psn_diff(psn, n->una_psn) != 0 || qp->sq_head == n->sq_next || qp->attr.state != VRDMA_QPS_RTS)
 		return NULL;
 	s = sent_of(qp, qp->sq_head);
-	sq_wqe(qp, qp->sq_head, &e->scratch.wqe);
-	op = vre_opcode(e->scratch.wqe.hdr.opcode);
-	if (!op || (op->flags & (OP_READS | OP_ATOMIC)) != want_flag || psn_diff(psn, s->first_psn) < 0 ||
-	    psn_diff(psn, last_psn(s)) > 0)
+	if (s->kind != kind || psn_diff(psn, s->first_psn) < 0 || psn_diff(psn, last_psn(s)) > 0)
 		return NULL;
+	sq_wqe(qp, qp->sq_head, &e->scratch.wqe);  /* where its answer goes (checked again by the caller) */
 	return s;
 }
 
 /*
- * A response ahead of the oldest unanswered PSN: what came between was lost. The requester sends again from there at
- * once (as rxe's does), not after its timer: a READ's responses keep coming for a whole message, and each would
- * otherwise be dropped until the timer ran out, a whole message at a time. Once per gap (the timer covers a lost
- * request), and not counted against retry_cnt: the peer answers, and the timer starts again from this answer (a
- * queue of responses sent before the request came again may take longer to drain than the timer's period).
+ * An answer the requester cannot take: ahead of the oldest unanswered PSN, what came between was lost, and the
+ * requester asks again at once (as rxe's does), not after its timer: a READ's responses keep coming for a whole
+ * message, and each would otherwise be dropped until the timer ran out, a whole message at a time. The timer starts
+ * again from this answer: the peer answers (a queue of responses sent before the request came again may take
+ * longer to drain than the timer's period). Behind it: stale, a duplicate.
  */
-static void response_gap(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp)
+static void unexpected_answer(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn)
 {
-	struct vre_remote *n = qp->net;
-
 	d->roce.dropped++;
-	arm_timer(e, qp);
-	if (n->gap_asked && n->gap_psn == n->una_psn)
+	if (psn_diff(psn, qp->net->una_psn) <= 0 || qp->sq_head == qp->net->sq_next ||
+	    qp->attr.state != VRDMA_QPS_RTS)
 		return;
-	n->gap_asked = true;
-	n->gap_psn = n->una_psn;
-	rewind_to(qp, n->una_psn);
+	arm_timer(e, qp);
+	ask_again(qp);
+}
+
+/* Where a READ response may stand in its READ's run of `npkts` responses (k: its place): a first (or only)
+ * response may start at any place, since a READ asked again from its first missing response is answered from
+ * there as a new READ; a last (or only) one ends the READ; a middle one neither. */
+static bool response_fits(uint8_t op, uint32_t k, uint32_t npkts)
+{
+	bool ends = k == npkts - 1;
+
+	switch (op) {
+	case 0x0d: return !ends;   /* first */
+	case 0x0e: return !ends;   /* middle */
+	case 0x0f: return ends;    /* last */
+	case 0x10: return ends;    /* only */
+	default: return false;
+	}
 }
 
 /* A READ response: its data goes to the READ's local SGEs at its place in the message. */
@@ -174,64 +243,59 @@ static void read_response(struct vre_engine *e, struct vre_device *d, struct vre
 			  const struct vre_roce_pkt *pkt, const uint8_t *payload)
 {
 	struct vre_remote *n = qp->net;
-	struct vre_sent *s;
+	uint8_t op = pkt->opcode & 0x1f;
+	struct vre_sent *s = answered(e, d, qp, pkt->psn, SENT_READ, op == 0x0d || op == 0x10);
 	uint32_t k, expect;
 	struct vre_request r;
 	uint64_t off;
 
-	if (psn_diff(pkt->psn, n->una_psn) > 0 && qp->sq_head != n->sq_next) {
-		response_gap(e, d, qp);
-		return;
-	}
-	s = answered(e, d, qp, pkt->psn, OP_READS);
 	if (!s) {
-		d->roce.dropped++;
+		unexpected_answer(e, d, qp, pkt->psn);
 		return;
 	}
 	k = (uint32_t)psn_diff(pkt->psn, s->first_psn);
 	off = (uint64_t)k * n->mtu;
 	expect = s->len - off < n->mtu ? (uint32_t)(s->len - off) : n->mtu;
 	/* first and middle responses carry a whole MTU, the last the rest; an only response all of it */
-	if (pkt->payload_len != expect || ((pkt->opcode & 0x1f) == 0x10) != (s->npkts == 1) ||
-	    ((pkt->opcode & 0x1f) == 0x0f || (pkt->opcode & 0x1f) == 0x10) != (k == s->npkts - 1)) {
+	if (pkt->payload_len != expect || !response_fits(op, k, s->npkts)) {
 		d->roce.dropped++;
 		return;
 	}
-	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS) {
-		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);  /* its memory went away meanwhile */
+	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
+		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);  /* its memory went away, or the guest changed it */
 		return;
 	}
 	copy_at(r.local, r.nlocal, off, (uint8_t *)(uintptr_t)payload, pkt->payload_len, true);
 	n->una_psn = psn_add(pkt->psn, 1);
 	qp->retry_left = qp->attr.retry_cnt;
 	if (k == s->npkts - 1) {
-		n->rd_out -= n->rd_out ? 1 : 0;
 		d->counters.bytes += s->len;
 		qp->counters.bytes += s->len;
-		complete_head(e, d, qp, &e->scratch.wqe, s->len);
+		retire_head(e, d, qp, &e->scratch.wqe, VRDMA_WC_SUCCESS, s->len);
+		return;
 	}
+	if (psn_diff(n->una_psn, n->cur_psn) > 0)
+		rewind_to(qp, n->una_psn);  /* about to ask again for what just came: ask from here */
 	arm_timer(e, qp);
 }
 
 static void atomic_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt)
 {
-	struct vre_sent *s = answered(e, d, qp, pkt->psn, OP_READS | OP_ATOMIC);
+	struct vre_sent *s = answered(e, d, qp, pkt->psn, SENT_ATOMIC, true);
 	uint64_t orig = pkt->orig;
 	struct vre_request r;
 
 	if (!s) {
-		d->roce.dropped++;
+		unexpected_answer(e, d, qp, pkt->psn);
 		return;
 	}
-	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS) {
+	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
 		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);
 		return;
 	}
 	copy_at(r.local, r.nlocal, 0, (uint8_t *)&orig, 8, true);
 	qp->net->una_psn = psn_add(pkt->psn, 1);
-	qp->net->rd_out -= qp->net->rd_out ? 1 : 0;
-	complete_head(e, d, qp, &e->scratch.wqe, 8);
-	arm_timer(e, qp);
+	retire_head(e, d, qp, &e->scratch.wqe, VRDMA_WC_SUCCESS, 8);
 }
 
 #define AETH_SYNDROME(aeth) ((aeth) >> 24)
@@ -276,7 +340,7 @@ VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct v
 			qp->rnr_left--;
 		d->counters.rnr_waits++;
 		qp->counters.rnr_waits++;
-		rewind_to(qp, pkt->psn);
+		rewind_to(qp, n->una_psn);  /* the NAK's PSN, or a READ before it whose answer was lost */
 		qp->rnr_until = e->now + rnr_wait_ns(syndrome & 0x1f);
 		n->deadline = 0;
 		return;
@@ -285,7 +349,7 @@ VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct v
 		if (qp->attr.state != VRDMA_QPS_RTS || qp->sq_head == n->sq_next)
 			return;
 		if ((syndrome & 0x1f) == 0) {  /* a PSN sequence error: the peer lost something; send from there */
-			rewind_to(qp, pkt->psn);
+			rewind_to(qp, n->una_psn);
 			return;
 		}
 		requester_error(e, d, qp, (syndrome & 0x1f) < sizeof(nak_status) ? nak_status[syndrome & 0x1f] :
@@ -323,8 +387,8 @@ static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp
 		qp->counters.send_wqes++;
 		status = op->local(d, qp, &w->hdr);
 		n->sq_next++;
-		n->sq_cur = n->sq_next;
-		complete_send(e, d, qp, &w->hdr, status, 0);
+		cursor_at(qp, n->sq_next, 0);
+		complete_send(e, d, qp, &w->hdr, status, 0);  /* the head: nothing else was started */
 		if (status != VRDMA_WC_SUCCESS)
 			qp_to_error(e, d, qp, 0);
 		return status == VRDMA_WC_SUCCESS;
@@ -336,7 +400,7 @@ static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp
 		d->counters.send_wqes++;
 		qp->counters.send_wqes++;
 		n->sq_next++;
-		n->sq_cur = n->sq_next;
+		cursor_at(qp, n->sq_next, 0);
 		complete_send(e, d, qp, &w->hdr, status, 0);
 		qp_to_error(e, d, qp, 0);
 		return false;
@@ -350,8 +414,9 @@ static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp
 	s->first_psn = n->next_psn;
 	s->npkts = (r.op->flags & OP_ATOMIC) ? 1 : packets_for(r.len, n->mtu);
 	s->len = (uint32_t)r.len;
+	s->kind = (r.op->flags & OP_ATOMIC) ? SENT_ATOMIC : (r.op->flags & OP_READS) ? SENT_READ : SENT_ACKED;
 	n->next_psn = psn_add(n->next_psn, s->npkts);
-	n->sq_next++;
+	n->sq_next++;  /* the cursor, at the old sq_next from cur_psn == its first PSN, is on it now */
 	d->counters.send_wqes++;
 	qp->counters.send_wqes++;
 	return true;
@@ -422,7 +487,6 @@ static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_
 			n->sent_psn = psn_add(n->cur_psn, 1);
 		(*budget)--;
 		if (r.op->flags & OP_READS) {
-			n->rd_out++;
 			n->cur_psn = psn_add(s->first_psn, s->npkts);
 		} else {
 			n->cur_psn = psn_add(n->cur_psn, 1);
@@ -432,15 +496,13 @@ static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_
 	}
 	if (psn_diff(n->cur_psn, last_psn(s)) <= 0)
 		return true;  /* out of budget inside the message */
-	n->sq_cur++;
-	if (uc) {  /* nothing comes back: done when sent */
+	cursor_past(qp);
+	if (uc) {  /* nothing comes back: done when sent (it is the head) */
 		d->counters.bytes += s->len;
 		qp->counters.bytes += s->len;
-		complete_head(e, d, qp, w, s->len);
-		n->una_psn = n->cur_psn;
+		n->una_psn = psn_add(last_psn(s), 1);
+		retire_head(e, d, qp, w, VRDMA_WC_SUCCESS, s->len);
 	}
-	if (n->sq_cur != n->sq_next)
-		n->cur_psn = sent_of(qp, n->sq_cur)->first_psn;
 	return true;
 }
 
@@ -475,5 +537,10 @@ VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct v
 		if (!send_packets(e, d, qp, &left))
 			break;
 	}
+	/* What is started and unanswered has a deadline, also when nothing could be sent (the ring was full as an
+	 * RNR wait ended): the timer's expiry is what makes a silent peer an error. */
+	if (!(qp->cfg.flags & VRE_QP_UC) && qp->attr.state == VRDMA_QPS_RTS && qp->sq_head != n->sq_next &&
+	    !n->deadline && !qp->rnr_until)
+		arm_timer(e, qp);
 	return budget - left;
 }

@@ -58,19 +58,53 @@ static void send_response(struct vre_engine *e, struct vre_device *d, struct vre
 		e->net.tx_dropped++;
 }
 
-/* An ACK or NAK (syndrome) for `psn`. */
-static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
+/* Whether READ responses or atomic acknowledgements are still to be sent. */
+static bool answers_owed(const struct vre_remote *n)
+{
+	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
+		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
+
+		if (job->sent < job->npkts)
+			return true;
+	}
+	return false;
+}
+
+static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t aeth, uint32_t psn)
 {
 	struct vre_roce_pkt pkt = { .opcode = 0x11, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
-				    .aeth = (uint32_t)syndrome << 24 | (qp->net->msn & PSN_MASK) };
+				    .aeth = aeth };
 
 	send_response(e, d, qp, &pkt);
 }
 
-/* The request breaks the rules or the keys: NAK it and go to the error state (an event for the guest). */
+/*
+ * An ACK or NAK (syndrome) for `psn`, in PSN order: behind the answers still owed to earlier READs and atomics it
+ * waits, and responder_poll sends it after them (each says everything before it was taken, so the newest one
+ * waiting stands for all).
+ */
+static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
+{
+	struct vre_remote *n = qp->net;
+	uint32_t aeth = (uint32_t)syndrome << 24 | (n->msn & PSN_MASK);
+
+	if (answers_owed(n)) {
+		n->ack_owed = true;
+		n->ack_psn = psn;
+		n->ack_aeth = aeth;
+		return;
+	}
+	send_ack(e, d, qp, aeth, psn);
+}
+
+/* The request breaks the rules or the keys: NAK it and go to the error state (an event for the guest). What was
+ * owed is not sent: a QP in error answers nothing more. */
 static void refuse(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t nak, uint32_t event)
 {
-	acknowledge(e, d, qp, nak, qp->net->epsn);
+	struct vre_remote *n = qp->net;
+
+	n->ack_owed = false;
+	send_ack(e, d, qp, (uint32_t)nak << 24 | (n->msn & PSN_MASK), n->epsn);
 	qp_to_error(e, d, qp, event);
 }
 
@@ -273,12 +307,14 @@ static struct vre_rd_job *new_job(struct vre_qp *qp)
 	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
 		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
 
-		busy += !job->atomic && job->sent < job->npkts;
+		busy += job->sent < job->npkts;
 	}
 	if (busy >= limit)
 		return NULL;
+	/* Answers go in order, so an owed job has only owed jobs after it: with busy < limit <= VRE_MAX_RD, the
+	 * oldest of a full ring is answered, kept only to answer a duplicate. */
 	if (n->rd_tail - n->rd_head == VRE_MAX_RD)
-		n->rd_head++;  /* forget the oldest: answered (busy < limit <= VRE_MAX_RD) */
+		n->rd_head++;
 	return &n->rd[n->rd_tail++ % VRE_MAX_RD];
 }
 
@@ -307,13 +343,18 @@ static void read_request(struct vre_engine *e, struct vre_device *d, struct vre_
 	responder_poll(e, d, qp, VRE_TX_RING);
 }
 
-static void atomic_answer(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn, uint64_t orig)
+/* An atomic's acknowledgement (its original value), if the ring has room: false when it had none. */
+static bool atomic_answer(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rd_job *job)
 {
-	struct vre_roce_pkt pkt = { .opcode = 0x12, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
+	struct vre_roce_pkt pkt = { .opcode = 0x12, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = job->psn,
 				    .aeth = (uint32_t)AETH_ACK_UNLIMITED << 24 | (qp->net->msn & PSN_MASK),
-				    .orig = orig };
+				    .orig = job->orig };
+	struct vre_tx_pkt *slot = tx_slot(e, false);
 
-	send_response(e, d, qp, &pkt);
+	if (!slot)
+		return false;
+	tx_queue(e, d, &qp->net->addr, slot, &pkt, 0);
+	return true;
 }
 
 static void atomic_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
@@ -341,10 +382,10 @@ static void atomic_request(struct vre_engine *e, struct vre_device *d, struct vr
 	} else {
 		orig = __atomic_fetch_add(target, pkt->swap_add, __ATOMIC_SEQ_CST);
 	}
-	*job = (struct vre_rd_job){ .psn = pkt->psn, .npkts = 1, .sent = 1, .atomic = true, .orig = orig };
+	*job = (struct vre_rd_job){ .psn = pkt->psn, .npkts = 1, .atomic = true, .orig = orig };
 	n->epsn = psn_add(n->epsn, 1);
 	n->msn++;
-	atomic_answer(e, d, qp, pkt->psn, orig);
+	responder_poll(e, d, qp, VRE_TX_RING);  /* its answer, after those owed before it */
 }
 
 /* A request behind the expected PSN: answered again, never run twice. */
@@ -365,18 +406,25 @@ static void duplicate(struct vre_engine *e, struct vre_device *d, struct vre_qp 
 
 		if (psn_diff(pkt->psn, job->psn) < 0 || psn_diff(pkt->psn, job->psn) >= (int32_t)job->npkts)
 			continue;
+		uint32_t npkts = pkt->dma_len ? DIV_ROUND_UP(pkt->dma_len, n->mtu) : 1;
+
 		if (kind == REQ_ATOMIC && job->atomic && job->psn == pkt->psn) {
-			atomic_answer(e, d, qp, job->psn, job->orig);
+			job->sent = 0;  /* the kept answer, again */
+			responder_poll(e, d, qp, VRE_TX_RING);
 		} else if (kind == REQ_READ && !job->atomic && pkt->rkey == job->rkey &&
+			   psn_diff(psn_add(pkt->psn, npkts), psn_add(job->psn, job->npkts)) <= 0 &&
 			   (!pkt->dma_len || remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, pkt->dma_len,
 						       VRDMA_ACCESS_REMOTE_READ, &off))) {
-			/* Asked again from `psn` on: the responses from there, for what the request now names. */
+			/* Asked again from `psn` on: the responses from there, for what the request now names, within
+			 * the PSNs the READ took (past them are other requests' PSNs). */
 			job->psn = pkt->psn;
 			job->va = pkt->va;
 			job->len = pkt->dma_len;
-			job->npkts = pkt->dma_len ? DIV_ROUND_UP(pkt->dma_len, n->mtu) : 1;
+			job->npkts = npkts;
 			job->sent = 0;
 			responder_poll(e, d, qp, VRE_TX_RING);
+		} else {
+			d->roce.dropped++;  /* names another request than the one that took its PSN */
 		}
 		return;
 	}
@@ -437,7 +485,8 @@ VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vr
 		acknowledge(e, d, qp, AETH_ACK_UNLIMITED, pkt->psn);
 }
 
-/* READ responses owed, in order, while the ring has room: each packet's data read from the MR as it goes. */
+/* The answers owed to READs and atomics, in order, while the ring has room (each READ response's data read from
+ * the MR as it goes); then the ACK or NAK that waited for them. */
 VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
 	struct vre_remote *n = qp->net;
@@ -449,7 +498,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 	for (uint32_t i = n->rd_head; i != n->rd_tail && done < budget; i++) {
 		struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
 
-		while (!job->atomic && job->sent < job->npkts && done < budget) {
+		while (job->sent < job->npkts && done < budget) {
 			uint64_t off = (uint64_t)job->sent * n->mtu, moff = 0;
 			uint32_t plen = job->len - off < n->mtu ? (uint32_t)(job->len - off) : n->mtu;
 			struct vre_roce_pkt pkt = { .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn,
@@ -458,11 +507,19 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 			struct vre_tx_pkt *slot;
 			struct vre_mr *mr = NULL;
 
+			if (job->atomic) {
+				if (!atomic_answer(e, d, qp, job))
+					return done;
+				job->sent = job->npkts;
+				done++;
+				continue;
+			}
 			if (plen && !(mr = remote_mr(d, qp, rx.pd, job->rkey, job->va + off, plen,
 						    VRDMA_ACCESS_REMOTE_READ, &moff))) {
 				/* The MR went away (or lost its rights) while the READ was answered. */
 				job->sent = job->npkts;
-				acknowledge(e, d, qp, NAK_ACCESS, pkt.psn);
+				n->ack_owed = false;
+				send_ack(e, d, qp, (uint32_t)NAK_ACCESS << 24 | (n->msn & PSN_MASK), pkt.psn);
 				qp_to_error(e, d, qp, VRDMA_EVENT_QP_ACCESS_ERR);
 				return done;
 			}
@@ -482,6 +539,11 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 			job->sent++;
 			done++;
 		}
+	}
+	if (n->ack_owed && done < budget && !answers_owed(n) && tx_slot(e, false)) {
+		n->ack_owed = false;
+		send_ack(e, d, qp, n->ack_aeth, n->ack_psn);
+		done++;
 	}
 	return done;
 }

@@ -121,18 +121,24 @@ struct vre_tx_pkt {
 	uint8_t data[VRE_PKT_ROOM];
 };
 
+/* What answers a started send WQE (struct vre_sent.kind): an ACK covering its last PSN, its READ responses, or
+ * an atomic acknowledgement. Kept by the engine when the WQE starts: never read again from guest memory, which the
+ * guest may have changed since. */
+enum sent_kind { SENT_ACKED, SENT_READ, SENT_ATOMIC };
+
 /* A send WQE the requester has started: the PSNs it takes (a READ: its responses'; an atomic: one). */
 struct vre_sent {
 	uint32_t first_psn;
 	uint32_t npkts;
 	uint32_t len;             /* its message length (what its completion reports) */
+	uint32_t kind;            /* enum sent_kind */
 };
 
 /* A READ the responder owes responses to, or an atomic it answered (kept to answer a duplicate the same way). */
 struct vre_rd_job {
 	uint32_t psn;             /* its first PSN */
 	uint32_t npkts;           /* PSNs it takes */
-	uint32_t sent;            /* READ: response packets sent so far (npkts: done) */
+	uint32_t sent;            /* response packets sent so far (npkts: done; an atomic's is one) */
 	uint32_t rkey;
 	uint64_t va;
 	uint32_t len;
@@ -152,7 +158,8 @@ struct vre_remote {
 	uint32_t sent_psn;           /* one past the highest PSN sent (a packet below it is a retransmission) */
 	uint32_t gap_psn;            /* the una_psn a response ahead of it made the requester send again from ... */
 	bool gap_asked;              /* ... once per gap, as a responder NAKs once per gap */
-	uint32_t rd_out;             /* READs and atomics among [sq_head, sq_cur) not answered yet */
+	uint32_t rd_out;             /* READs and atomics in [sq_head, sq_cur): asked, not answered (cursor_at and
+				      * retire_head keep it; net_check holds them to it) */
 	int64_t deadline;            /* retransmission timer (CLOCK_MONOTONIC ns), 0: stopped */
 	uint32_t since_ackreq;       /* packets sent since the last that asked for an acknowledgement */
 	struct vre_sent *sent;       /* sq_depth entries, by ring slot */
@@ -166,6 +173,9 @@ struct vre_remote {
 	uint64_t wr_va;
 	uint32_t wr_rkey;
 	uint32_t wr_len;
+	bool ack_owed;               /* an ACK or NAK waits for the responses owed before it (responses go out in
+				      * PSN order: an ACK overtaking them would tell the requester they were lost) */
+	uint32_t ack_psn, ack_aeth;
 	struct vre_rd_job rd[VRE_MAX_RD];   /* a ring: [rd_head, rd_tail) */
 	uint32_t rd_head, rd_tail;
 	struct recv_wqe *rwqe;
@@ -533,6 +543,8 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
 				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off);
 VRE_FN struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid);
+/* The transport state's invariants (net.c): NULL, or the first one a QP breaks. */
+VRE_FN const char *net_check(const struct vre_qp *qp);
 VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget);
 VRE_FN void sock_send(struct vre_engine *e);
 

@@ -185,7 +185,9 @@ class LocalHost:
 
     def deliver(self, packet: Packet) -> int:
         """Give the engine one packet as if it had arrived: 0, or the negative reason it was refused."""
-        return self.engine.roce_input(packet.data, packet.src, packet.dst)
+        reason = self.engine.roce_input(packet.data, packet.src, packet.dst)
+        self.engine.check()
+        return reason
 
     def roce(self) -> dict[str, int]:
         return self.engine.roce_counters(0)
@@ -245,10 +247,13 @@ class Wire:
         return next((h for h in self.hosts if h.gid == gid), None)
 
     def collect(self) -> list[Packet]:
-        """Poll every host once and take what each sent (not delivered yet)."""
+        """Poll every host once and take what each sent (not delivered yet); every QP's transport state is held to
+        its invariants before and after."""
         out: list[Packet] = []
         for host in self.hosts:
+            host.engine.check()
             host.poll()
+            host.engine.check()
             out += host.sent()
         self.log += out
         return out
