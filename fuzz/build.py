@@ -1,9 +1,11 @@
-"""Build the data engine's libFuzzer harness: build/fuzz/engine_fuzz, from fuzz/engine/*.c (engine_fuzz.c and its
-helpers) and the engine's own C files (backend/vrdma/engine/*.c), with Debian's clang, libFuzzer,
-AddressSanitizer and UndefinedBehaviorSanitizer.
+"""Build the data engine's libFuzzer harnesses with Debian's clang, libFuzzer, AddressSanitizer and
+UndefinedBehaviorSanitizer: build/fuzz/engine_fuzz from fuzz/engine/*.c (rings, WQEs, page lists, doorbells) and
+build/fuzz/roce_fuzz from fuzz/roce/*.c (the RoCE transport's state between two hosts), each with the engine's own
+C files (backend/vrdma/engine/*.c).
 
-Rebuilt only when an input (the sources, the headers, the flags) changed. ``python -m fuzz.build``;
-``python -m fuzz.build --coverage`` reports the line and branch coverage of the engine's files by the corpus.
+Rebuilt only when an input (the sources, the headers, the flags) changed. ``python -m fuzz.build`` builds both;
+``python -m fuzz.build --coverage [engine|roce]`` reports the line and branch coverage of the engine's files by
+that harness's corpus.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "backend" / "vrdma" / "engine"
 ABI = ROOT / "guest-driver" / "include"  # the device API header, vrdma_dev_api.h
-HARNESS_DIR = ROOT / "fuzz" / "engine"
+# The native harnesses: each a folder of C files with one LLVMFuzzerTestOneInput, linked with the engine's files.
+HARNESSES = {"engine": ROOT / "fuzz" / "engine", "roce": ROOT / "fuzz" / "roce"}
+HARNESS_DIR = HARNESSES["engine"]
 OUT = ROOT / "build" / "fuzz" / "engine_fuzz"
+ROCE_OUT = ROOT / "build" / "fuzz" / "roce_fuzz"
 # UBSan's checks abort (no recovery): a report must end the run and leave the input behind. Warnings are errors in
 # the harness as in the engine.
+# VRE_CHECK_INVARIANTS: the engine holds its RoCE state to its invariants after every poll and packet (net.c).
 FLAGS = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=fuzzer,address,undefined",
-         "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror", f"-I{ENGINE}", f"-I{ABI}"]
+         "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror", "-DVRE_CHECK_INVARIANTS", f"-I{ENGINE}",
+         f"-I{ABI}"]
 COMPILERS = ("clang-14", "clang")
 
 
@@ -42,44 +49,56 @@ def engine_sources() -> list[Path]:
     return sorted(ENGINE.glob("*.c"))
 
 
-def harness_sources() -> list[Path]:
-    """The harness: engine_fuzz.c (what it does), vm.c and objects.c (its fake VMs and object operations)."""
-    return sorted(HARNESS_DIR.glob("*.c"))
+def harness_sources(name: str = "engine") -> list[Path]:
+    """A harness's C files: engine_fuzz.c (what it does), vm.c and objects.c (its fake VMs and object operations);
+    roce_fuzz.c (two hosts and the network between them)."""
+    return sorted(HARNESSES[name].glob("*.c"))
+
+
+def fuzzer(name: str) -> Path:
+    """build/fuzz/<name>_fuzz, rebuilt when a source, a header or a flag changed."""
+    cc = compiler()
+    out = OUT.with_name(f"{name}_fuzz")
+    sources = [*harness_sources(name), *engine_sources()]
+    digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
+    for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESSES[name].glob("*.h")),
+                 ABI / "vrdma_dev_api.h"]:
+        digest.update(path.read_bytes())
+    key = digest.hexdigest()[:16]
+    stamp = out.with_suffix(".stamp")
+    if out.exists() and stamp.exists() and stamp.read_text().strip() == key:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run([cc, *FLAGS, *map(str, sources), "-lz", "-o", str(out)], check=False,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"building {out.name} failed:\n{result.stderr}")
+    stamp.write_text(key + "\n")
+    print(f"built {out.relative_to(ROOT)}")
+    return out
 
 
 def engine_fuzzer() -> Path:
-    cc = compiler()
-    sources = [*harness_sources(), *engine_sources()]
-    digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
-    for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESS_DIR.glob("*.h")), ABI / "vrdma_dev_api.h"]:
-        digest.update(path.read_bytes())
-    key = digest.hexdigest()[:16]
-    stamp = OUT.with_suffix(".stamp")
-    if OUT.exists() and stamp.exists() and stamp.read_text().strip() == key:
-        return OUT
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([cc, *FLAGS, *map(str, sources), "-lz", "-o", str(OUT)], check=False,
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"building {OUT.name} failed:\n{result.stderr}")
-    stamp.write_text(key + "\n")
-    print(f"built {OUT.relative_to(ROOT)}")
-    return OUT
+    return fuzzer("engine")
 
 
-def engine_coverage(corpora: list[Path]) -> str:
-    """Line and branch coverage of the engine by the inputs in ``corpora`` (llvm-cov's report): the harness built
-    again with clang's source-based coverage, without sanitizers, run once over every input."""
+def roce_fuzzer() -> Path:
+    return fuzzer("roce")
+
+
+def engine_coverage(corpora: list[Path], name: str = "engine") -> str:
+    """Line and branch coverage of the engine by the inputs in ``corpora`` (llvm-cov's report): harness ``name``
+    built again with clang's source-based coverage, without sanitizers, run once over every input."""
     cc = compiler()
-    tools = {name: shutil.which(f"{name}-14") or shutil.which(name) for name in ("llvm-profdata", "llvm-cov")}
+    tools = {tool: shutil.which(f"{tool}-14") or shutil.which(tool) for tool in ("llvm-profdata", "llvm-cov")}
     if not all(tools.values()):
         raise BuildError("llvm-profdata and llvm-cov are needed: `make deps` installs llvm-14")
-    binary = OUT.with_name("engine_cov")
-    profile = OUT.with_name("engine_cov.profraw")
-    merged = OUT.with_name("engine_cov.profdata")
+    binary = OUT.with_name(f"{name}_cov")
+    profile = OUT.with_name(f"{name}_cov.profraw")
+    merged = OUT.with_name(f"{name}_cov.profdata")
     flags = ["-g", "-O0", "-fsanitize=fuzzer", "-fprofile-instr-generate", "-fcoverage-mapping", f"-I{ENGINE}",
              f"-I{ABI}"]
-    subprocess.run([cc, *flags, *map(str, harness_sources()), *map(str, engine_sources()), "-lz", "-o",
+    subprocess.run([cc, *flags, *map(str, harness_sources(name)), *map(str, engine_sources()), "-lz", "-o",
                     str(binary)], check=True)
     subprocess.run([str(binary), "-runs=0", *map(str, corpora)], env={"LLVM_PROFILE_FILE": str(profile)},
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -91,10 +110,12 @@ def engine_coverage(corpora: list[Path]) -> str:
 if __name__ == "__main__":
     try:
         if sys.argv[1:2] == ["--coverage"]:
-            engine_fuzzer()
-            corpora = [d for d in (ROOT / "fuzz" / "corpus" / "engine", OUT.parent / "corpus" / "engine") if d.is_dir()]
-            print(engine_coverage(corpora))
+            name = sys.argv[2] if len(sys.argv) > 2 else "engine"
+            fuzzer(name)
+            corpora = [d for d in (ROOT / "fuzz" / "corpus" / name, OUT.parent / "corpus" / name) if d.is_dir()]
+            print(engine_coverage(corpora, name))
         else:
-            engine_fuzzer()
+            for harness in HARNESSES:
+                fuzzer(harness)
     except BuildError as err:
         sys.exit(str(err))

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASHES = ROOT / "fuzz" / "crashes"
-FUZZERS = {"engine": None, "vhost_user": "fuzz.vhost_user_fuzz", "commands": "fuzz.commands_fuzz"}
+FUZZERS = {"engine": None, "roce": None, "vhost_user": "fuzz.vhost_user_fuzz", "commands": "fuzz.commands_fuzz"}
 
 pytestmark = pytest.mark.fuzz
 
@@ -48,11 +48,11 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.parametrize(("interface", "path"), _findings())
 def test_finding_replays_clean(interface: str, path: Path) -> None:
-    if interface == "engine":
+    if FUZZERS[interface] is None:  # a native harness (fuzz/build.py)
         sys.path.insert(0, str(ROOT))
         from fuzz import build
 
-        command = [str(build.engine_fuzzer())]
+        command = [str(build.fuzzer(interface))]
     else:
         command = [sys.executable, "-m", str(FUZZERS[interface])]
     # Given files (not directories), libFuzzer runs each once and exits: status 0 when none fails.

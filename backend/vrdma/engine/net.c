@@ -10,6 +10,7 @@
  * it: acknowledgements, READ responses), rresp.c its responder (the requests). The sockets are sockio.c's.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,7 +171,7 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 	if (old_state < VRDMA_QPS_RTR) {
 		n->epsn = qp->attr.rq_psn & PSN_MASK;
 		n->msn = 0;
-		n->nak_sent = n->in_send = n->in_write = n->ack_owed = false;
+		n->nak_sent = n->in_send = n->in_write = n->ack_owed = n->rwqe_held = false;
 		n->rd_head = n->rd_tail = 0;
 	}
 	if (state == VRDMA_QPS_RTS && old_state < VRDMA_QPS_RTS) {
@@ -180,6 +181,8 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 		n->deadline = 0;
 		n->gap_asked = false;
 	}
+	if (state != VRDMA_QPS_RTS)
+		n->deadline = 0;  /* only a requester in RTS sends, and so times out */
 	return 0;
 }
 
@@ -231,8 +234,8 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 	}
 	if (n->ack_owed && !owed && qp->attr.state != VRDMA_QPS_ERR)
 		return "an ACK waits for answers that are not owed";
-	if (qp->attr.state != VRDMA_QPS_RTS)
-		return NULL;  /* the requester's state counts from RTS (net_qp_update) */
+	if (qp->attr.state != VRDMA_QPS_RTS)  /* the requester's state counts from RTS (net_qp_update) */
+		return n->deadline ? "a retransmission timer on a QP that sends nothing" : NULL;
 	started = n->sq_next - qp->sq_head;
 	cursor = n->sq_cur - qp->sq_head;
 	if (started > depth || cursor > started)
@@ -265,11 +268,27 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 		if (!n->deadline && !qp->rnr_until)
 			return "unanswered work without a deadline";
 	}
+	if (n->deadline && qp->rnr_until)
+		return "a retransmission timer during an RNR wait (due, it would not run before the wait ends)";
 	if (!started && n->una_psn != n->next_psn && !(qp->cfg.flags & VRE_QP_UC))
 		return "everything answered, but una_psn is not next_psn";
 	if (started && psn_diff(n->cur_psn, n->una_psn) < 0)
 		return "the cursor is behind the oldest unanswered PSN";
 	return NULL;
+}
+
+/* The fuzz and sanitizer builds (-DVRE_CHECK_INVARIANTS) check the invariants after every poll and every packet
+ * and abort on the first broken one, naming it: a state that went wrong is caught where it went wrong. */
+VRE_FN void net_assert(struct vre_engine *e)
+{
+#ifdef VRE_CHECK_INVARIANTS
+	if (vre_check(e)) {
+		fprintf(stderr, "vrdma engine: invariant broken: %s\n", e->error);
+		abort();
+	}
+#else
+	(void)e;
+#endif
 }
 
 int vre_check(struct vre_engine *e)
@@ -296,7 +315,17 @@ static bool is_response(uint8_t opcode)
 	return op >= 0x0d && op <= 0x12;
 }
 
+static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);
+
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
+{
+	int ret = roce_input(e, udp_payload, len, addr);
+
+	net_assert(e);
+	return ret;
+}
+
+static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
 {
 	struct vre_roce_pkt pkt;
 	struct vre_device *d;

@@ -24,6 +24,7 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 	}
 	if (e->tx_tail != e->tx_head)
 		sock_send(e);
+	net_assert(e);
 	return work;
 }
 

@@ -41,6 +41,8 @@ VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_q
 		return;
 	qp->attr.state = VRDMA_QPS_ERR;
 	qp->rnr_until = 0;
+	if (qp->net)
+		qp->net->deadline = 0;  /* it sends nothing more: no timer (the loop would wake for it in vain) */
 	if (event) {
 		vre_post_event(e, dev_index(e, d), event, qp->cfg.handle, 0);
 		if (event == VRDMA_EVENT_QP_FATAL)

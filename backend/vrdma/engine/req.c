@@ -250,7 +250,9 @@ VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 			break;
 		}
 	}
-	if (qp->attr.state == VRDMA_QPS_ERR && n < budget)
+	if (qp->attr.state == VRDMA_QPS_ERR && n < budget) {
+		responder_flush(e, d, qp);
 		n += flush_recv(e, d, qp, budget - n);
+	}
 	return n;
 }

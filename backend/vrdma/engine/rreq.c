@@ -85,9 +85,12 @@ static void cursor_past(struct vre_qp *qp)
 	n->cur_psn = n->sq_cur == n->sq_next ? n->next_psn : sent_of(qp, n->sq_cur)->first_psn;
 }
 
+/* The retransmission timer: running while anything started is unanswered, but not during an RNR wait (qp_poll
+ * does nothing for the QP until the wait ends, so a timer due before then would be due and never run: the loop
+ * that sleeps until the next deadline would spin); remote_poll starts it again when the wait is over. */
 static void arm_timer(struct vre_engine *e, struct vre_qp *qp)
 {
-	qp->net->deadline = qp->sq_head == qp->net->sq_next ? 0 : e->now + retry_wait_ns(qp);
+	qp->net->deadline = qp->sq_head == qp->net->sq_next || qp->rnr_until ? 0 : e->now + retry_wait_ns(qp);
 }
 
 /* The oldest WQE is done: completed with `status` (and `len`, its message length, on success). */
@@ -364,8 +367,8 @@ VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct v
 
 /*
  * Start the next WQE of the queue: give it its PSNs. Local operations, and WQEs that fail their own checks, wait
- * until everything before them is acknowledged (completions stay in order), then run or fail here. False: nothing
- * to start now.
+ * until everything before them is acknowledged (completions stay in order), then run or fail here (the cursor
+ * stays at sq_next: remote_poll counts it as work done). False: nothing to start now.
  */
 static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t prod)
 {
@@ -391,7 +394,7 @@ static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp
 		complete_send(e, d, qp, &w->hdr, status, 0);  /* the head: nothing else was started */
 		if (status != VRDMA_WC_SUCCESS)
 			qp_to_error(e, d, qp, 0);
-		return status == VRDMA_WC_SUCCESS;
+		return true;
 	}
 	status = local_of(e, d, qp, w, &r);
 	if (status != VRDMA_WC_SUCCESS) {
@@ -403,7 +406,7 @@ static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp
 		cursor_at(qp, n->sq_next, 0);
 		complete_send(e, d, qp, &w->hdr, status, 0);
 		qp_to_error(e, d, qp, 0);
-		return false;
+		return true;
 	}
 	if ((r.op->flags & OP_READS) &&
 	    (n->rd_out >= (qp->attr.max_rd_atomic ? qp->attr.max_rd_atomic : 1) || qp->cfg.flags & VRE_QP_UC))
@@ -530,7 +533,7 @@ VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct v
 	while (left && qp->attr.state == VRDMA_QPS_RTS) {
 		if (n->sq_cur == n->sq_next && !start_next(e, d, qp, prod))
 			break;
-		if (n->sq_cur == n->sq_next) {  /* a local operation ran */
+		if (n->sq_cur == n->sq_next) {  /* a local operation ran, or a WQE failed its checks */
 			left--;
 			continue;
 		}

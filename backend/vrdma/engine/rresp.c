@@ -108,22 +108,32 @@ static void refuse(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp
 	qp_to_error(e, d, qp, event);
 }
 
+/* The held receive (n->rwqe) completes: it is the guest's again. */
 static void complete_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
 			  struct vrdma_cqe *cqe, bool solicited)
 {
+	qp->net->rwqe_held = false;
 	cq_push(e, d, rx->cq, cqe, solicited);
 	if (cqe->status != VRDMA_WC_SUCCESS)
 		qp->counters.error_cqes++;
 }
 
-/* The receive a SEND (or a WRITE with immediate) lands in: taken at its first (or only, or last) packet. */
+/*
+ * The receive a SEND (or a WRITE with immediate) lands in: taken at its first (or only, or last) packet, and held
+ * until the message completes it. A message that does not finish leaves it held: the next message takes the same
+ * receive (UC, whose lost messages consume nothing), or the QP's error flushes it first (responder_flush), so
+ * that no receive is ever taken and not completed.
+ */
 static bool take_receive(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rx *rx,
 			 bool uc)
 {
 	uint32_t max_sge = 0;
 
+	if (qp->net->rwqe_held)
+		return true;
 	switch (take_recv(e, d, qp, rx, qp->net->rwqe, &max_sge)) {
 	case TAKE_OK:
+		qp->net->rwqe_held = true;
 		if (qp->net->rwqe->hdr.num_sge <= max_sge)
 			return true;
 		qp->net->rwqe->hdr.num_sge = 0;
@@ -546,4 +556,20 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 		done++;
 	}
 	return done;
+}
+
+/* A QP in error: the receive it held for a message that did not finish completes first, flushed (its queue's
+ * other receives are flushed after it, in order). */
+VRE_FN void responder_flush(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp)
+{
+	struct vre_rx rx;
+
+	if (!qp->net || !qp->net->rwqe_held || !rx_of(d, qp, 0, &rx))
+		return;
+	struct vrdma_cqe cqe = { .wr_id = qp->net->rwqe->hdr.wr_id, .status = VRDMA_WC_WR_FLUSH_ERR,
+				 .opcode = VRDMA_WC_OP_RECV, .qp_num = qp->cfg.qpn };
+
+	complete_recv(e, d, qp, &rx, &cqe, false);
+	d->counters.flushed++;
+	qp->counters.flushed++;
 }

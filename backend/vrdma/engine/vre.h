@@ -178,7 +178,8 @@ struct vre_remote {
 	uint32_t ack_psn, ack_aeth;
 	struct vre_rd_job rd[VRE_MAX_RD];   /* a ring: [rd_head, rd_tail) */
 	uint32_t rd_head, rd_tail;
-	struct recv_wqe *rwqe;
+	struct recv_wqe *rwqe;       /* the receive a SEND (or WRITE with immediate) lands in, while rwqe_held */
+	bool rwqe_held;
 };
 
 #define VRE_NOT_ACTIVE UINT32_MAX
@@ -540,11 +541,14 @@ VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct v
 VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
 			   const struct vre_roce_pkt *pkt, const uint8_t *payload);
 VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+VRE_FN void responder_flush(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp);
 VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
 				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off);
 VRE_FN struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid);
 /* The transport state's invariants (net.c): NULL, or the first one a QP breaks. */
 VRE_FN const char *net_check(const struct vre_qp *qp);
+/* With VRE_CHECK_INVARIANTS (the fuzz and sanitizer builds): vre_check, and abort naming what broke. */
+VRE_FN void net_assert(struct vre_engine *e);
 VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget);
 VRE_FN void sock_send(struct vre_engine *e);
 

@@ -242,17 +242,19 @@ class Wire:
         self.hosts = list(hosts)
         self.policy = policy
         self.log: list[Packet] = []
+        self.work = 0
 
     def host_of(self, gid: bytes) -> LocalHost | None:
         return next((h for h in self.hosts if h.gid == gid), None)
 
     def collect(self) -> list[Packet]:
         """Poll every host once and take what each sent (not delivered yet); every QP's transport state is held to
-        its invariants before and after."""
+        its invariants before and after. ``work`` is what the engines did (WQEs, packets, flushes)."""
         out: list[Packet] = []
+        self.work = 0
         for host in self.hosts:
             host.engine.check()
-            host.poll()
+            self.work += host.poll()
             host.engine.check()
             out += host.sent()
         self.log += out
@@ -265,11 +267,11 @@ class Wire:
                 host.deliver(packet)
 
     def step(self) -> int:
-        """One round: poll, take, apply the policy, deliver. The packets that went out."""
+        """One round: poll, take, apply the policy, deliver. What happened: packets sent and work done."""
         sent = self.collect()
         for packet in sent:
             self.deliver(self.policy(packet) if self.policy else [packet])
-        return len(sent)
+        return len(sent) + self.work
 
     def advance(self, ns: int) -> None:
         """Move every host's clock forward by ``ns``."""
