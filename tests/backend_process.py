@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -252,6 +252,7 @@ class Vm:
     name: str
     fe: Frontend
     verbs: SimVerbs
+    log: Path | None = field(default=None, kw_only=True)  # its backend's log (why the device refused a command)
 
     def call(self, name: str, request: str, response: str = "vrdma_resp_hdr", **fields: Any) -> Any:
         return self.verbs.call(f"VRDMA_CMD_{name}", request, response, **fields)
@@ -269,7 +270,7 @@ def connected_vm(backend: BackendProcess, name: str) -> Iterator[Vm]:
     closed = backend.connection(name)["closed"]
     with backend.frontend(name) as fe:
         fe.start()
-        yield Vm(name, fe, SimVerbs(fe, backend.directory / f"{name}.doorbell"))
+        yield Vm(name, fe, SimVerbs(fe, backend.directory / f"{name}.doorbell"), log=backend.log)
     backend.wait_for_closed(name, closed + 1)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from backend_process import BackendProcess, connect_sides, query_device, start_side, two_vms
 from backend_process import SimSide as Side
+from polling import wait_until
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend, FrontendError
@@ -220,7 +221,9 @@ def test_receiver_not_ready(backend: BackendProcess) -> None:
         b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], rnr_retry=7)
         # rnr_retry 7: the send waits until the receive is posted.
         b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
-        time.sleep(0.05)
+        # The engine tried, found no receive, and tried again: the send is waiting, not lost and not failed.
+        wait_until("the send to meet no receive twice",
+                   lambda: backend.counters("vm1")["engine"]["rnr_waits"] >= 2, timeout=10, interval=0.005)
         assert b.verbs.poll_cq(b.cq) == []
         a.verbs.post_recv(a.qp, [(a.mr.addr, 16, a.mr.lkey)], wr_id=2)
         assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]

@@ -98,9 +98,18 @@ def test_a_bound_window_reaches_its_range_of_the_mr_and_nothing_else(pair: tuple
     assert a.verbs.memory.read(start, WINDOW[1]) == data
     assert write(b, start + 10, rkey, b"x" * 100, "RDMA_READ") == WC["SUCCESS"]
     assert b.verbs.memory.read(b.mr.addr, 100) == data[10:110]
-    # A byte before the window, past its end: the MR has them, the window does not.
+    # A byte before the window, a byte past its end: the MR has them, the window does not.
     assert write(b, start - 1, rkey, b"before") == WC["REM_ACCESS_ERR"]
     assert a.verbs.memory.read(start - 1, 1) == b"\0"
+    end = start + WINDOW[1]
+    for at, length in ((end - 4, 5), (end, 1)):  # its last bytes and one more; the first byte after it
+        for opcode in ("RDMA_WRITE", "RDMA_READ"):
+            reconnect(a, b)
+            assert write(b, at, rkey, b"p" * length, opcode) == WC["REM_ACCESS_ERR"], (opcode, at - start, length)
+    assert a.verbs.memory.read(end - 4, 5) == data[-4:] + b"\0", "nothing written at or past the end"
+    reconnect(a, b)
+    assert write(b, end - 4, rkey, b"last") == WC["SUCCESS"], "up to its last byte: the window's"
+    assert a.verbs.memory.read(end - 4, 5) == b"last\0"
 
 
 def test_a_window_grants_its_own_rights_not_its_mrs(pair: tuple[SimSide, SimSide]) -> None:

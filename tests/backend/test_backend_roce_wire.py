@@ -14,14 +14,12 @@ import random
 from typing import Any
 
 import pytest
+from scapy.contrib.roce import BTH  # a declared test dependency (pyproject.toml): never skipped
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.packet import Raw
 
-scapy_inet = pytest.importorskip("scapy.layers.inet")
-from scapy.contrib.roce import BTH  # noqa: E402
-from scapy.layers.inet import IP, UDP  # noqa: E402
-from scapy.layers.inet6 import IPv6  # noqa: E402
-from scapy.packet import Raw  # noqa: E402
-
-from vrdma.engine._engine import ffi, lib  # noqa: E402
+from vrdma.engine._engine import ffi, lib
 
 pytestmark = pytest.mark.backend
 

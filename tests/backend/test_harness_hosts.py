@@ -4,15 +4,19 @@ duplicates, reorders and delays what it is told to."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from pyroute2 import netns
 
-from vrdma.harness.hosts import Fabric
+from vrdma.bench.interhost import MTU, bench_plan
+from vrdma.harness.hosts import Fabric, FabricError
 from vrdma.harness.impair import Impairment
+from vrdma.harness.multihost import MultiHost
 
 pytestmark = [pytest.mark.backend,
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2")]
@@ -55,6 +59,49 @@ def test_a_failing_block_leaves_no_namespace_behind() -> None:
     assert not [n for n in netns.listnetns() if n.startswith(prefix)]
 
 
+def set_up_and_use(k: int, rounds: int) -> list[list[int]]:
+    """``rounds`` fabrics one after another, each carrying datagrams between its hosts (run in two processes at
+    once by the test below)."""
+    got = []
+    for i in range(rounds):
+        with Fabric(2, subnet=f"10.{80 + k}.0.0/24", prefix=f"vc{os.getpid() % 10000}-{k}{i}") as fabric:
+            got.append(collect(fabric, 3, idle=0.5))
+    return got
+
+
+def test_two_fabrics_set_up_at_the_same_time_each_work() -> None:
+    """Their links are made inside their own namespaces: two fabrics set up at once (two test runs, the bench beside
+    a test) once took each other's veth names in the root namespace (`port0` moved into the other's switch, or
+    "File exists")."""
+    with concurrent.futures.ProcessPoolExecutor(2) as pool:
+        results = list(pool.map(set_up_and_use, [0, 1], [4, 4]))
+    assert results == [[[0, 1, 2]] * 4] * 2
+
+
+def test_the_interhost_benchs_hosts_set_up_again_and_again_beside_another_fabric(tmp_path: Path) -> None:
+    """The set-up `vrdma bench`'s inter-host part died in now and then (its veth not found in the switch's
+    namespace): its fabric (two hosts, jumbo links) and hosts (the guests' bridges, taps, routes and RoCE rules),
+    five times in a row, while another process sets fabrics up beside it."""
+    with concurrent.futures.ProcessPoolExecutor(1) as pool:
+        beside = pool.submit(set_up_and_use, 2, 5)
+        for round_ in range(5):
+            mh = MultiHost(tmp_path, bench_plan(), mtu=MTU, prefix=f"vb{os.getpid() % 10000}-{round_}")
+            with mh.fabric:
+                mh.prepare_hosts()
+                links = mh.fabric[0].run(["ip", "-o", "link", "show"]).stdout
+                assert all(name in links for name in ("tap0", "tap2", "guests", "eth0")), links
+                assert "mtu 9000" in mh.fabric[1].run(["ip", "-o", "link", "show", "eth0"]).stdout
+        assert beside.result() == [[0, 1, 2]] * 5
+
+
+def test_a_set_up_failure_names_its_step_and_the_kernels_answer() -> None:
+    prefix = f"vs{os.getpid() % 10000}"
+    expected = r"creating veth port0 in .*-sw with its peer eth0 in .*-h0: NetlinkError: \(22, 'Invalid argument'\)"
+    with pytest.raises(FabricError, match=expected), Fabric(1, prefix=prefix, mtu=70000):
+        pass  # an MTU no veth takes
+    assert not [n for n in netns.listnetns() if n.startswith(prefix)]
+
+
 def collect(fabric: Fabric, count: int, idle: float = 1.0) -> list[int]:
     """The datagrams (numbered 0 .. count-1) host 1 received, in order, of `count` host 0 sent back to back."""
     receiver = fabric[1].popen([sys.executable, "-c", UDP_COLLECT, fabric[1].address, str(idle)])
@@ -80,14 +127,22 @@ def collect(fabric: Fabric, count: int, idle: float = 1.0) -> list[int]:
 def test_the_impairing_switch_does_what_it_is_told(impairment: Impairment) -> None:
     with Fabric(2, prefix=f"vi{os.getpid() % 10000}", impairment=impairment) as fabric:
         got = collect(fabric, 100)
+    # What the switch says it did (over every IP frame: the 100 datagrams, and whatever IPv6 neighbour discovery
+    # the hosts sent besides), held to what arrived.
+    counted = fabric.switch_counters
+    assert counted is not None, "the switch reported nothing when it stopped"
     if impairment.loss == 1.0:
-        assert got == []
+        assert got == [] and counted["lost"] >= 100 and counted["passed"] == 0, counted
     elif impairment.loss:
         assert 45 <= len(got) <= 95 and got == sorted(got) and len(set(got)) == len(got), got
+        assert counted["lost"] >= 100 - len(got) and counted["passed"] >= len(got), counted
     elif impairment.duplicate:
         assert got == [i for i in range(100) for _ in (0, 1)]
+        assert counted["duplicated"] == counted["passed"] >= 100 and counted["lost"] == 0, counted
     elif impairment.reorder:
         assert sorted(got) == list(range(100)) and got != list(range(100)), got
+        assert 0 < counted["reordered"] <= counted["passed"] and counted["lost"] == counted["duplicated"] == 0
     else:
         assert got == list(range(100))
+        assert counted["passed"] >= 100 and counted["lost"] == counted["duplicated"] == counted["reordered"] == 0
     assert fabric.switch_process is None and not [n for n in netns.listnetns() if n.startswith(fabric.prefix)]

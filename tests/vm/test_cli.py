@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from polling import wait_until
 
 pytestmark = pytest.mark.vm
 
@@ -125,9 +125,10 @@ def test_terminating_vm_up_while_booting_leaves_no_guest(run_dir: Path) -> None:
         if "accelerator:" in line:
             break
     console = run_dir / "vm0" / "console.log"
-    deadline = time.monotonic() + 60
-    while not (console.exists() and console.stat().st_size) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the guest is booting once its console has output
+    # the guest is booting once its console has output (and not yet ready: `vm up` has not returned)
+    wait_until("vm0's console to show the guest booting", lambda: console.exists() and console.stat().st_size,
+               timeout=60, interval=0.05)
+    assert proc.poll() is None, "`vrdma vm up` ended before the guest booted"
     proc.terminate()
     assert proc.wait(60) == 128 + signal.SIGTERM
     qemus = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]

@@ -15,13 +15,24 @@ import logging
 import statistics
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vrdma.bench.metric import Metric
+
+if TYPE_CHECKING:
+    from vrdma.harness.multihost import GuestPlan
 
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 PLAN_DEVICES = ("vrdma0", "vrdma0", "rxe0", "rxe0")  # vm0 h0, vm1 h1, vm2 h0 (rxe), vm3 h1 (rxe)
+
+
+def bench_plan() -> list[GuestPlan]:
+    """The guests of the inter-host part: vrdma and rxe on each of two hosts."""
+    from vrdma.harness.multihost import GuestPlan
+
+    return [GuestPlan(0), GuestPlan(1), GuestPlan(0, rxe=True), GuestPlan(1, rxe=True)]
 BW_ITERATIONS = {"vrdma0": 200, "rxe0": 20}
 LAT_ITERATIONS = 300
 IPERF_PORT = 5201
@@ -32,9 +43,9 @@ IP_UDP_HEADERS = 28
 
 def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
     from vrdma.harness import verbs
-    from vrdma.harness.multihost import GuestPlan, MultiHost
+    from vrdma.harness.multihost import MultiHost
 
-    plan = [GuestPlan(0), GuestPlan(1), GuestPlan(0, rxe=True), GuestPlan(1, rxe=True)]
+    plan = bench_plan()
     results: list[Metric] = []
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-interhost-") as tmp, \
             MultiHost(Path(tmp), plan, memory_mib=memory_mib, mtu=mtu) as mh:

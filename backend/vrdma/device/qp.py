@@ -145,7 +145,7 @@ class QueuePairs(EngineObjectTable[Qp]):
         if srq is not None and (rq_depth or rq_stride or recv_sge):
             raise CommandFailed(Status.INVALID, "a QP with an SRQ has no receive queue of its own")
         pages = rings.page_list(req.ring, rings.qp_ring_pages(sq_offset, sq_depth, sq_stride, rq_offset, rq_depth,
-                                                              rq_stride), "the QP rings")
+                                                              rq_stride), "the QP ring")
         self.check_room()
         dbs = self.ucontexts.take_dbs(ctx, 2 if own_rq else 1)
         caps = {"max_send_wr": sq_depth, "max_recv_wr": rq_depth if own_rq else 0,

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from pyroute2 import Ethtool, IPRoute, NetNS, netns
+from pyroute2 import Ethtool, NetlinkError, NetNS, netns
 
 from vrdma.errors import VrdmaError
 from vrdma.harness.impair import Impairment
@@ -66,6 +67,8 @@ class Fabric(Managed):
         self.impairment = impairment
         self.mtu = mtu
         self.switch_process: subprocess.Popen[str] | None = None
+        # What the impairing switch did, once it stopped: IP frames passed, lost, duplicated, reordered.
+        self.switch_counters: dict[str, int] | None = None
         if not 1 <= count <= 16:
             raise ValueError(f"a fabric of {count} hosts (1 to 16)")
         self.prefix = prefix or f"vrdma{os.getpid() % 100000}"
@@ -79,36 +82,61 @@ class Fabric(Managed):
         return self.hosts[index]
 
     def start(self) -> None:
+        """Make the namespaces and links. Every link is made inside the fabric's own namespaces (a veth pair in the
+        switch's namespace with its peer created in the host's), never in the root namespace, where two fabrics set
+        up at once took each other's names (`port0` moved into the other switch, or "File exists")."""
         taken = set(netns.listnetns()) & {self.switch, *(h.netns for h in self.hosts)}
         if taken:
             raise FabricError(f"network namespaces {', '.join(sorted(taken))} exist already (another fabric's?)")
         for name in (self.switch, *(h.netns for h in self.hosts)):
-            netns.create(name)
-        with NetNS(self.switch) as sw:
+            with self._step(f"creating network namespace {name}"):
+                netns.create(name)
+        with self._step(f"creating bridge {SWITCH_BRIDGE} in {self.switch}"), NetNS(self.switch) as sw:
             sw.link("add", ifname=SWITCH_BRIDGE, kind="bridge")
-            sw.link("set", index=sw.link_lookup(ifname=SWITCH_BRIDGE)[0], state="up")
+            sw.link("set", index=self._index(sw, SWITCH_BRIDGE, self.switch), state="up")
         for i, host in enumerate(self.hosts):
             port = f"port{i}"
-            with IPRoute() as ipr:  # made here, then each end moved to its namespace
-                ipr.link("add", ifname=port, kind="veth", peer={"ifname": HOST_LINK, "net_ns_fd": host.netns})
-                ipr.link("set", index=ipr.link_lookup(ifname=port)[0], net_ns_fd=self.switch)
-            with NetNS(self.switch) as sw:
-                index = sw.link_lookup(ifname=port)[0]
+            with self._step(f"creating veth {port} in {self.switch} with its peer {HOST_LINK} in {host.netns}"), \
+                    NetNS(self.switch) as sw:
+                sw.link("add", ifname=port, kind="veth", peer={"ifname": HOST_LINK, "net_ns_fd": host.netns})
+                index = self._index(sw, port, self.switch)
                 sw.link("set", index=index, mtu=self.mtu)
                 if self.impairment is None:
-                    sw.link("set", index=index, master=sw.link_lookup(ifname=SWITCH_BRIDGE)[0])
+                    sw.link("set", index=index, master=self._index(sw, SWITCH_BRIDGE, self.switch))
                 sw.link("set", index=index, state="up")
-            with NetNS(host.netns) as ns:
-                index = ns.link_lookup(ifname=HOST_LINK)[0]
+            with self._step(f"configuring {HOST_LINK} ({host.address}/{host.prefixlen}) in {host.netns}"), \
+                    NetNS(host.netns) as ns:
+                index = self._index(ns, HOST_LINK, host.netns)
                 ns.link("set", index=index, mtu=self.mtu)
                 ns.addr("add", index=index, address=host.address, prefixlen=host.prefixlen)
                 ns.link("set", index=index, state="up")
-                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-        self._neighbours()
+                ns.link("set", index=self._index(ns, "lo", host.netns), state="up")
+        with self._step("adding permanent neighbour entries"):
+            self._neighbours()
         if self.impairment is not None:
             for host in self.hosts:
-                self._no_offloads(host)
+                with self._step(f"turning off {HOST_LINK}'s offloads in {host.netns}"):
+                    self._no_offloads(host)
             self._start_switch(self.impairment)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _step(what: str) -> Iterator[None]:
+        """A set-up step: what the kernel (or pyroute2) answered becomes a FabricError naming the step."""
+        try:
+            yield
+        except FabricError:
+            raise
+        except (NetlinkError, OSError, IndexError, ValueError) as err:
+            raise FabricError(f"{what}: {type(err).__name__}: {err}") from err
+
+    @staticmethod
+    def _index(ns: NetNS, ifname: str, where: str) -> int:
+        found = ns.link_lookup(ifname=ifname)
+        if not found:
+            raise FabricError(f"no link {ifname} in {where} (links there: "
+                              f"{', '.join(sorted(link.get_attr('IFLA_IFNAME') for link in ns.get_links()))})")
+        return int(found[0])
 
     def _neighbours(self) -> None:
         """Every host knows every other's MAC address from the start (permanent neighbour entries): no ARP on the
@@ -154,7 +182,9 @@ class Fabric(Managed):
         """Remove the fabric's namespaces (their links go with them); quietly for what was never made."""
         if self.switch_process is not None:
             self.switch_process.terminate()
-            self.switch_process.wait()
+            out, _ = self.switch_process.communicate(timeout=30)
+            self.switch_counters = next((json.loads(line.split(None, 1)[1]) for line in out.splitlines()
+                                         if line.startswith("counters ")), None)
             self.switch_process = None
         existing = set(netns.listnetns())
         for name in (*(h.netns for h in self.hosts), self.switch):

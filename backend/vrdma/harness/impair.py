@@ -10,7 +10,9 @@ outgoing and are ignored.
 
 Run as ``python -m vrdma.harness.impair --port port0 --port port1 [--loss P] [--duplicate P] [--reorder P]
 [--delay-ms MS] [--seed N]`` (vrdma.harness.hosts.Fabric does it); it prints ``ready`` once its sockets are bound
-and stops on SIGTERM. A reordered frame is held 5 ms longer than the others, so the frames after it overtake it.
+and stops on SIGTERM, printing what it did as one line, ``counters {"passed": ..., "lost": ..., "duplicated": ...,
+"reordered": ...}`` (JSON: IP frames forwarded, dropped, sent twice, held back). A reordered frame is held 5 ms
+longer than the others, so the frames after it overtake it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
+import json
 import random
 import selectors
 import signal
@@ -64,6 +67,7 @@ class Switch:
         self.where: dict[bytes, str] = {}
         self.pending: list[tuple[float, int, str, bytes]] = []  # (due, order, in port, frame)
         self.order = 0
+        self.counters = {"passed": 0, "lost": 0, "duplicated": 0, "reordered": 0}  # IP frames
         for port in ports:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             sock.bind((port, 0))
@@ -89,9 +93,13 @@ class Switch:
             self.forward(in_port, frame)
             return
         if self.rng.random() < imp.loss:
+            self.counters["lost"] += 1
             return
         copies = 2 if self.rng.random() < imp.duplicate else 1
         late = REORDER_MS if self.rng.random() < imp.reorder else 0.0
+        self.counters["passed"] += 1
+        self.counters["duplicated"] += copies - 1
+        self.counters["reordered"] += late > 0
         for _ in range(copies):
             self.order += 1
             due = now + (imp.delay_ms + late) / 1000
@@ -150,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         switch.serve(stopping)
     finally:
         switch.close()
+        print(f"counters {json.dumps(switch.counters)}", flush=True)
     return 0
 
 

@@ -117,14 +117,10 @@ class MultiHost(Managed):
         self.accel = accel_probe.choose(self.requested_accel, str(products.qemu["binary_path"]),
                                         list(products.qemu["firmware_dirs"]), str(products.kernel["vmlinuz_path"]))
         self.fabric.start()
-        addresses = [h.address for h in self.fabric.hosts]
+        self.prepare_hosts()
         for k, host in enumerate(self.fabric.hosts):
             mine = self.guests_on(k)
             vrdma = [self.identities[i].ip for i in mine if not self.plan[i].rxe]
-            for argv in host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine], self.mtu):
-                result = host.run(argv)
-                if result.returncode != 0:
-                    raise FabricError(f"{host.name}: `{' '.join(argv)}` failed: {result.stderr.strip()}")
             if vrdma:
                 self.backends[k] = self._backend(k, host, [self.identities[i] for i in mine if not self.plan[i].rxe])
         for i, ident in enumerate(self.identities):
@@ -149,6 +145,18 @@ class MultiHost(Managed):
         log.info("%d guests on %d hosts: %s", len(self.vms), self.host_count,
                  ", ".join(f"{vm.name}@h{p.host} {vm.address}{' (rxe)' if p.rxe else ''}"
                            for vm, p in zip(self.vms, self.plan, strict=True)))
+
+    def prepare_hosts(self) -> None:
+        """Make each host of the (started) fabric a home for its guests (host_commands): the step of start() before
+        any backend or guest, which a test runs alone."""
+        addresses = [h.address for h in self.fabric.hosts]
+        for k, host in enumerate(self.fabric.hosts):
+            mine = self.guests_on(k)
+            vrdma = [self.identities[i].ip for i in mine if not self.plan[i].rxe]
+            for argv in host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine], self.mtu):
+                result = host.run(argv)
+                if result.returncode != 0:
+                    raise FabricError(f"{host.name}: `{' '.join(argv)}` failed: {result.stderr.strip()}")
 
     def _backend(self, k: int, host: Host, identities: list[GuestIdentity]) -> DaemonProcess:
         directory = self.host_directory(k)

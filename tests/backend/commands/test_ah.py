@@ -22,10 +22,12 @@ def test_an_ah_holds_its_pd(vm0: Vm, bystander: Bystander, backend: BackendProce
     pd = vm0.verbs.alloc_pd()
     ah = create(vm0, pd)
     assert backend.counters("vm0")["objects"]["ah"] == 1
-    assert refused(lambda: vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=pd)) == Status.BUSY
+    assert refused(lambda: vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=pd), vm0,
+                   r"PD .* is used by 1 objects") == Status.BUSY
     vm0.call("DESTROY_AH", "vrdma_cmd_destroy", handle=ah)
     vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=pd)
-    assert refused(lambda: vm0.call("DESTROY_AH", "vrdma_cmd_destroy", handle=ah)) == Status.INVALID
+    assert refused(lambda: vm0.call("DESTROY_AH", "vrdma_cmd_destroy", handle=ah), vm0,
+                   r"DESTROY_AH: no AH") == Status.INVALID
 
 
 @pytest.mark.parametrize("case", ["source GID not set", "reserved bytes", "PD never issued"])
@@ -34,4 +36,6 @@ def test_bad_ah_is_refused(vm0: Vm, bystander: Bystander, case: str) -> None:
     pd = vm0.verbs.alloc_pd()
     overrides = {"source GID not set": {"sgid_index": 5}, "reserved bytes": {"reserved": [0, 0, 1, 0, 0]},
                  "PD never issued": {"pd": 0x7777}}[case]
-    assert refused(lambda: create(vm0, pd, overrides)) == Status.INVALID
+    because = {"source GID not set": r"source GID index 5 is not set", "reserved bytes": r"reserved bytes",
+               "PD never issued": r"no PD 0x7777"}[case]
+    assert refused(lambda: create(vm0, pd, overrides), vm0, because) == Status.INVALID

@@ -39,7 +39,8 @@ def test_a_cq_used_by_a_qp_is_busy(vm0: Vm, bystander: Bystander) -> None:
     pd = vm0.verbs.alloc_pd()
     cq = vm0.verbs.create_cq(16)
     qp = vm0.verbs.create_qp(pd, cq, cq)
-    assert refused(lambda: vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=cq.handle)) == Status.BUSY
+    assert refused(lambda: vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=cq.handle), vm0,
+                   r"is used by 2 QPs") == Status.BUSY
     vm0.call("DESTROY_QP", "vrdma_cmd_destroy", handle=qp.handle)
     vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=cq.handle)
 
@@ -47,17 +48,21 @@ def test_a_cq_used_by_a_qp_is_busy(vm0: Vm, bystander: Bystander) -> None:
 @pytest.mark.parametrize("case", ["0 entries", "not a power of two", "past max_cqe", "ring one page short",
                                   "context never issued"])
 def test_bad_cq_is_refused(vm0: Vm, bystander: Bystander, case: str) -> None:
-    entries, npages, overrides, expected = {
-        "0 entries": (0, None, {}, Status.INVALID),
-        "not a power of two": (48, None, {}, Status.INVALID),
-        "past max_cqe": (DEFAULT_LIMITS.max_cqe * 2, 1, {}, Status.INVALID),
-        "ring one page short": (64, 1, {}, Status.INVALID),
-        "context never issued": (16, None, {"ucontext": 0x7777}, Status.INVALID),
+    entries, npages, overrides, expected, because = {
+        "0 entries": (0, None, {}, Status.INVALID, r"CQ of 0 entries \(a power of two"),
+        "not a power of two": (48, None, {}, Status.INVALID, r"CQ of 48 entries \(a power of two"),
+        "past max_cqe": (DEFAULT_LIMITS.max_cqe * 2, 1, {}, Status.INVALID,
+                         rf"CQ of {DEFAULT_LIMITS.max_cqe * 2} entries \(a power of two up to "
+                         rf"{DEFAULT_LIMITS.max_cqe}"),
+        "ring one page short": (64, 1, {}, Status.INVALID, r"the CQ ring spans 2 pages, the page list has 1"),
+        "context never issued": (16, None, {"ucontext": 0x7777}, Status.INVALID, r"no user context 0x7777"),
     }[case]
-    assert refused(lambda: create(vm0, entries, npages, **overrides)) == expected
+    assert refused(lambda: create(vm0, entries, npages, **overrides), vm0, because) == expected
 
 
 def test_modify_and_destroy_of_no_cq_are_refused(vm0: Vm, bystander: Bystander) -> None:
-    assert refused(lambda: vm0.call("MODIFY_CQ", "vrdma_cmd_modify_cq", handle=0x7777, cq_count=1)) == \
+    assert refused(lambda: vm0.call("MODIFY_CQ", "vrdma_cmd_modify_cq", handle=0x7777, cq_count=1), vm0,
+                   r"MODIFY_CQ: no CQ 0x7777") == \
         Status.INVALID
-    assert refused(lambda: vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=0x7777)) == Status.INVALID
+    assert refused(lambda: vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=0x7777), vm0,
+                   r"DESTROY_CQ: no CQ 0x7777") == Status.INVALID

@@ -30,14 +30,17 @@ def test_gids_are_added_replaced_and_removed(vm0: Vm, bystander: Bystander, back
 
 @pytest.mark.parametrize("case", ["index past the table", "unknown type", "type 0"])
 def test_bad_gid_is_refused(vm0: Vm, bystander: Bystander, case: str) -> None:
-    index, gid_type = {"index past the table": (DEFAULT_LIMITS.gid_table_len, ROCE_V2),
-                       "unknown type": (0, 7), "type 0": (0, 0)}[case]
-    assert refused(lambda: add(vm0, index, GID["vm0"], gid_type)) == Status.INVALID
+    index, gid_type, because = {
+        "index past the table": (DEFAULT_LIMITS.gid_table_len, ROCE_V2,
+                                 rf"GID index {DEFAULT_LIMITS.gid_table_len} \(the table has"),
+        "unknown type": (0, 7, r"GID type 7"), "type 0": (0, 0, r"GID type 0")}[case]
+    assert refused(lambda: add(vm0, index, GID["vm0"], gid_type), vm0, because) == Status.INVALID
 
 
-@pytest.mark.parametrize(("fields", "expected"), [({"index": 5}, Status.INVALID),
-                                                  ({"index": 0, "reserved": 1}, Status.INVALID)])
+@pytest.mark.parametrize(("fields", "expected", "because"),
+                         [({"index": 5}, Status.INVALID, r"GID index 5 is not set"),
+                          ({"index": 0, "reserved": 1}, Status.INVALID, r"reserved field of DEL_GID is 1")])
 def test_deleting_a_gid_that_is_not_there_is_refused(vm0: Vm, bystander: Bystander, fields: dict[str, int],
-                                                      expected: Status) -> None:
+                                                      expected: Status, because: str) -> None:
     add(vm0, 0, GID["vm0"])
-    assert refused(lambda: vm0.call("DEL_GID", "vrdma_cmd_del_gid", **fields)) == expected
+    assert refused(lambda: vm0.call("DEL_GID", "vrdma_cmd_del_gid", **fields), vm0, because) == expected

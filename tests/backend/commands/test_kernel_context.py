@@ -80,4 +80,8 @@ def test_kernel_and_user_objects_do_not_mix(backend: BackendProcess, vm0: Vm, by
         "user QP on the kernel's SRQ": lambda: user.create_qp(upd, ucq, ucq, srq=kernel.create_srq(kpd, 16)),
         "user SRQ on the kernel's PD": lambda: user.create_srq(kpd, 16),
     }[case]
-    assert refused(create) == Status.INVALID
+    because = {"user QP on the kernel's PD": r"CREATE_QP: PD .* belongs to another context",
+               "kernel QP on a user CQ": r"CREATE_QP: CQ .* belongs to another context",
+               "user QP on the kernel's SRQ": r"CREATE_QP: SRQ .* belongs to another context",
+               "user SRQ on the kernel's PD": r"CREATE_SRQ: PD .* belongs to another context"}[case]
+    assert refused(create, vm0, because) == Status.INVALID

@@ -34,7 +34,8 @@ def test_keys_name_their_slot_and_are_not_guessable_from_each_other(vm0: Vm, bys
     assert backend.counters("vm0")["objects"]["mr"] == 4
     for mr in mrs:
         vm0.call("DEREG_MR", "vrdma_cmd_destroy", handle=mr.handle)
-    assert refused(lambda: vm0.call("DEREG_MR", "vrdma_cmd_destroy", handle=mrs[0].handle)) == Status.INVALID
+    assert refused(lambda: vm0.call("DEREG_MR", "vrdma_cmd_destroy", handle=mrs[0].handle), vm0,
+                   r"DEREG_MR: no MR") == Status.INVALID
 
 
 @pytest.mark.parametrize("case", ["remote write without local write", "unknown access bit", "length 0",
@@ -56,11 +57,25 @@ def test_bad_registration_is_refused(vm0: Vm, bystander: Bystander, case: str) -
         "reserved field": {"reserved": 1},
         "PD never issued": {"pd": 0x7777},
     }[case]
-    assert refused(lambda: reg(vm0, pd, PAGE, overrides)) == Status.INVALID
+    because = {
+        "remote write without local write": r"remote write or atomic access needs local write access",
+        "unknown access bit": r"unknown access flags 0x21",
+        "length 0": r"MR length 0 \(1 to",
+        "length past max_mr_size": rf"MR length {DEFAULT_LIMITS.max_mr_size + 1} \(1 to {DEFAULT_LIMITS.max_mr_size}",
+        "page offset of a page": r"MR at 0x3000 \(page offset 4096\)",
+        "iova + length wraps": r"MR at 0xfffffffffffffff8 \(page offset 0\) of 4096 bytes",
+        "page list one page short": r"the MR spans 2 pages, the page list has 1",
+        "page list of three levels": r"page list of 1 pages with 3 levels",
+        "page list unaligned": r"page list address 0x8 is not aligned",
+        "reserved field": r"reserved field of REG_MR is not zero",
+        "PD never issued": r"no PD 0x7777",
+    }[case]
+    assert refused(lambda: reg(vm0, pd, PAGE, overrides), vm0, because) == Status.INVALID
 
 
 def test_a_page_list_naming_memory_outside_the_guest_is_refused(vm0: Vm, bystander: Bystander) -> None:
     pd = vm0.verbs.alloc_pd()
     outside = vm0.verbs.memory.size + 0x100000
     pages = vm0.verbs.page_list(vm0.verbs.alloc(PAGE), first_page=outside, npages=1)
-    assert refused(lambda: reg(vm0, pd, PAGE, {"pages": pages})) == Status.INVALID
+    assert refused(lambda: reg(vm0, pd, PAGE, {"pages": pages}), vm0,
+                   rf"page 0 at {outside:#x} is not a page of guest RAM") == Status.INVALID

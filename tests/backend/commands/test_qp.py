@@ -56,7 +56,7 @@ def test_a_qp_walks_to_rts_and_reports_its_attributes(vm0: Vm, bystander: Bystan
     modify(vm0, qp.handle, m("STATE"), qp_state=QpState.ERR)
     assert state(vm0, qp.handle) == QpState.ERR
     vm0.call("DESTROY_QP", "vrdma_cmd_destroy", handle=qp.handle)
-    assert refused(lambda: state(vm0, qp.handle)) == Status.INVALID
+    assert refused(lambda: state(vm0, qp.handle), vm0, r"QUERY_QP: no QP") == Status.INVALID
 
 
 def test_reset_to_rtr_in_one_modify_takes_the_attributes_of_both_transitions(vm0: Vm, bystander: Bystander) -> None:
@@ -72,14 +72,15 @@ def test_reset_to_rtr_in_one_modify_takes_the_attributes_of_both_transitions(vm0
                                          "dest_qp_num": qp.qpn, "rq_psn": 0, "max_dest_rd_atomic": 1,
                                          "min_rnr_timer": 12, "dgid": list(GID["vm0"]), "sgid_index": 0}
     for missing in (m("PORT"), m("ACCESS_FLAGS"), m("DEST_QPN"), m("AV")):
-        assert refused(lambda missing=missing: modify(vm0, qp.handle, (init | rtr) & ~missing, **attrs)) == \
-            Status.INVALID
+        assert refused(lambda missing=missing: modify(vm0, qp.handle, (init | rtr) & ~missing, **attrs), vm0,
+                       rf"RESET -> RTR requires attributes {missing:#x}$") == Status.INVALID
         assert state(vm0, qp.handle) == QpState.RESET
     modify(vm0, qp.handle, init | rtr, **attrs)
     answer = vm0.call("QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", handle=qp.handle).attr
     assert (answer.qp_state, answer.port_num, answer.qp_access_flags, answer.dest_qp_num) == \
         (QpState.RTR, 1, abi.const("VRDMA_ACCESS_REMOTE_WRITE"), qp.qpn)
-    assert refused(lambda: modify(vm0, qp.handle, init | rtr, **attrs)) == Status.INVALID  # RTR -> RTR: no
+    assert refused(lambda: modify(vm0, qp.handle, init | rtr, **attrs), vm0,
+                   r"no transition from RTR to RTR") == Status.INVALID
 
 
 @pytest.mark.parametrize(("case", "expected"), [
@@ -120,7 +121,24 @@ def test_bad_qp_is_refused(vm0: Vm, bystander: Bystander, case: str, expected: S
             "ring one page short": {"ring": vm0.verbs.page_list(vm0.verbs.alloc(PAGE), npages=2)},
             "reserved bytes": {"reserved0": [1, 0]},
         }[case])
-    assert refused(lambda: create(vm0, fields)) == expected
+    because = {
+        "XRC initiator with a receive queue": r"an XRC initiator QP has no receive side",
+        "XRC target of a user context": r"XRC target QPs are the kernel's",
+        "XRC domain on an RC QP": r"only an XRC target QP has an XRC domain",
+        "no such type": r"QP type 255 \(the device has",
+        "GSI QP of a user context": r"the GSI QP is the kernel's",
+        "send depth past max_qp_wr": rf"send queue: depth {DEFAULT_LIMITS.max_qp_wr * 2},",
+        "send SGEs past the device's": rf"send queue: depth 16, stride 4096, {DEFAULT_LIMITS.max_sge + 1} SGEs",
+        "inline data past the device's": rf"send queue: .* {DEFAULT_LIMITS.max_inline_data + 1} inline bytes",
+        "send stride smaller than a WQE": r"send queue: depth 16, stride 32,",
+        "receive depth not a power of two": r"receive queue: depth 12,",
+        "an SRQ and a receive queue": r"a QP with an SRQ has no receive queue of its own",
+        "CQ never issued": r"no CQ 0x7777",
+        "CQ of another context": r"CQ .* belongs to another context",
+        "ring one page short": r"the QP ring spans 3 pages, the page list has 2",
+        "reserved bytes": r"reserved fields of CREATE_QP are not zero",
+    }[case]
+    assert refused(lambda: create(vm0, fields), vm0, because) == expected
 
 
 @pytest.mark.parametrize("case", ["RESET to RTS", "INIT without its attributes", "port 2", "path MTU 6",
@@ -147,5 +165,15 @@ def test_bad_modification_is_refused_and_leaves_the_qp_as_it_was(vm0: Vm, bystan
         "unknown attribute bit": (init | 1 << 30, {"qp_state": QpState.INIT, "port_num": 1}),
         "cur_qp_state that is not the state": (rtr | m("CUR_STATE"), {**good_rtr, "cur_qp_state": QpState.RTS}),
     }[case]
-    assert refused(lambda: modify(vm0, qp.handle, mask, **attr)) == Status.INVALID
+    because = {
+        "RESET to RTS": r"no transition from RESET to RTS",
+        "INIT without its attributes": r"RESET -> INIT requires attributes",
+        "port 2": r"bad port \(the device has port 1\)",
+        "path MTU 6": r"bad path MTU",
+        "unset source GID": r"bad source GID index",
+        "PSN of 25 bits": r"bad RQ PSN",
+        "unknown attribute bit": r"unknown attribute bits 0x40000000",
+        "cur_qp_state that is not the state": r"cur_qp_state RTS but the QP is in INIT",
+    }[case]
+    assert refused(lambda: modify(vm0, qp.handle, mask, **attr), vm0, because) == Status.INVALID
     assert state(vm0, qp.handle) == before

@@ -80,21 +80,23 @@ def test_query_qp_counters_reports_each_qps_share(vm0: Vm, bystander: Bystander,
     assert all(getattr(mine, name) <= getattr(port, name) for name in QP_COUNTERS)
     assert all(getattr(qp_counters(idle), name) == 0 for name in QP_COUNTERS)
     assert refused(lambda: vm0.call("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", "vrdma_resp_query_qp_counters",
-                                    handle=0x7FFF0001)) == Status.INVALID
+                                    handle=0x7FFF0001), vm0, r"no QP 0x7fff0001") == Status.INVALID
     assert refused(lambda: vm0.call("QUERY_QP_COUNTERS", "vrdma_cmd_destroy", "vrdma_resp_query_qp_counters",
-                                    handle=qp.handle, reserved=1)) == Status.INVALID
+                                    handle=qp.handle, reserved=1), vm0,
+                   r"reserved field of QUERY_QP_COUNTERS is 1") == Status.INVALID
 
 
 @pytest.mark.parametrize("command", ["QUERY_PORT", "QUERY_COUNTERS"])
-@pytest.mark.parametrize(("fields", "expected"), [
-    ({"port": 0}, Status.INVALID),
-    ({"port": 2}, Status.INVALID),
-    ({"port": 1, "reserved": [0, 0, 0, 0, 0, 0, 1]}, Status.INVALID),
+@pytest.mark.parametrize(("fields", "expected", "because"), [
+    ({"port": 0}, Status.INVALID, r"port 0 does not exist \(the device has port 1\)"),
+    ({"port": 2}, Status.INVALID, r"port 2 does not exist \(the device has port 1\)"),
+    ({"port": 1, "reserved": [0, 0, 0, 0, 0, 0, 1]}, Status.INVALID, r"reserved bytes of QUERY_\w+ are not zero"),
 ])
 def test_a_query_of_no_port_is_refused(vm0: Vm, bystander: Bystander, fields: dict[str, object],
-                                       expected: Status, command: str) -> None:
+                                       expected: Status, because: str, command: str) -> None:
     response = "vrdma_resp_query_port" if command == "QUERY_PORT" else "vrdma_resp_query_counters"
-    assert refused(lambda: vm0.call(command, "vrdma_cmd_query_port", response, **fields)) == expected
+    assert refused(lambda: vm0.call(command, "vrdma_cmd_query_port", response, **fields), vm0,
+                   rf"{command}: {because}") == expected
 
 
 def test_dispatcher_refusals_are_counted_and_answer_with_the_request_header(vm0: Vm, bystander: Bystander,

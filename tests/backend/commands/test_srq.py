@@ -26,7 +26,8 @@ def test_srq_limit_is_set_queried_and_a_qp_on_it_makes_it_busy(vm0: Vm, bystande
     assert query(vm0, srq.handle)[2] == 16
     cq = vm0.verbs.create_cq(16)
     qp = vm0.verbs.create_qp(pd, cq, cq, srq=srq)
-    assert refused(lambda: vm0.call("DESTROY_SRQ", "vrdma_cmd_destroy", handle=srq.handle)) == Status.BUSY
+    assert refused(lambda: vm0.call("DESTROY_SRQ", "vrdma_cmd_destroy", handle=srq.handle), vm0,
+                   r"SRQ .* is used by 1 QPs") == Status.BUSY
     vm0.call("DESTROY_QP", "vrdma_cmd_destroy", handle=qp.handle)
     vm0.call("DESTROY_SRQ", "vrdma_cmd_destroy", handle=srq.handle)
 
@@ -47,15 +48,24 @@ def test_bad_srq_is_refused(vm0: Vm, bystander: Bystander, case: str, expected: 
         "ring one page short": {"ring": vm0.verbs.page_list(buf, npages=1)},
         "PD never issued": {"pd": 0x7777},
     }[case])
+    because = {
+        "depth not a power of two": r"SRQ depth 24",
+        "stride too small for its SGEs": r"SRQ stride 32 for 8 SGEs",
+        "limit not below depth": r"SRQ limit 16 is not below its depth 16",
+        "ring one page short": r"the SRQ ring spans 2 pages, the page list has 1",
+        "PD never issued": r"no PD 0x7777",
+    }[case]
     assert refused(lambda: vm0.call("CREATE_SRQ", "vrdma_cmd_create_srq", "vrdma_resp_create_srq",
-                                    **fields)) == expected
+                                    **fields), vm0, because) == expected
 
 
-@pytest.mark.parametrize(("mask", "limit", "expected"), [
-    (SRQ_MAX_WR, 0, Status.NOT_SUPPORTED), (0x80, 0, Status.INVALID), (SRQ_LIMIT, 16, Status.INVALID)])
+@pytest.mark.parametrize(("mask", "limit", "expected", "because"), [
+    (SRQ_MAX_WR, 0, Status.NOT_SUPPORTED, r"resizing an SRQ is not supported"),
+    (0x80, 0, Status.INVALID, r"unknown SRQ attribute bits 0x80"),
+    (SRQ_LIMIT, 16, Status.INVALID, r"SRQ limit 16 is not below 16")])
 def test_bad_srq_modification_is_refused(vm0: Vm, bystander: Bystander, mask: int, limit: int,
-                                         expected: Status) -> None:
+                                         expected: Status, because: str) -> None:
     srq = vm0.verbs.create_srq(vm0.verbs.alloc_pd(), depth=16)
     assert refused(lambda: vm0.call("MODIFY_SRQ", "vrdma_cmd_modify_srq", handle=srq.handle, attr_mask=mask,
-                                    srq_limit=limit)) == expected
+                                    srq_limit=limit), vm0, because) == expected
     assert query(vm0, srq.handle)[2] == 0  # unchanged

@@ -37,7 +37,7 @@ def test_doorbell_pages_run_out_with_no_resources(vm0: Vm, bystander: Bystander)
     pages = [vm0.verbs.doorbell_page] + [alloc_ucontext(vm0)[1]
                                          for _ in range(DEFAULT_LIMITS.doorbell_pages - first - 1)]
     assert sorted(pages) == list(range(first, DEFAULT_LIMITS.doorbell_pages))
-    assert refused(lambda: alloc_ucontext(vm0)) == Status.NO_RESOURCES
+    assert refused(lambda: alloc_ucontext(vm0), vm0, r"all \d+ user contexts in use") == Status.NO_RESOURCES
 
 
 def test_a_context_takes_doorbell_pages_as_its_queues_need_them_and_gives_all_back(
@@ -54,7 +54,8 @@ def test_a_context_takes_doorbell_pages_as_its_queues_need_them_and_gives_all_ba
     other_page = alloc_ucontext(vm0)[1]  # the next free page, not one of the three
     assert other_page not in pages
     assert refused(lambda: vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy",
-                                    handle=vm0.verbs.ucontext)) == Status.BUSY
+                                    handle=vm0.verbs.ucontext), vm0,
+                   rf"still has 0 PDs and {len(cqs)} queues") == Status.BUSY
     for cq in cqs:
         vm0.call("DESTROY_CQ", "vrdma_cmd_destroy", handle=cq.handle)
     vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", handle=vm0.verbs.ucontext)
@@ -65,9 +66,10 @@ def test_a_context_takes_doorbell_pages_as_its_queues_need_them_and_gives_all_ba
 def test_a_context_with_a_pd_and_a_pd_with_an_mr_are_busy(vm0: Vm, bystander: Bystander) -> None:
     pd = vm0.verbs.alloc_pd()
     mr = vm0.verbs.reg_mr(pd, 4096)
-    assert refused(lambda: vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=pd)) == Status.BUSY
+    assert refused(lambda: vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=pd), vm0,
+                   r"PD .* is used by 1 objects") == Status.BUSY
     assert refused(lambda: vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy",
-                                    handle=vm0.verbs.ucontext)) == Status.BUSY
+                                    handle=vm0.verbs.ucontext), vm0, r"still has 1 PDs and 0 queues") == Status.BUSY
     vm0.call("DEREG_MR", "vrdma_cmd_destroy", handle=mr.handle)
     vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=pd)
     vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", handle=vm0.verbs.ucontext)
@@ -93,15 +95,18 @@ def test_bad_handles_are_refused(vm0: Vm, bystander: Bystander, case: str) -> No
     live = vm0.verbs.alloc_pd()
     if case == "PD of a context never issued":
         assert refused(lambda: vm0.call("ALLOC_PD", "vrdma_cmd_alloc_pd", "vrdma_resp_alloc_pd",
-                                        ucontext=0x7777)) == Status.INVALID
+                                        ucontext=0x7777), vm0, r"ALLOC_PD: no user context 0x7777") == \
+            Status.INVALID
         return
     if case == "context handle 0":
-        assert refused(lambda: vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", handle=0)) == Status.INVALID
+        assert refused(lambda: vm0.call("DEALLOC_UCONTEXT", "vrdma_cmd_destroy", handle=0), vm0,
+                       r"no user context 0x0") == Status.INVALID
         return
     fields = {"handle never issued": {"handle": 0x12345}, "handle freed": {"handle": freed},
               "handle of the other VM": {"handle": theirs}, "reserved": {"handle": live, "reserved": 1},
               "generation bit flipped": {"handle": live ^ 1 << 20}}[case]
-    assert refused(lambda: vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", **fields)) == Status.INVALID
+    because = r"reserved field is 1" if case == "reserved" else rf"DEALLOC_PD: no PD {fields['handle']:#x}$"
+    assert refused(lambda: vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", **fields), vm0, because) == Status.INVALID
     vm0.call("DEALLOC_PD", "vrdma_cmd_destroy", handle=live)  # the refusals left it in place
 
 

@@ -167,3 +167,14 @@ def test_translated_pages_of_a_vm_are_bounded(backend: BackendProcess) -> None:
         v.call("VRDMA_CMD_DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=mrs.pop().handle)
         mrs.append(reg())
         assert status_of(reg) == STATUS["NO_RESOURCES"]
+        # A fast-registration MR (the guest kernel's) takes its max_pages from the same budget when it is allocated
+        # (before any REG_MR work request maps it), and gives them back when it goes.
+        kernel = SimVerbs(fe, backend.directory / "vm0.doorbell", kernel=True)
+        kernel_pd = kernel.alloc_pd()
+        assert status_of(lambda: kernel.alloc_mr(kernel_pd, 1)) == STATUS["NO_RESOURCES"]
+        v.call("VRDMA_CMD_DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=mrs.pop().handle)
+        fast, _ = kernel.alloc_mr(kernel_pd, 1)
+        assert status_of(reg) == STATUS["NO_RESOURCES"], "one page short: the fast-registration MR holds it"
+        kernel.call("VRDMA_CMD_DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=fast)
+        mrs.append(reg())
+        assert objects(backend, "vm0")["mr"] == len(mrs)
