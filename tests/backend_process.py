@@ -47,6 +47,10 @@ def sanitizer_report(text: str) -> bool:
     return sanitize.report_in(text)
 
 
+# The GIDs of the simulated VMs (vm0 ... vm3): IPv4-mapped 169.254.100.<n>.
+GID = {f"vm{i}": bytes.fromhex(f"00000000000000000000ffffa9fe64{i + 1:02x}") for i in range(4)}
+
+
 class BackendProcess:
     """`vrdma backend` serving vm0 and vm1, started and stopped by a test (through the harness's one launcher,
     vrdma.harness.daemon)."""
@@ -210,26 +214,6 @@ def two_vms(backend: BackendProcess, make_side: Callable[[Frontend, BackendProce
 PATTERN_SIZE = 16 << 10
 
 
-def bystander_side(fe: Frontend, backend: BackendProcess, name: str, gid: bytes) -> SimSide:
-    """A VM beside a test's misbehaving ones: an RC QP connected to itself, ready for check_bystander."""
-    side = start_side(fe, backend, name, gid, 4096)
-    side.verbs.connect(side.qp, side.qp.qpn, gid)
-    return side
-
-
-def check_bystander(backend: BackendProcess, name: str, side: SimSide, before: dict[str, Any]) -> None:
-    """The bystander VM ``name``'s counters and objects are as they were (``before``: backend.counters of it),
-    and it is served as before: a SEND to itself arrives."""
-    after = backend.counters(name)
-    assert after["engine"] == before["engine"] and after["objects"] == before["objects"]
-    verbs = side.verbs
-    verbs.post_recv(side.qp, [(side.mr.addr + 2048, 64, side.mr.lkey)], wr_id=4)
-    verbs.memory.write(side.mr.addr, b"still here")
-    verbs.post_send(side.qp, abi.const("VRDMA_WR_SEND"), [(side.mr.addr, 10, side.mr.lkey)])
-    assert [c.status for c in wait_cqes(verbs, side.cq, 2)] == [abi.const("VRDMA_WC_SUCCESS")] * 2
-    assert verbs.memory.read(side.mr.addr + 2048, 10) == b"still here"
-
-
 def wait_cqes(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> list[Any]:
     """Exactly ``count`` completions from a CQ in simulated guest memory, polled until they arrived."""
     found: list[Any] = []
@@ -240,6 +224,21 @@ def wait_cqes(verbs: SimVerbs, cq: SimCq, count: int, timeout: float = 10.0) -> 
         time.sleep(0.001)  # the engine runs in the backend process: poll what it wrote
     assert len(found) == count, f"{len(found)} completions, expected {count}"
     return found
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled_fds(pid: int, expected: int | None = None, timeout: float = 5.0) -> int:
+    """A backend's open fd count once the admin connection a counter query left behind has been closed: the lowest
+    count seen over a few samples (or as soon as it reaches ``expected``). A leak never goes away."""
+    deadline = time.monotonic() + timeout
+    lowest, samples = open_fds(pid), 1
+    while time.monotonic() < deadline and (lowest != expected if expected is not None else samples < 20):
+        time.sleep(0.01)  # sampling a count another process changes, not waiting for readiness
+        lowest, samples = min(lowest, open_fds(pid)), samples + 1
+    return lowest
 
 
 def pattern(size: int) -> bytes:
@@ -260,8 +259,50 @@ class Vm:
 
 @dataclass
 class Bystander(Vm):
-    mr: SimMr | None = None
-    objects: dict[str, int] | None = None
+    """A VM beside the ones a test misbehaves with, the one mechanism the backend tests use: a context with its GID,
+    a PD, a CQ, an RC QP connected to itself and an MR holding a pattern. check() proves nothing of it changed and
+    it is still served: its device answers, keeps exactly its objects (``objects``: a test that gives it more says
+    so) and its connection, its engine counters are what they were, its MR holds the pattern, and a SEND to itself
+    arrives."""
+
+    backend: BackendProcess | None = field(default=None, kw_only=True)
+    side: SimSide | None = field(default=None, kw_only=True)
+    mr: SimMr | None = field(default=None, kw_only=True)
+    objects: dict[str, int] | None = field(default=None, kw_only=True)
+    before: dict[str, Any] | None = field(default=None, kw_only=True)
+
+    @classmethod
+    def beside(cls, backend: BackendProcess, fe: Frontend, name: str) -> Bystander:
+        """``name`` made a bystander (its frontend started if it was not); its counters taken now."""
+        if not fe.queues:
+            fe.start()
+        verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
+        verbs.add_gid(0, GID[name])
+        pd = verbs.alloc_pd()
+        cq = verbs.create_cq(16)
+        qp = verbs.create_qp(pd, cq, cq)
+        verbs.connect(qp, qp.qpn, GID[name])
+        mr = verbs.reg_mr(pd, PATTERN_SIZE)
+        verbs.memory.write(mr.addr, pattern(PATTERN_SIZE))
+        before = backend.counters(name)
+        return cls(name, fe, verbs, log=backend.log, backend=backend, side=SimSide(verbs, pd, cq, qp, mr), mr=mr,
+                   objects=dict(before["objects"]), before=before)
+
+    def check(self) -> None:
+        assert self.backend is not None and self.side is not None and self.before is not None
+        assert query_device(self.fe).hdr.status == 0, f"{self.name}'s device does not answer"
+        after = self.backend.counters(self.name)
+        assert after["objects"] == self.objects, (after["objects"], self.objects)
+        assert after["engine"] == self.before["engine"], (after["engine"], self.before["engine"])
+        assert after["connection"]["closed"] == self.before["connection"]["closed"], "its connection was closed"
+        side, verbs = self.side, self.verbs
+        assert verbs.memory.read(side.mr.addr, PATTERN_SIZE) == pattern(PATTERN_SIZE), "its memory was written"
+        verbs.post_recv(side.qp, [(side.mr.addr + 2048, 64, side.mr.lkey)], wr_id=4)
+        verbs.post_send(side.qp, abi.const("VRDMA_WR_SEND"), [(side.mr.addr, 10, side.mr.lkey)])
+        assert [c.status for c in wait_cqes(verbs, side.cq, 2)] == [abi.const("VRDMA_WC_SUCCESS")] * 2
+        assert verbs.memory.read(side.mr.addr + 2048, 10) == pattern(10)
+        verbs.memory.write(side.mr.addr, pattern(PATTERN_SIZE))  # as it was, for another check
+        self.before = self.backend.counters(self.name)
 
 
 def connected_vm(backend: BackendProcess, name: str) -> Iterator[Vm]:

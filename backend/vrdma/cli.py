@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.set_defaults(func=_cmd_admin)
 
     bench = sub.add_parser("bench", help="run the benchmarks; results go to build/bench/results.json")
-    bench.add_argument("--iterations", type=_positive_int, default=5000,
+    bench.add_argument("--iterations", type=_positive_int, default=5000,  # vrdma.bench.methods.CONTROL_ITERATIONS
                        help="control-command round trips to time (default 5000)")
     bench.add_argument("--output", metavar="PATH", help="results file (default build/bench/results.json)")
     bench.set_defaults(func=_cmd_bench)

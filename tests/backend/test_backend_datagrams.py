@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, pattern, two_vms, wait_cqes
+from backend_process import GID, BackendProcess, pattern, two_vms, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
@@ -23,8 +23,6 @@ from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
 
 pytestmark = pytest.mark.backend
 
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last)
-       for name, last in (("vm0", "01"), ("vm1", "02"), ("vm2", "03"))}
 LINK_LOCAL = bytes.fromhex("fe800000000000005054" + "00fffe767200")
 QKEY = 0x11223344
 GSI_QKEY = abi.const("VRDMA_GSI_QKEY")

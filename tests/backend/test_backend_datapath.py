@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, connect_sides, query_device, start_side, two_vms
+from backend_process import GID, BackendProcess, connect_sides, query_device, start_side, two_vms, wait_cqes
 from backend_process import SimSide as Side
 from polling import wait_until
 
@@ -23,7 +23,6 @@ from vrdma.testing.verbs import CommandError
 
 pytestmark = pytest.mark.backend
 
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
 WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM",
                                                          "RDMA_READ", "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD")}
 WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_LEN_ERR", "LOC_PROT_ERR", "WR_FLUSH_ERR",
@@ -43,17 +42,6 @@ def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
         yield sides
 
 
-def wait_cqes(side: Side, count: int, timeout: float = 10.0) -> list[Any]:
-    """Poll the CQ (in the simulated guest's memory) until ``count`` completions arrived."""
-    found: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(found) < count:
-        found += side.verbs.poll_cq(side.cq)
-        assert time.monotonic() < deadline, f"{len(found)} of {count} completions arrived"
-        time.sleep(0.001)  # the engine runs in the backend process: poll its output
-    return found
-
-
 def write(side: Side, offset: int, data: bytes) -> None:
     side.verbs.memory.write(side.mr.addr + offset, data)
 
@@ -68,8 +56,8 @@ def test_send_lands_in_the_posted_receive(pair: tuple[Side, Side]) -> None:
     payload = bytes(range(256)) * 16
     write(b, 0, payload)
     b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, len(payload), b.mr.lkey)], wr_id=9)
-    (sent,) = wait_cqes(b, 1)
-    (received,) = wait_cqes(a, 1)
+    (sent,) = wait_cqes(b.verbs, b.cq, 1)
+    (received,) = wait_cqes(a.verbs, a.cq, 1)
     assert (sent.wr_id, sent.status, sent.opcode) == (9, WC["SUCCESS"], OP["SEND"])
     assert (received.wr_id, received.status, received.opcode, received.byte_len) == (7, WC["SUCCESS"], OP["RECV"],
                                                                                       len(payload))
@@ -106,14 +94,14 @@ def test_queues_in_a_second_doorbell_page_carry_traffic_and_wake_a_parked_engine
         b.verbs.post_recv(b.qp, [(b.mr.addr, 4096, b.mr.lkey)], wr_id=2)
         write(b, 0, b"second page" * 100)
         b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 1100, b.mr.lkey)], wr_id=3)
-        (sent,) = wait_cqes(b, 1)
-        (received,) = wait_cqes(a, 1)
+        (sent,) = wait_cqes(b.verbs, b.cq, 1)
+        (received,) = wait_cqes(a.verbs, a.cq, 1)
         assert (sent.wr_id, sent.status, received.status, received.byte_len) == (3, WC["SUCCESS"], WC["SUCCESS"], 1100)
         assert read(a, 0, 1100) == b"second page" * 100
         write(a, 0, b"and back")
         a.verbs.post_send(a.qp, WR["SEND"], [(a.mr.addr, 8, a.mr.lkey)], wr_id=4)
-        wait_cqes(a, 1)
-        (back,) = wait_cqes(b, 1)
+        wait_cqes(a.verbs, a.cq, 1)
+        (back,) = wait_cqes(b.verbs, b.cq, 1)
         assert (back.wr_id, back.status, read(b, 0, 8)) == (2, WC["SUCCESS"], b"and back")
 
 
@@ -126,8 +114,8 @@ def test_scatter_gather_inline_and_immediate(pair: tuple[Side, Side]) -> None:
     write(b, 40000, b"y" * 3000)
     b.verbs.post_send(b.qp, WR["SEND_WITH_IMM"], [(b.mr.addr, 3000, b.mr.lkey), (b.mr.addr + 40000, 3000, b.mr.lkey)],
                       imm=0x12345678)
-    wait_cqes(b, 1)
-    (received,) = wait_cqes(a, 1)
+    wait_cqes(b.verbs, b.cq, 1)
+    (received,) = wait_cqes(a.verbs, a.cq, 1)
     assert received.byte_len == 6000 and received.imm_data == 0x12345678
     assert received.wc_flags == abi.const("VRDMA_WC_WITH_IMM")
     got = read(a, 100, 10) + read(a, 5000, 5990)
@@ -135,8 +123,8 @@ def test_scatter_gather_inline_and_immediate(pair: tuple[Side, Side]) -> None:
     # Inline data travels in the WQE itself.
     a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)], wr_id=2)
     b.verbs.post_send(b.qp, WR["SEND"], [], inline=b"inline payload")
-    wait_cqes(b, 1)
-    assert wait_cqes(a, 1)[0].byte_len == 14 and read(a, 0, 14) == b"inline payload"
+    wait_cqes(b.verbs, b.cq, 1)
+    assert wait_cqes(a.verbs, a.cq, 1)[0].byte_len == 14 and read(a, 0, 14) == b"inline payload"
 
 
 def test_rdma_write_read_and_atomics(pair: tuple[Side, Side]) -> None:
@@ -144,29 +132,29 @@ def test_rdma_write_read_and_atomics(pair: tuple[Side, Side]) -> None:
     write(b, 0, b"written by vm1")
     b.verbs.post_send(b.qp, WR["RDMA_WRITE"], [(b.mr.addr, 14, b.mr.lkey)], remote_addr=a.mr.addr + 8192,
                       rkey=a.mr.rkey, wr_id=1)
-    assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]
+    assert wait_cqes(b.verbs, b.cq, 1)[0].status == WC["SUCCESS"]
     assert read(a, 8192, 14) == b"written by vm1"
     write(a, 30000, b"read from vm0")
     b.verbs.post_send(b.qp, WR["RDMA_READ"], [(b.mr.addr + 1000, 13, b.mr.lkey)], remote_addr=a.mr.addr + 30000,
                       rkey=a.mr.rkey, wr_id=2)
-    (done,) = wait_cqes(b, 1)
+    (done,) = wait_cqes(b.verbs, b.cq, 1)
     assert (done.status, done.opcode, done.byte_len) == (WC["SUCCESS"], OP["RDMA_READ"], 13)
     assert read(b, 1000, 13) == b"read from vm0"
     write(a, 4096, (5).to_bytes(8, "little"))
     b.verbs.post_send(b.qp, WR["ATOMIC_FETCH_AND_ADD"], [(b.mr.addr + 64, 8, b.mr.lkey)],
                       remote_addr=a.mr.addr + 4096, rkey=a.mr.rkey, compare_add=10)
-    assert wait_cqes(b, 1)[0].opcode == OP["FETCH_ADD"]
+    assert wait_cqes(b.verbs, b.cq, 1)[0].opcode == OP["FETCH_ADD"]
     assert read(b, 64, 8) == (5).to_bytes(8, "little") and read(a, 4096, 8) == (15).to_bytes(8, "little")
     b.verbs.post_send(b.qp, WR["ATOMIC_CMP_AND_SWP"], [(b.mr.addr + 72, 8, b.mr.lkey)],
                       remote_addr=a.mr.addr + 4096, rkey=a.mr.rkey, compare_add=15, swap=99)
-    assert wait_cqes(b, 1)[0].opcode == OP["COMP_SWAP"]
+    assert wait_cqes(b.verbs, b.cq, 1)[0].opcode == OP["COMP_SWAP"]
     assert read(b, 72, 8) == (15).to_bytes(8, "little") and read(a, 4096, 8) == (99).to_bytes(8, "little")
     # Write with immediate: the data goes to memory, the immediate to a receive completion.
     a.verbs.post_recv(a.qp, [], wr_id=5)
     b.verbs.post_send(b.qp, WR["RDMA_WRITE_WITH_IMM"], [(b.mr.addr, 14, b.mr.lkey)], remote_addr=a.mr.addr,
                       rkey=a.mr.rkey, imm=77)
-    wait_cqes(b, 1)
-    (received,) = wait_cqes(a, 1)
+    wait_cqes(b.verbs, b.cq, 1)
+    (received,) = wait_cqes(a.verbs, a.cq, 1)
     assert (received.opcode, received.imm_data, received.byte_len) == (OP["RECV_RDMA_WITH_IMM"], 77, 14)
     assert read(a, 0, 14) == b"written by vm1"
 
@@ -195,7 +183,7 @@ def test_remote_access_is_checked_and_the_victim_untouched(backend: BackendProce
         target_key, target_addr = readonly.rkey, readonly.addr
     attacker.verbs.post_send(attacker.qp, WR[opcode], [(attacker.mr.addr, length, attacker.mr.lkey)],
                              remote_addr=target_addr, rkey=target_key, wr_id=66)
-    (done,) = wait_cqes(attacker, 1)
+    (done,) = wait_cqes(attacker.verbs, attacker.cq, 1)
     assert (done.wr_id, done.status) == (66, WC["REM_ACCESS_ERR"])
     assert checksum(victim) == before
     # Both VMs are still served.
@@ -210,7 +198,7 @@ def test_error_flushes_what_follows(pair: tuple[Side, Side]) -> None:
     b.verbs.post_send(b.qp, WR["RDMA_WRITE"], [(b.mr.addr, 8, b.mr.lkey ^ 0x100000)], remote_addr=a.mr.addr,
                       rkey=a.mr.rkey, wr_id=1, ring=False)  # a bad lkey: local protection error
     b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 8, b.mr.lkey)], wr_id=2, signaled=False)
-    completions = wait_cqes(b, 3)
+    completions = wait_cqes(b.verbs, b.cq, 3)
     by_id = {c.wr_id: c.status for c in completions}
     assert by_id == {1: WC["LOC_PROT_ERR"], 2: WC["WR_FLUSH_ERR"], 50: WC["WR_FLUSH_ERR"]}
 
@@ -226,8 +214,8 @@ def test_receiver_not_ready(backend: BackendProcess) -> None:
                    lambda: backend.counters("vm1")["engine"]["rnr_waits"] >= 2, timeout=10, interval=0.005)
         assert b.verbs.poll_cq(b.cq) == []
         a.verbs.post_recv(a.qp, [(a.mr.addr, 16, a.mr.lkey)], wr_id=2)
-        assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]
-        assert wait_cqes(a, 1)[0].wr_id == 2
+        assert wait_cqes(b.verbs, b.cq, 1)[0].status == WC["SUCCESS"]
+        assert wait_cqes(a.verbs, a.cq, 1)[0].wr_id == 2
         assert backend.counters("vm1")["engine"]["rnr_waits"] >= 1
 
 
@@ -236,7 +224,7 @@ def test_rnr_retry_exhausted(backend: BackendProcess) -> None:
         a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
         b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"], rnr_retry=2)
         b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
-        assert wait_cqes(b, 1)[0].status == WC["RNR_RETRY_EXC_ERR"]
+        assert wait_cqes(b.verbs, b.cq, 1)[0].status == WC["RNR_RETRY_EXC_ERR"]
 
 
 def test_unknown_destination_retries_in_vain(backend: BackendProcess) -> None:
@@ -244,7 +232,7 @@ def test_unknown_destination_retries_in_vain(backend: BackendProcess) -> None:
         b = make_side(fe1, backend, "vm1")
         b.verbs.connect(b.qp, 0x4242, bytes(16))  # nobody holds that GID
         b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 16, b.mr.lkey)], wr_id=1)
-        assert wait_cqes(b, 1)[0].status == WC["RETRY_EXC_ERR"]
+        assert wait_cqes(b.verbs, b.cq, 1)[0].status == WC["RETRY_EXC_ERR"]
 
 
 def test_cq_overflow_is_an_error_never_an_overwrite(backend: BackendProcess, pair: tuple[Side, Side]) -> None:
@@ -280,13 +268,13 @@ def test_garbage_producer_index_fails_only_that_qp(backend: BackendProcess, pair
     a.verbs.connect(qp2, b_qp.qpn, GID["vm1"])
     b.verbs.connect(b_qp, qp2.qpn, GID["vm0"])
     a.verbs.post_send(qp2, WR["RDMA_WRITE"], [(a.mr.addr, 8, a.mr.lkey)], remote_addr=b.mr.addr, rkey=b.mr.rkey)
-    assert wait_cqes(a, 1)[0].status == WC["SUCCESS"]
+    assert wait_cqes(a.verbs, a.cq, 1)[0].status == WC["SUCCESS"]
     assert b.verbs.memory.read(b.mr.addr, 8) == b"fresh qp"
     # A QP that still names the failed one is answered by nobody: its retries run out.
     qp3 = a.verbs.create_qp(a.pd, a.cq, a.cq)
     a.verbs.connect(qp3, b.qp.qpn, GID["vm1"])
     a.verbs.post_send(qp3, WR["RDMA_WRITE"], [(a.mr.addr, 8, a.mr.lkey)], remote_addr=b.mr.addr, rkey=b.mr.rkey)
-    assert wait_cqes(a, 1)[0].status == WC["RETRY_EXC_ERR"]
+    assert wait_cqes(a.verbs, a.cq, 1)[0].status == WC["RETRY_EXC_ERR"]
     assert query_device(b.verbs.fe).hdr.status == 0
 
 
@@ -359,12 +347,12 @@ def test_srq_feeds_several_qps_and_signals_its_limit(backend: BackendProcess) ->
         write(b, 0, b"through the SRQ")
         for sq in senders:  # two sends, through two QPs, into the one SRQ: 3 receives left, not below the limit
             b.verbs.post_send(sq, WR["SEND"], [(b.mr.addr, 15, b.mr.lkey)])
-        received = wait_cqes(a, 2)
+        received = wait_cqes(a.verbs, a.cq, 2)
         assert sorted(c.wr_id for c in received) == [100, 101]
         assert {c.qp_num for c in received} == {q.qpn for q in receivers}
         assert read(a, 0, 15) == read(a, 1024, 15) == b"through the SRQ"
         b.verbs.post_send(senders[0], WR["SEND"], [(b.mr.addr, 15, b.mr.lkey)])  # 2 left: below 3
-        wait_cqes(a, 1)
+        wait_cqes(a.verbs, a.cq, 1)
         (event,) = a.verbs.wait_events()
         assert (event.type, event.handle) == (abi.const("VRDMA_EVENT_SRQ_LIMIT"), srq.handle)
         limit = a.verbs.call("VRDMA_CMD_QUERY_SRQ", "vrdma_cmd_destroy", "vrdma_resp_query_srq", handle=srq.handle)
@@ -382,8 +370,8 @@ def test_sixteen_sges_each_way(pair: tuple[Side, Side]) -> None:
     for i, piece in enumerate(pieces):
         write(b, 2048 * i, piece)
     b.verbs.post_send(qb, WR["SEND"], [(b.mr.addr + 2048 * i, 100, b.mr.lkey) for i in range(16)])
-    assert wait_cqes(b, 1)[0].status == WC["SUCCESS"]
-    assert wait_cqes(a, 1)[0].byte_len == 1600
+    assert wait_cqes(b.verbs, b.cq, 1)[0].status == WC["SUCCESS"]
+    assert wait_cqes(a.verbs, a.cq, 1)[0].byte_len == 1600
     assert [read(a, 4096 * i, 100) for i in range(16)] == pieces
 
 
@@ -396,7 +384,7 @@ def test_armed_cq_raises_one_completion_event(pair: tuple[Side, Side]) -> None:
     a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)], wr_id=2)
     for _ in range(2):
         b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 8, b.mr.lkey)])
-    wait_cqes(a, 2)
+    wait_cqes(a.verbs, a.cq, 2)
     (event,) = a.verbs.wait_events()  # one event for two completions: the arm is used up by the first
     assert (event.type, event.handle) == (abi.const("VRDMA_EVENT_CQ_COMP"), a.cq.handle)
 
@@ -415,8 +403,8 @@ def test_cq_moderation_by_count_and_by_period(pair: tuple[Side, Side]) -> None:
         for _ in range(n):
             a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)])
             b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 8, b.mr.lkey)])
-        wait_cqes(b, n)
-        wait_cqes(a, n)
+        wait_cqes(b.verbs, b.cq, n)
+        wait_cqes(a.verbs, a.cq, n)
 
     moderate(3, 0)
     a.verbs.arm_cq(a.cq)

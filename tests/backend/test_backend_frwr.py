@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, SimSide, bystander_side, check_bystander, pattern, start_side, wait_cqes
+from backend_process import GID, BackendProcess, Bystander, SimSide, pattern, start_side, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
@@ -25,8 +25,6 @@ from vrdma.testing.verbs import Buffer, CommandError, SimCq, SimQp, SimVerbs
 pytestmark = pytest.mark.backend
 
 PAGE = abi.const("VRDMA_PAGE_SIZE")
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last)
-       for name, last in (("vm0", "01"), ("vm1", "02"), ("vm2", "03"))}
 WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("SEND", "SEND_WITH_INV", "RDMA_WRITE", "RDMA_READ",
                                                          "LOCAL_INV")}
 WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_PROT_ERR", "LOC_QP_OP_ERR", "REM_ACCESS_ERR",
@@ -81,13 +79,13 @@ def pair(backend: BackendProcess) -> Iterator[tuple[Kernel, SimSide]]:
 
 
 @contextlib.contextmanager
-def beside_a_bystander(tmp_path: Path) -> Iterator[tuple[BackendProcess, Kernel, SimSide, SimSide]]:
-    """vm0's kernel and vm1's user process connected (as `pair`), and vm2, a bystander for check_bystander."""
+def beside_a_bystander(tmp_path: Path) -> Iterator[tuple[Kernel, SimSide, Bystander]]:
+    """vm0's kernel and vm1's user process connected (as `pair`), and vm2, a Bystander."""
     backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2"))
     try:
         with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2:
             k, u = kernel_and_user(backend, fe0, fe1)
-            yield backend, k, u, bystander_side(fe2, backend, "vm2", GID["vm2"])
+            yield k, u, Bystander.beside(backend, fe2, "vm2")
     finally:
         assert backend.stop() == 0, backend.log_text()
 
@@ -191,16 +189,15 @@ def test_remote_invalidation_of_a_key_the_sender_does_not_own_touches_nothing(tm
     MR's, a bystander VM's, or vm0's of another PD. Keys are per device: the key names a slot of vm0's table, whose
     MR (if any) has another key or PD; nothing is unmapped anywhere, the message is an invalid request, and the
     bystander's MR still works."""
-    with beside_a_bystander(tmp_path) as (backend, k, u, bystander):
+    with beside_a_bystander(tmp_path) as (k, u, bystander):
         _, mapped = register(k)  # vm0's own mapping, which must survive
         key = {"the sender's own MR": u.mr.rkey, "a third VM's MR": bystander.mr.rkey,
                "the receiver's MR of another PD": next_key(k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1])}[whose]
-        before = backend.counters("vm2")
         k.verbs.post_recv(k.qp, [(k.buf.gpa + 3 * PAGE, 64, abi.const("VRDMA_LOCAL_DMA_LKEY"))], wr_id=9)
         u.verbs.post_send(u.qp, WR["SEND_WITH_INV"], [(u.mr.addr, 12, u.mr.lkey)], wr_id=3, imm=key)
         assert wait_cqes(u.verbs, u.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
         assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["REM_INV_REQ_ERR"]
-        check_bystander(backend, "vm2", bystander, before)
+        bystander.check()
         # vm0's mapping and the sender's own MR are as they were.
         k.verbs.reset_qp(k.qp)
         u.verbs.reset_qp(u.qp)
@@ -259,8 +256,7 @@ def test_a_malformed_registration_fails_and_touches_no_bystander(tmp_path: Path,
         with backend.frontend("vm0") as fe0, backend.frontend("vm2") as fe2:
             k = kernel_side(fe0, backend, "vm0")
             k.verbs.connect(k.qp, k.qp.qpn, GID["vm0"])  # to itself: a QP runs its send queue in RTS
-            bystander = bystander_side(fe2, backend, "vm2", GID["vm2"])
-            before = backend.counters("vm2")
+            bystander = Bystander.beside(backend, fe2, "vm2")
             fields, status = _bad(k, case)
             length = fields.get("length", PAGE - 100)
             k.verbs.post_reg_mr(k.qp, fields["key"], IOVA, length, fields["pages"], wr_id=0xBAD,
@@ -268,7 +264,7 @@ def test_a_malformed_registration_fails_and_touches_no_bystander(tmp_path: Path,
             done = wait_cqes(k.verbs, k.cq, 1)[0]
             assert (done.wr_id, done.status) == (0xBAD, status), case
             assert k.verbs.query_qp(k.qp).qp_state == ERR
-            check_bystander(backend, "vm2", bystander, before)
+            bystander.check()
     finally:
         assert backend.stop() == 0, backend.log_text()
 
@@ -285,16 +281,15 @@ def test_a_registration_of_a_mapped_mr_fails(pair: tuple[Kernel, SimSide]) -> No
 def test_a_local_invalidation_of_what_is_not_the_qps_fails(tmp_path: Path, which: str) -> None:
     """LOCAL_INV of a key that is no fast-registration MR of the QP's PD by its current key: a local protection
     error, nothing unmapped (vm0's own mapping, vm1's MR), and the bystander VM sees nothing of it."""
-    with beside_a_bystander(tmp_path) as (backend, k, u, bystander):
+    with beside_a_bystander(tmp_path) as (k, u, bystander):
         _, key = register(k)
         other = {"another low byte": next_key(key), "a registered MR's key": k.verbs.reg_mr(k.pd, PAGE).rkey,
                  "an MR of another PD": k.verbs.alloc_mr(k.verbs.alloc_pd(), 4)[1],
                  "an MR of another VM": u.mr.rkey}[which]
-        before = backend.counters("vm2")
         k.verbs.post_send(k.qp, WR["LOCAL_INV"], [], wr_id=7, imm=other)
         assert wait_cqes(k.verbs, k.cq, 1)[0].status == WC["LOC_PROT_ERR"]
         assert k.verbs.query_qp(k.qp).qp_state == ERR
-        check_bystander(backend, "vm2", bystander, before)
+        bystander.check()
         # vm0's mapping still takes vm1's writes once vm0's QP is back, and vm1's MR still takes vm0's.
         k.verbs.reset_qp(k.qp)
         k.verbs.connect(k.qp, u.qp.qpn, GID["vm1"])

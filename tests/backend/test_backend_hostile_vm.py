@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from collections.abc import Callable
 
 import psutil
 import pytest
-from backend_process import BackendProcess, expect_closed, query_device
+from backend_process import BackendProcess, expect_closed, query_device, settled_fds
 
 from vrdma.device import abi
 from vrdma.testing.frontend import USER_BASE, Frontend, GuestMemory
@@ -248,23 +247,6 @@ def test_replies_to_a_closed_socket_do_not_kill_the_process(backend: BackendProc
 
 
 # -- 4. fds of messages framed before a bad header ---------------------------------------------------------------
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def settled_fds(pid: int, expected: int | None = None, timeout: float = 5.0) -> int:
-    """The backend's open fd count once the admin connection a counter query left behind has been closed: the
-    lowest count seen over a few samples (or as soon as it reaches ``expected``). A leak never goes away."""
-    deadline = time.monotonic() + timeout
-    lowest = open_fds(pid)
-    samples = 1
-    while time.monotonic() < deadline and (lowest != expected if expected is not None else samples < 20):
-        time.sleep(0.01)
-        lowest = min(lowest, open_fds(pid))
-        samples += 1
-    return lowest
-
 
 def test_fds_of_a_stream_cut_by_a_bad_header_are_closed(backend: BackendProcess) -> None:
     """Finding 4: three fd-carrying messages, then a bad header in the same stream: the three fds leaked."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, SimSide, bystander_side, check_bystander, pattern, start_side, wait_cqes
+from backend_process import GID, BackendProcess, Bystander, SimSide, pattern, start_side, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.verbs import CommandError
@@ -23,8 +23,6 @@ from vrdma.testing.verbs import CommandError
 pytestmark = pytest.mark.backend
 
 PAGE = abi.const("VRDMA_PAGE_SIZE")
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last)
-       for name, last in (("vm0", "01"), ("vm1", "02"), ("vm2", "03"))}
 WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("SEND", "SEND_WITH_INV", "RDMA_WRITE", "RDMA_READ",
                                                          "LOCAL_INV", "ATOMIC_FETCH_AND_ADD")}
 WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_PROT_ERR", "LOC_QP_OP_ERR", "REM_ACCESS_ERR",
@@ -268,8 +266,7 @@ def test_a_malformed_bind_fails_and_touches_no_bystander(tmp_path: Path, case: s
                                                                                     MR_SIZE)
             a.verbs.connect(a.qp, b.qp.qpn, GID["vm1"])
             b.verbs.connect(b.qp, a.qp.qpn, GID["vm0"])
-            bystander = bystander_side(fe2, backend, "vm2", GID["vm2"])
-            before = backend.counters("vm2")
+            bystander = Bystander.beside(backend, fe2, "vm2")
             fields, status = _bad_bind(a, b, case)
             mw_rkey = fields.pop("mw_rkey")
             new_rkey, done = bind(a, mw_rkey, wr_id=0xBAD, **fields)
@@ -277,7 +274,7 @@ def test_a_malformed_bind_fails_and_touches_no_bystander(tmp_path: Path, case: s
             assert a.verbs.query_qp(a.qp).qp_state == ERR
             reconnect(a, b)
             assert write(b, a.mr.addr + WINDOW[0], new_rkey, b"nothing") == WC["REM_ACCESS_ERR"]
-            check_bystander(backend, "vm2", bystander, before)
+            bystander.check()
     finally:
         assert backend.stop() == 0, backend.log_text()
 

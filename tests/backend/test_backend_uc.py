@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_process import BackendProcess, SimSide, pattern, start_side, two_vms, wait_cqes
+from backend_process import GID, BackendProcess, SimSide, pattern, start_side, two_vms, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
@@ -22,8 +22,6 @@ from vrdma.testing.verbs import CommandError
 
 pytestmark = pytest.mark.backend
 
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last)
-       for name, last in (("vm0", "01"), ("vm1", "02"), ("vm2", "03"))}
 WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM",
                                                          "RDMA_READ", "ATOMIC_FETCH_AND_ADD")}
 WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_LEN_ERR", "LOC_PROT_ERR", "LOC_QP_OP_ERR",

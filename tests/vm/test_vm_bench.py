@@ -29,7 +29,9 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
             # between hosts: vrdma, vrdma with rxe, rxe, and the path's UDP reference
             "interhost_vrdma_write_bw_1mib_gbps", "interhost_vrdma_rxe_write_bw_1mib_gbps",
             "interhost_rxe_write_bw_1mib_gbps", "interhost_udp_gbps", "interhost_vrdma_write_lat_small_us",
-            "interhost_rxe_write_lat_small_us"} <= set(results)
+            "interhost_rxe_write_lat_small_us",
+            # the backend killed under traffic and restarted: until vrdma0 is usable again in both guests
+            "backend_restart_to_usable_ms"} <= set(results)
     for name, result in results.items():
         assert result["command"].startswith("vrdma bench"), name
         value = result["value"]

@@ -113,11 +113,51 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
             reg.check(f"ibv_reg_mr of 1 GiB on {device}")
             results.append(Metric(f"{name}_reg_mr_1gib_ms", round(json.loads(reg.stdout)["median_ms"], 1), "ms",
                                   f"vrdma bench (ibv_reg_mr 1 GiB in a {accel} guest)"))
+        results.append(restart_to_usable(guests, accel))
         for vm in guests:
             vm.run(["rmmod", "vrdma"]).check("rmmod vrdma (rxe0 alone on eth0 for rdma_cm)")
         results.append(cm_connect_rate(server, client, "rxe0", accel))
         results += nvmeof_rates(server, client, "rxe", "rdma", accel)
     return results, sweeps
+
+
+def restart_to_usable(guests: Any, accel: str) -> Metric:
+    """The backend killed under traffic (ibv_rc_pingpong between the two guests) and started again: the time from
+    the new backend being ready (its sockets listening, `DaemonProcess.start` returned) until vrdma0 is
+    PORT_ACTIVE again in both guests, the driver having noticed the lost state and probed the device afresh
+    (docs/reliability.md). The programs that held the old device end with an error meanwhile."""
+    from vrdma.harness import verbs
+    from vrdma.harness.daemon import vm_counters
+
+    server, client = guests[0], guests[1]
+    backend = guests.backend
+    gid = verbs.ipv4_gid_index(server, "vrdma0")
+    argv = ["ibv_rc_pingpong", "-d", "vrdma0", "-g", str(gid), "-s", "4096", "-n", "100000000"]
+    server_pid = server.agent.spawn(argv)
+    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+    client_pid = client.agent.spawn([*argv, server.address])
+    sent = vm_counters(backend, client.name)["engine"]["send_wqes"]
+    deadline = time.monotonic() + 120
+    while vm_counters(backend, client.name)["engine"]["send_wqes"] < sent + 200:  # traffic running
+        if time.monotonic() > deadline:
+            raise RuntimeError("no ping-pong traffic through the backend within 120 s")
+        time.sleep(0.05)
+    backend.kill()
+    backend.start()
+    ready = time.monotonic()
+    pending = [server, client]
+    deadline = ready + 120
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vrdma0 not PORT_ACTIVE again in {', '.join(vm.name for vm in pending)} "
+                               "within 120 s of the backend's restart")
+        pending = [vm for vm in pending if "PORT_ACTIVE" not in vm.run(["ibv_devinfo", "-d", "vrdma0"]).stdout]
+    usable_ms = (time.monotonic() - ready) * 1000
+    for vm, pid in ((server, server_pid), (client, client_pid)):
+        vm.agent.wait(pid, argv, timeout=120)  # ended (with an error) when the device went
+    return Metric("backend_restart_to_usable_ms", round(usable_ms, 1), "ms",
+                  f"vrdma bench (backend killed under ibv_rc_pingpong and restarted; until vrdma0 is PORT_ACTIVE "
+                  f"again in two {accel} guests)")
 
 
 def nvmeof_rates(target_vm: Any, host_vm: Any, name: str, transport: str, accel: str) -> list[Metric]:

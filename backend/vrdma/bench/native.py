@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 GIB, MIB = 1 << 30, 1 << 20
 
 WARMUP = 200
+# The data path's runs (docs/performance.md's method table is generated from these: vrdma.bench.methods).
+LATENCY_WRITES = 20_000       # signaled 8-byte WRITEs, one at a time ...
+LATENCY_WARMUP = 1000         # ... of which the first are not counted
+RATE_WRITES = 2_000_000       # 8-byte WRITEs streamed ...
+RATE_SIGNAL_EVERY = 64        # ... every 64th signaled
+BW_WRITES = 4000              # 1 MiB WRITEs streamed ...
+BW_SIGNAL_EVERY = 16
+QUEUE_DEPTH = 1024
 
 
 def control_round_trip(iterations: int) -> list[Metric]:
@@ -82,7 +90,7 @@ def native_backend() -> list[Metric]:
             verbs.add_gid(0, gid)
             pd = verbs.alloc_pd()
             cq = verbs.create_cq(4096)
-            sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=1024, max_sge=1, max_inline=0),
+            sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=QUEUE_DEPTH, max_sge=1, max_inline=0),
                           verbs.reg_mr(pd, 4 * MIB)))
         (va, pda, _, qpa, mra), (vb, _, cqb, qpb, mrb) = sides
         va.connect(qpa, qpb.qpn, gids[1])
@@ -103,23 +111,22 @@ def native_backend() -> list[Metric]:
                                                    "rkey": mra.rkey, "len": length})
 
         results: list[Metric] = []
-        iters = 20000
-        samples = nffi.new("int64_t[]", iters)
-        if nlib.nat_write_latency(queue, cq, write(8), iters, samples, STREAM_TIMEOUT_NS) != 0:
+        samples = nffi.new("int64_t[]", LATENCY_WRITES)
+        if nlib.nat_write_latency(queue, cq, write(8), LATENCY_WRITES, samples, STREAM_TIMEOUT_NS) != 0:
             raise RuntimeError("8-byte WRITE latency run failed")
-        lat = [samples[i] / 1000 for i in range(1000, iters)]  # the first thousand warm up
+        lat = [samples[i] / 1000 for i in range(LATENCY_WARMUP, LATENCY_WRITES)]
         results += [
             Metric("backend_db_to_cqe_p50_us", round(statistics.median(lat), 2), "us", command),
             Metric("backend_db_to_cqe_p99_us", round(_pct(lat, 99), 2), "us", command),
         ]
-        count = 2_000_000
-        elapsed = nlib.nat_write_stream(queue, cq, write(8), count, 64, STREAM_TIMEOUT_NS)
+        count = RATE_WRITES
+        elapsed = nlib.nat_write_stream(queue, cq, write(8), count, RATE_SIGNAL_EVERY, STREAM_TIMEOUT_NS)
         if elapsed < 0:
             raise RuntimeError("8-byte WRITE stream failed")
         results.append(Metric("backend_write_rate_8b_mops", round(count / elapsed * 1000, 3), "Mops/s", command))
-        count = 4000
+        count = BW_WRITES
         cpu_before = backend.process.cpu_times()
-        elapsed = nlib.nat_write_stream(queue, cq, write(MIB), count, 16, STREAM_TIMEOUT_NS)
+        elapsed = nlib.nat_write_stream(queue, cq, write(MIB), count, BW_SIGNAL_EVERY, STREAM_TIMEOUT_NS)
         cpu_after = backend.process.cpu_times()
         if elapsed < 0:
             raise RuntimeError("1 MiB WRITE stream failed")

@@ -6,12 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from backend_process import Bystander, Vm
+from backend_process import GID, Bystander, Vm
 
 from vrdma.device.status import Status
 from vrdma.testing.verbs import CommandError
-
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
 
 
 def refused(call: Callable[[], object], vm: Vm, because: str) -> Status:

@@ -4,15 +4,14 @@ and object-count helpers (the fixtures are in conftest.py)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
-from backend_process import BackendProcess, SimSide, query_device, start_side, wait_cqes
+from backend_process import GID, BackendProcess, SimSide, query_device, settled_fds, start_side, wait_cqes
+from polling import wait_until
 
 from vrdma.device import abi
 from vrdma.device.rings import CQE, RECV_WQE, SEND_WQE
@@ -65,10 +64,9 @@ __all__ = [  # what the lesson files take with `from pvrdma_helpers import *`
     "sges",
     "status_of",
     "wait_cqes",
-    "wait_for",
+    "wait_until",
 ]
 
-GID = {name: bytes.fromhex("00000000000000000000ffffa9fe64" + last) for name, last in (("vm0", "01"), ("vm1", "02"))}
 STATUS = {name: abi.const(f"VRDMA_STATUS_{name}") for name in ("OK", "NOT_SUPPORTED", "INVALID", "NO_RESOURCES")}
 WR = {name: abi.const(f"VRDMA_WR_{name}") for name in ("RDMA_WRITE", "SEND", "RDMA_READ")}
 WC = {name: abi.const(f"VRDMA_WC_{name}") for name in ("SUCCESS", "LOC_LEN_ERR", "LOC_QP_OP_ERR", "LOC_PROT_ERR",
@@ -130,13 +128,6 @@ def connected_qp(side: Side, peer: Side, peer_qp: SimQp, cq: SimCq | None = None
     return qp
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
-
-
 def engine(backend: BackendProcess, vm: str) -> dict[str, int]:
     return backend.counters(vm)["engine"]  # type: ignore[no-any-return]
 
@@ -190,18 +181,6 @@ def device_answers(fe: Frontend) -> bool:
 
 def rss(backend: BackendProcess) -> int:
     return int(psutil.Process(backend.proc.pid).memory_info().rss)
-
-
-def settled_fds(backend: BackendProcess, expected: int | None = None, timeout: float = 5.0) -> int:
-    """The backend's open fd count, lowest of a few samples: an admin query leaves a connection behind for a moment,
-    a leak stays."""
-    directory = f"/proc/{backend.proc.pid}/fd"
-    deadline = time.monotonic() + timeout
-    lowest, samples = len(os.listdir(directory)), 1
-    while time.monotonic() < deadline and (lowest != expected if expected is not None else samples < 20):
-        time.sleep(0.01)
-        lowest, samples = min(lowest, len(os.listdir(directory))), samples + 1
-    return lowest
 
 
 def aliased_pages(verbs: SimVerbs, npages: int) -> dict[str, int]:

@@ -54,7 +54,8 @@ def test_queues_kicked_before_their_rings_exist_do_nothing_until_they_do(backend
         for vq in fe.queues:
             vq.notify()
         # The backend has read every kick once its eventfd is no longer readable.
-        wait_for(lambda: not select.select([vq.kick for vq in fe.queues], [], [], 0)[0], "the kicks to be read")
+        wait_until("the kicks to be read", lambda: not select.select([vq.kick for vq in fe.queues], [], [], 0)[0],
+                   timeout=10, interval=0.002)
         counters = backend.counters("vm0")
         assert (counters["commands"], counters["events_pending"]) == (0, 1)
         assert counters["connection"]["state"] == "connected" and counters["connection"]["protocol_errors"] == 0

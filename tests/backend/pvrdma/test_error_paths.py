@@ -123,13 +123,13 @@ def test_failed_creates_leave_nothing_behind(backend: BackendProcess, case: str)
         for _ in range(1000):
             assert status_of(lambda: v.call(*failing.command, **failing.bad)) == STATUS[failing.status]
         counters = backend.counters("vm0")
-        fds, memory = settled_fds(backend), rss(backend)
+        fds, memory = settled_fds(backend.proc.pid), rss(backend)
         statuses = {status_of(lambda: v.call(*failing.command, **failing.bad)) for _ in range(1000)}
         assert statuses == {STATUS[failing.status]}
         assert rss(backend) - memory < 1 << 20, "RSS grew over 1000 failed creates"
         after = backend.counters("vm0")
         assert (after["objects"], after["doorbell_pages"]) == (counters["objects"], counters["doorbell_pages"])
-        assert settled_fds(backend, fds) == fds
+        assert settled_fds(backend.proc.pid, fds) == fds
         made = v.call(*failing.command, **failing.good)
         kind = failing.command[0].removeprefix("VRDMA_CMD_")
         destroy = {"CREATE_QP": "DESTROY_QP", "CREATE_CQ": "DESTROY_CQ", "CREATE_SRQ": "DESTROY_SRQ",
@@ -192,10 +192,10 @@ def test_failed_device_setup_leaks_nothing(backend: BackendProcess) -> None:
 
     for _ in range(50):  # warm-up, as in test_backend_hostile_vm
         half_setup()
-    fds, memory = settled_fds(backend), rss(backend)
+    fds, memory = settled_fds(backend.proc.pid), rss(backend)
     for _ in range(200):
         half_setup()
     counters = backend.counters("vm0")
     assert set(counters["objects"].values()) == {0} and counters["doorbell_pages"] == []
-    assert settled_fds(backend, fds) == fds
+    assert settled_fds(backend.proc.pid, fds) == fds
     assert rss(backend) - memory < 1 << 20, "RSS grew over 200 failed set-ups"

@@ -36,7 +36,7 @@ def test_garbage_send_producer_index_runs_nothing(backend: BackendProcess, pair:
                     remote_addr=victim.mr.addr + 64 * i, rkey=victim.mr.rkey)
     v.ring(qp.sq.db, producer)
     v.fe.wake()
-    wait_for(lambda: engine(backend, "vm1")["qp_fatal"] == 1, "QP_FATAL")
+    wait_until("QP_FATAL", lambda: engine(backend, "vm1")["qp_fatal"] == 1, timeout=10, interval=0.002)
     assert [(e.type, e.handle) for e in v.wait_events()] == [(EVENT["QP_FATAL"], qp.handle)]
     assert engine(backend, "vm1")["send_wqes"] == 0
     assert qp_state(v, qp) == QPS_ERR
@@ -121,7 +121,7 @@ def test_garbage_cq_consumer_index_never_writes_outside_the_ring(backend: Backen
     v.memory.write(cq.buf.gpa + 4, struct.pack("<I", consumer))
     v.post_send(qp, WR["RDMA_WRITE"], [(attacker.mr.addr, 8, attacker.mr.lkey)], wr_id=1,
                 remote_addr=victim.mr.addr, rkey=victim.mr.rkey)
-    wait_for(lambda: v.cq_overflowed(cq), "the CQ's overflow flag")
+    wait_until("the CQ's overflow flag", lambda: v.cq_overflowed(cq), timeout=10, interval=0.002)
     assert [(e.type, e.handle) for e in v.wait_events()] == [(EVENT["CQ_ERR"], cq.handle)]
     assert engine(backend, "vm1")["cq_overflows"] == 1
     assert struct.unpack("<I", v.memory.read(cq.buf.gpa, 4))[0] == 0  # prod: no CQE was written
