@@ -268,6 +268,8 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 		if (!n->deadline && !qp->rnr_until)
 			return "unanswered work without a deadline";
 	}
+	if (n->deadline && (qp->cfg.flags & VRE_QP_UC))
+		return "a retransmission timer on a UC QP (nothing answers it)";
 	if (n->deadline && qp->rnr_until)
 		return "a retransmission timer during an RNR wait (due, it would not run before the wait ends)";
 	if (!started && n->una_psn != n->next_psn && !(qp->cfg.flags & VRE_QP_UC))

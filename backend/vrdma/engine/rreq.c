@@ -87,10 +87,13 @@ static void cursor_past(struct vre_qp *qp)
 
 /* The retransmission timer: running while anything started is unanswered, but not during an RNR wait (qp_poll
  * does nothing for the QP until the wait ends, so a timer due before then would be due and never run: the loop
- * that sleeps until the next deadline would spin); remote_poll starts it again when the wait is over. */
+ * that sleeps until the next deadline would spin; remote_poll starts it again when the wait is over), and never
+ * for UC, which nothing answers. */
 static void arm_timer(struct vre_engine *e, struct vre_qp *qp)
 {
-	qp->net->deadline = qp->sq_head == qp->net->sq_next || qp->rnr_until ? 0 : e->now + retry_wait_ns(qp);
+	bool waits = qp->sq_head != qp->net->sq_next && !qp->rnr_until && !(qp->cfg.flags & VRE_QP_UC);
+
+	qp->net->deadline = waits ? e->now + retry_wait_ns(qp) : 0;
 }
 
 /* The oldest WQE is done: completed with `status` (and `len`, its message length, on success). */
