@@ -218,6 +218,7 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 	const struct vre_remote *n = qp->net;
 	uint32_t depth = qp->cfg.sq_depth, started, cursor, rd = 0, psn;
 	bool owed = false;
+	bool first_owed = false;
 
 	if (!n)
 		return NULL;
@@ -228,8 +229,10 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 
 		if (job->sent > job->npkts || (job->atomic && job->npkts != 1))
 			return "a READ or atomic of the responder has sent more than it owes";
-		if (owed && job->sent)
+		/* first answers in PSN order (a duplicate asking an answered one again is answered again after others) */
+		if (first_owed && job->sent)
 			return "an answer went out ahead of one owed before it";
+		first_owed |= !job->answered && job->sent < job->npkts;
 		owed |= job->sent < job->npkts;
 	}
 	if (n->ack_owed && !owed && qp->attr.state != VRDMA_QPS_ERR)

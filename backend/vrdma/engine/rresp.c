@@ -521,6 +521,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 				if (!atomic_answer(e, d, qp, job))
 					return done;
 				job->sent = job->npkts;
+				job->answered = true;
 				done++;
 				continue;
 			}
@@ -528,6 +529,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 						    VRDMA_ACCESS_REMOTE_READ, &moff))) {
 				/* The MR went away (or lost its rights) while the READ was answered. */
 				job->sent = job->npkts;
+				job->answered = true;
 				n->ack_owed = false;
 				send_ack(e, d, qp, (uint32_t)NAK_ACCESS << 24 | (n->msn & PSN_MASK), pkt.psn);
 				qp_to_error(e, d, qp, VRDMA_EVENT_QP_ACCESS_ERR);
@@ -546,7 +548,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 			tx_queue(e, d, &qp->net->addr, slot, &pkt, plen);
 			d->counters.bytes += plen;
 			qp->counters.bytes += plen;
-			job->sent++;
+			job->answered |= ++job->sent == job->npkts;
 			done++;
 		}
 	}

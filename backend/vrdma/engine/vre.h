@@ -143,6 +143,7 @@ struct vre_rd_job {
 	uint64_t va;
 	uint32_t len;
 	bool atomic;
+	bool answered;            /* all its answers went out once (a duplicate asking again sends them again) */
 	uint64_t orig;            /* atomic: the value it answered with */
 };
 
