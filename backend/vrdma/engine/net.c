@@ -217,7 +217,6 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 {
 	const struct vre_remote *n = qp->net;
 	uint32_t depth = qp->cfg.sq_depth, started, cursor, rd = 0, psn;
-	bool owed = false;
 	bool first_owed = false;
 
 	if (!n)
@@ -233,10 +232,7 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 		if (first_owed && job->sent)
 			return "an answer went out ahead of one owed before it";
 		first_owed |= !job->answered && job->sent < job->npkts;
-		owed |= job->sent < job->npkts;
 	}
-	if (n->ack_owed && !owed && qp->attr.state != VRDMA_QPS_ERR)
-		return "an ACK waits for answers that are not owed";
 	if (qp->attr.state != VRDMA_QPS_RTS)  /* the requester's state counts from RTS (net_qp_update) */
 		return n->deadline ? "a retransmission timer on a QP that sends nothing" : NULL;
 	started = n->sq_next - qp->sq_head;

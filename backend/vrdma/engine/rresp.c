@@ -81,14 +81,14 @@ static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 /*
  * An ACK or NAK (syndrome) for `psn`, in PSN order: behind the answers still owed to earlier READs and atomics it
  * waits, and responder_poll sends it after them (each says everything before it was taken, so the newest one
- * waiting stands for all).
+ * waiting stands for all); so it does behind one that already waits (for them, or for room in the ring).
  */
 static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
 {
 	struct vre_remote *n = qp->net;
 	uint32_t aeth = (uint32_t)syndrome << 24 | (n->msn & PSN_MASK);
 
-	if (answers_owed(n)) {
+	if (n->ack_owed || answers_owed(n)) {
 		n->ack_owed = true;
 		n->ack_psn = psn;
 		n->ack_aeth = aeth;
