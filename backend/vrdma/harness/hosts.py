@@ -12,6 +12,7 @@ instead of the bridge, and stops it on exit.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import json
 import os
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from pyroute2 import Ethtool, NetlinkError, NetNS, netns
+from pyroute2 import Ethtool, IPRoute, NetlinkError, NetNS, netns
 
 from vrdma.errors import VrdmaError
 from vrdma.harness.impair import Impairment
@@ -77,14 +78,17 @@ class Fabric(Managed):
         self.switch = f"{self.prefix}-sw"
         self.hosts = [Host(f"h{i}", f"{self.prefix}-h{i}", str(addresses[i]), self.subnet.prefixlen)
                       for i in range(count)]
+        # The switch's ends of the hosts' veths: names of this fabric's own (at most 15 bytes, as Linux allows).
+        tag = hashlib.sha256(self.prefix.encode()).hexdigest()[:8]
+        self.ports = [f"v{tag}p{i}" for i in range(count)]
 
     def __getitem__(self, index: int) -> Host:
         return self.hosts[index]
 
     def start(self) -> None:
-        """Make the namespaces and links. Every link is made inside the fabric's own namespaces (a veth pair in the
-        switch's namespace with its peer created in the host's), never in the root namespace, where two fabrics set
-        up at once took each other's names (`port0` moved into the other switch, or "File exists")."""
+        """Make the namespaces and links. A veth's name is the fabric's own (its prefix's hash), not the `port0`
+        every fabric had: two fabrics set up at once took each other's veths in the root namespace (`port0` moved
+        into the other's switch, or "File exists")."""
         taken = set(netns.listnetns()) & {self.switch, *(h.netns for h in self.hosts)}
         if taken:
             raise FabricError(f"network namespaces {', '.join(sorted(taken))} exist already (another fabric's?)")
@@ -94,11 +98,15 @@ class Fabric(Managed):
         with self._step(f"creating bridge {SWITCH_BRIDGE} in {self.switch}"), NetNS(self.switch) as sw:
             sw.link("add", ifname=SWITCH_BRIDGE, kind="bridge")
             sw.link("set", index=self._index(sw, SWITCH_BRIDGE, self.switch), state="up")
-        for i, host in enumerate(self.hosts):
-            port = f"port{i}"
-            with self._step(f"creating veth {port} in {self.switch} with its peer {HOST_LINK} in {host.netns}"), \
-                    NetNS(self.switch) as sw:
-                sw.link("add", ifname=port, kind="veth", peer={"ifname": HOST_LINK, "net_ns_fd": host.netns})
+        for host, port in zip(self.hosts, self.ports, strict=True):
+            with self._step(f"creating veth {port} with its peer {HOST_LINK} in {host.netns}"), IPRoute() as ipr:
+                # Made here, its peer straight in the host's namespace, the switch's end then moved: a namespace is
+                # named as a path, which resolves here and not always inside another namespace's proxy (seen in
+                # `vrdma bench`: FileNotFoundError for /var/run/netns/<host>). The name is the fabric's own, so two
+                # fabrics set up at once never meet here.
+                ipr.link("add", ifname=port, kind="veth", peer={"ifname": HOST_LINK, "net_ns_fd": host.netns})
+                ipr.link("set", index=self._index(ipr, port, "the root namespace"), net_ns_fd=self.switch)
+            with self._step(f"attaching {port} in {self.switch}"), NetNS(self.switch) as sw:
                 index = self._index(sw, port, self.switch)
                 sw.link("set", index=index, mtu=self.mtu)
                 if self.impairment is None:
@@ -131,7 +139,7 @@ class Fabric(Managed):
             raise FabricError(f"{what}: {type(err).__name__}: {err}") from err
 
     @staticmethod
-    def _index(ns: NetNS, ifname: str, where: str) -> int:
+    def _index(ns: NetNS | IPRoute, ifname: str, where: str) -> int:
         found = ns.link_lookup(ifname=ifname)
         if not found:
             raise FabricError(f"no link {ifname} in {where} (links there: "
@@ -168,7 +176,7 @@ class Fabric(Managed):
             netns.popns()
 
     def _start_switch(self, impairment: Impairment) -> None:
-        ports = [arg for i in range(len(self.hosts)) for arg in ("--port", f"port{i}")]
+        ports = [arg for port in self.ports for arg in ("--port", port)]
         self.switch_process = subprocess.Popen(
             ["ip", "netns", "exec", self.switch, sys.executable, "-m", "vrdma.harness.impair", *ports,
              *impairment.argv()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
