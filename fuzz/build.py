@@ -21,7 +21,7 @@ ENGINE = ROOT / "backend" / "vrdma" / "engine"
 ABI = ROOT / "guest-driver" / "include"  # the device API header, vrdma_dev_api.h
 # The native harnesses: each a folder of C files with one LLVMFuzzerTestOneInput, linked with the engine's files.
 HARNESSES = {"engine": ROOT / "fuzz" / "engine", "roce": ROOT / "fuzz" / "roce"}
-HARNESS_DIR = HARNESSES["engine"]
+INPUT_HEADER = ROOT / "fuzz" / "input.h"  # how both read their input
 OUT = ROOT / "build" / "fuzz" / "engine_fuzz"
 ROCE_OUT = ROOT / "build" / "fuzz" / "roce_fuzz"
 # UBSan's checks abort (no recovery): a report must end the run and leave the input behind. Warnings are errors in
@@ -29,7 +29,7 @@ ROCE_OUT = ROOT / "build" / "fuzz" / "roce_fuzz"
 # VRE_CHECK_INVARIANTS: the engine holds its RoCE state to its invariants after every poll and packet (net.c).
 FLAGS = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=fuzzer,address,undefined",
          "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror", "-DVRE_CHECK_INVARIANTS", f"-I{ENGINE}",
-         f"-I{ABI}"]
+         f"-I{ABI}", f"-I{INPUT_HEADER.parent}"]
 COMPILERS = ("clang-14", "clang")
 
 
@@ -62,7 +62,7 @@ def fuzzer(name: str) -> Path:
     sources = [*harness_sources(name), *engine_sources()]
     digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
     for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESSES[name].glob("*.h")),
-                 ABI / "vrdma_dev_api.h"]:
+                 ABI / "vrdma_dev_api.h", INPUT_HEADER]:
         digest.update(path.read_bytes())
     key = digest.hexdigest()[:16]
     stamp = out.with_suffix(".stamp")
@@ -78,14 +78,6 @@ def fuzzer(name: str) -> Path:
     return out
 
 
-def engine_fuzzer() -> Path:
-    return fuzzer("engine")
-
-
-def roce_fuzzer() -> Path:
-    return fuzzer("roce")
-
-
 def engine_coverage(corpora: list[Path], name: str = "engine") -> str:
     """Line and branch coverage of the engine by the inputs in ``corpora`` (llvm-cov's report): harness ``name``
     built again with clang's source-based coverage, without sanitizers, run once over every input."""
@@ -97,7 +89,7 @@ def engine_coverage(corpora: list[Path], name: str = "engine") -> str:
     profile = OUT.with_name(f"{name}_cov.profraw")
     merged = OUT.with_name(f"{name}_cov.profdata")
     flags = ["-g", "-O0", "-fsanitize=fuzzer", "-fprofile-instr-generate", "-fcoverage-mapping", f"-I{ENGINE}",
-             f"-I{ABI}"]
+             f"-I{ABI}", f"-I{INPUT_HEADER.parent}"]
     subprocess.run([cc, *flags, *map(str, harness_sources(name)), *map(str, engine_sources()), "-lz", "-o",
                     str(binary)], check=True)
     subprocess.run([str(binary), "-runs=0", *map(str, corpora)], env={"LLVM_PROFILE_FILE": str(profile)},

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 
 #include "engine.h"
+#include "input.h"
 #include "vrdma_dev_api.h"
 
 #define NDEV 2
@@ -41,42 +42,6 @@
 			abort();                                                                              \
 		}                                                                                             \
 	} while (0)
-
-/* -- input ----------------------------------------------------------------------------------------------- */
-
-struct in {
-	const uint8_t *p;
-	size_t left;
-};
-
-static inline uint8_t u8(struct in *in)
-{
-	if (!in->left)
-		return 0;
-	in->left--;
-	return *in->p++;
-}
-
-static inline uint16_t u16(struct in *in)
-{
-	uint16_t lo = u8(in);
-
-	return (uint16_t)(lo | (uint16_t)u8(in) << 8);
-}
-
-static inline uint32_t u32(struct in *in)
-{
-	uint32_t lo = u16(in);
-
-	return lo | (uint32_t)u16(in) << 16;
-}
-
-static inline uint64_t u64(struct in *in)
-{
-	uint64_t lo = u32(in);
-
-	return lo | (uint64_t)u32(in) << 32;
-}
 
 /* -- the fake VMs ---------------------------------------------------------------------------------------- */
 

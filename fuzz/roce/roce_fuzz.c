@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 
 #include "engine.h"
+#include "input.h"
 #include "vrdma_dev_api.h"
 
 #define PAGE VRDMA_PAGE_SIZE
@@ -66,33 +67,6 @@
 			abort();                                                                              \
 		}                                                                                             \
 	} while (0)
-
-struct in {
-	const uint8_t *p;
-	size_t left;
-};
-
-static uint8_t u8(struct in *in)
-{
-	if (!in->left)
-		return 0;
-	in->left--;
-	return *in->p++;
-}
-
-static uint16_t u16(struct in *in)
-{
-	uint16_t lo = u8(in);
-
-	return (uint16_t)(lo | (uint16_t)u8(in) << 8);
-}
-
-static uint32_t u32(struct in *in)
-{
-	uint32_t lo = u16(in);
-
-	return lo | (uint32_t)u16(in) << 16;
-}
 
 struct packet {
 	uint32_t len;
