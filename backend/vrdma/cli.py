@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -202,14 +203,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Unwind like Ctrl-C, so that `vm up` stops the guests it was starting instead of leaving them behind.
-    raise SystemExit(128 + signum)
+def unwind_on_sigterm() -> None:
+    """SIGTERM unwinds this process like Ctrl-C, so that `vm up` stops the guests it was starting instead of leaving
+    them behind; in a fork of it that has not exec'd, it does what SIGTERM does by default.
+
+    A fork runs on a copy of its parent's stack. pyroute2 forks a helper for each namespace it creates or opens a
+    socket in, and SIGTERMs it once it has answered; a helper not yet at its os._exit() unwound that copy into the
+    `except BaseException:` of `vm up` (or the exit of `vrdma bench`'s fabric), which removed the hosts' namespaces
+    under the parent still setting them up: their veths went with them ("no link ... in <switch>", an IndexError
+    for a host's eth0, FileNotFoundError for /var/run/netns/<host>; docs/harness.md)."""
+    owner = os.getpid()
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `vrdma ... | head` ends quietly
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    unwind_on_sigterm()
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after the first `--` is the guest command, untouched by option parsing.
     guest_command: list[str] | None = None

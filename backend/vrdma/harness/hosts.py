@@ -100,10 +100,8 @@ class Fabric(Managed):
             sw.link("set", index=self._index(sw, SWITCH_BRIDGE, self.switch), state="up")
         for host, port in zip(self.hosts, self.ports, strict=True):
             with self._step(f"creating veth {port} with its peer {HOST_LINK} in {host.netns}"), IPRoute() as ipr:
-                # Made here, its peer straight in the host's namespace, the switch's end then moved: a namespace is
-                # named as a path, which resolves here and not always inside another namespace's proxy (seen in
-                # `vrdma bench`: FileNotFoundError for /var/run/netns/<host>). The name is the fabric's own, so two
-                # fabrics set up at once never meet here.
+                # Made here, its peer straight in the host's namespace, the switch's end then moved. The name is the
+                # fabric's own, so two fabrics set up at once never meet here.
                 ipr.link("add", ifname=port, kind="veth", peer={"ifname": HOST_LINK, "net_ns_fd": host.netns})
                 ipr.link("set", index=self._index(ipr, port, "the root namespace"), net_ns_fd=self.switch)
             with self._step(f"attaching {port} in {self.switch}"), NetNS(self.switch) as sw:
