@@ -15,7 +15,7 @@ import pytest
 
 from vrdma.device.constants import WcOpcode, WcStatus, WrOpcode
 from vrdma.device.qp_states import QpState
-from vrdma.testing.inprocess import Link, LocalHost, Packet, Side, Wire, connect, two_hosts
+from vrdma.testing.inprocess import Link, LocalHost, LoseOnce, Packet, Side, Wire, connect, two_hosts
 
 pytestmark = pytest.mark.backend  # the C engine (`make backend`)
 
@@ -150,20 +150,13 @@ def test_every_operation_on_a_clean_wire(pair: tuple[LocalHost, Side, LocalHost,
 def test_a_lost_packet_in_a_message_gets_a_sequence_nak_and_is_sent_again(
         pair: tuple[LocalHost, Side, LocalHost, Side]) -> None:
     a_host, a, b_host, b = pair
-    lost: list[Packet] = []
-
-    def lose_the_third(packet: Packet) -> list[Packet]:
-        if packet.kind == "WRITE_MIDDLE" and packet.psn == 2 and not lost:
-            lost.append(packet)
-            return []
-        return [packet]
-
-    wire = Wire([a_host, b_host], lose_the_third)
+    lose = LoseOnce("WRITE_MIDDLE", psn=2)
+    wire = Wire([a_host, b_host], lose)
     data = pattern(8 * MTU)
     a.verbs.memory.write(a.mr.addr + DATA, data)
     post(a, WrOpcode.RDMA_WRITE, len(data), 1, remote_addr=b.mr.addr + DATA, rkey=b.mr.rkey)
     (done,) = run_until_completions(wire, a, 1)
-    assert done.status == WcStatus.SUCCESS and lost
+    assert done.status == WcStatus.SUCCESS and lose.lost
     assert b.verbs.memory.read(b.mr.addr + DATA, len(data)) == data
     naks = [p for p in wire.log if p.kind == "ACK" and p.syndrome == 0x60]
     assert [p.psn for p in naks] == [2], "one sequence NAK, for the lost PSN"
@@ -174,20 +167,13 @@ def test_a_lost_packet_in_a_message_gets_a_sequence_nak_and_is_sent_again(
 def test_a_lost_last_packet_is_sent_again_when_the_timer_expires(
         pair: tuple[LocalHost, Side, LocalHost, Side]) -> None:
     a_host, a, b_host, b = pair
-    lost: list[Packet] = []
-
-    def lose_the_first(packet: Packet) -> list[Packet]:
-        if packet.kind == "WRITE_ONLY" and not lost:
-            lost.append(packet)
-            return []
-        return [packet]
-
-    wire = Wire([a_host, b_host], lose_the_first)
+    lose = LoseOnce("WRITE_ONLY")
+    wire = Wire([a_host, b_host], lose)
     a.verbs.memory.write(a.mr.addr + DATA, pattern(100))
     post(a, WrOpcode.RDMA_WRITE, 100, 1, remote_addr=b.mr.addr + DATA, rkey=b.mr.rkey)
     start = a_host.now
     (done,) = run_until_completions(wire, a, 1)
-    assert done.status == WcStatus.SUCCESS
+    assert done.status == WcStatus.SUCCESS and lose.lost
     assert a_host.roce()["timeouts"] == 1 and a_host.roce()["retransmits"] == 1
     assert a_host.now - start >= 4096 << 14, "sent again after the QP's timeout (14: 67 ms), not before"
 
@@ -221,20 +207,13 @@ def test_a_duplicated_atomic_runs_once_and_is_answered_twice_alike(
 def test_a_lost_read_response_is_asked_again_from_where_it_was_lost(
         pair: tuple[LocalHost, Side, LocalHost, Side]) -> None:
     a_host, a, b_host, b = pair
-    lost: list[Packet] = []
-
-    def lose_one_response(packet: Packet) -> list[Packet]:
-        if packet.kind == "READ_RESPONSE_MIDDLE" and packet.psn == 2 and not lost:
-            lost.append(packet)
-            return []
-        return [packet]
-
-    wire = Wire([a_host, b_host], lose_one_response)
+    lose = LoseOnce("READ_RESPONSE_MIDDLE", psn=2)
+    wire = Wire([a_host, b_host], lose)
     data = pattern(6 * MTU)
     b.verbs.memory.write(b.mr.addr + DATA, data)
     post_read(a, b, len(data))
     (done,) = run_until_completions(wire, a, 1)
-    assert (done.status, done.byte_len) == (WcStatus.SUCCESS, len(data)) and lost
+    assert (done.status, done.byte_len) == (WcStatus.SUCCESS, len(data)) and lose.lost
     assert a.verbs.memory.read(a.mr.addr + LOCAL, len(data)) == data
     reads = requests_sent(wire.log, "READ_REQUEST")
     assert [p.psn for p in reads] == [0, 2], "asked again from the first missing response, at once"

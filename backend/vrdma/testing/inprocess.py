@@ -235,6 +235,21 @@ class Link:
         return [held] if held else []
 
 
+@dataclass
+class LoseOnce:
+    """Loses the first packet of ``kind`` (at ``psn``, when given) and passes every other; ``lost`` holds it."""
+
+    kind: str
+    psn: int | None = None
+    lost: list[Packet] = field(default_factory=list)
+
+    def __call__(self, packet: Packet) -> list[Packet]:
+        if not self.lost and packet.kind == self.kind and self.psn in (None, packet.psn):
+            self.lost.append(packet)
+            return []
+        return [packet]
+
+
 class Wire:
     """Hosts joined by one network the test controls. ``log`` keeps every packet the hosts sent, in order."""
 
