@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vrdma.harness.errors import AgentError
-from vrdma.harness.vm import Vm
+from vrdma.harness.vm import Vm, unload
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ targetcli {q(tpg)} set attribute authentication=0 generate_node_acls=1 demo_mode
 targetcli clearconfig confirm=True
 kill $(cat {DBUS_PID}) && rm -f {DBUS_PID} {SYSTEM_BUS}
 rmdir /sys/kernel/config/target/iscsi  # (the fabric's directory holds its module)
-rmmod ib_isert iscsi_target_mod target_core_mod  # (modprobe -r fails on the RDMA core modules in use)
+{unload("ib_isert", "iscsi_target_mod", "target_core_mod")}
 """, "tearing down the iSER target")
 
 
@@ -92,7 +92,7 @@ iscsiadm {node} --login
 iscsiadm {node} --logout
 iscsiadm {node} -o delete
 iscsiadm -k 0  # iscsid stops
-rmmod ib_iser
+{unload("ib_iser")}
 """, "logging out of the iSER target")
 
 

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from vrdma.harness.vm import Vm
+from vrdma.harness.vm import Vm, unload
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ exportfs -ua
 killall rpc.mountd || true
 umount {EXPORT}
 umount /proc/fs/nfsd
-rmmod nfsd rpcrdma
+{unload("nfsd", "rpcrdma")}
 """, "stopping the NFS server")
 
 
@@ -75,4 +75,4 @@ grep -q ' {MOUNTPOINT} nfs4 .*proto=rdma' /proc/mounts
     try:
         yield MOUNTPOINT
     finally:
-        vm.setup(f"umount {MOUNTPOINT}\nrmmod nfsv4 rpcrdma", "unmounting NFS")
+        vm.setup(f"umount {MOUNTPOINT}\n{unload('nfsv4', 'rpcrdma')}", "unmounting NFS")

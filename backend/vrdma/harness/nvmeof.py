@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vrdma.harness.errors import AgentError
-from vrdma.harness.vm import Vm
+from vrdma.harness.vm import Vm, unload
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ echo 0 > {q(subsystem)}/namespaces/1/enable
 rmdir {q(subsystem)}/namespaces/1
 rmdir {q(subsystem)}
 rm -f {NAMESPACE_FILE}
-rmmod nvmet_{transport} nvmet  # (modprobe -r fails on the RDMA core modules that stay in use)
+{unload(f"nvmet_{transport}", "nvmet")}
 """, "tearing down the NVMe-oF target")
 
 
@@ -84,7 +84,8 @@ def host(vm: Vm, target: Target, timeout: float = 60.0) -> Iterator[str]:
         log.info("%s: %s is %s of %s over %s", vm.name, device, target.nqn, target.vm.name, target.transport)
         yield device
     finally:
-        vm.setup(f"nvme disconnect -n {shlex.quote(target.nqn)}\nrmmod nvme_{target.transport} nvme_fabrics nvme_core",
+        vm.setup(f"nvme disconnect -n {shlex.quote(target.nqn)}\n"
+                 f"{unload(f'nvme_{target.transport}', 'nvme_fabrics', 'nvme_core')}",
                  "nvme disconnect")
 
 

@@ -42,6 +42,18 @@ GUEST_ERROR = re.compile(rb"vrdma-guest-error: [^\r\n]*")
 QUIT_TIMEOUT = 10.0       # QMP quit, then SIGTERM, then SIGKILL, each given this long
 CONSOLE_TAIL_LINES = 40
 STATE_FILE = "state.json"
+UNLOAD_WAIT_MS = 30_000
+
+
+def unload(*modules: str) -> str:
+    """The guest's shell line that removes ``modules`` (and what they alone used), each once nothing holds it.
+
+    A transport's teardown ends after the command that began it (umount, rpc.nfsd 0, nvme disconnect, a target
+    cleared): the connection it used releases its module asynchronously, and `rmmod` just after answered EAGAIN
+    now and then ("can't unload module 'rpcrdma': Resource temporarily unavailable"). kmod's modprobe waits for the
+    reference count to drop (`--wait`); named by path, because busybox's sh runs its own applets (rmmod, modprobe
+    without --wait) for bare names. Modules something else still uses (the RDMA core under vrdma) stay."""
+    return f"/sbin/modprobe -r --wait={UNLOAD_WAIT_MS} {' '.join(modules)}"
 
 
 @dataclass(frozen=True)
