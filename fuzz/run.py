@@ -45,7 +45,7 @@ DEFAULT_INPUTS = 1_000_000
 # engine 6 min, roce 23 min, vhost-user 4, commands 1, campaign 3 for 1,000,000 inputs); one that runs out of it
 # short of its inputs fails the run.
 TIME_CAP = {"engine": 1800, "roce": 3600, "vhost-user": 1800, "commands": 1800, "campaign": 1800}
-SMOKE_SECONDS = {"engine": 12, "roce": 12, "vhost-user": 8, "commands": 8, "campaign": 18}
+SMOKE_SECONDS = {"engine": 12, "roce": 6, "vhost-user": 8, "commands": 8, "campaign": 18}
 ARTIFACT = re.compile(r"Test unit written to (\S+)")
 COVERAGE = re.compile(r"cov: (\d+) ft: (\d+)")
 
