@@ -68,11 +68,11 @@ def vrdma_guests(mh: MultiHost, *vms: Vm) -> dict[str, int]:
     return {vm.name: mh.plan[mh.vms.index(vm)].host for vm in vms if device(mh, vm) == "vrdma0"}
 
 
-def perftest(mh: MultiHost, server: Vm, client: Vm, tool: str, extra: tuple[str, ...] = ()) -> list[Any]:
+def perftest(mh: MultiHost, server: Vm, client: Vm, tool: str, extra: tuple[str, ...] = (),
+             check_data: bool = True) -> list[Any]:
     """A perftest tool between two guests, each side on its own device and IPv4 GID: its result rows. perftest
     checks no data and reports whatever ran: each vrdma side's backend must have sent and taken at least a packet
-    per iteration over RoCE. The data between the same two guests is checked by their rc_pingpong test (every pair
-    perftest runs between has one: test_rc_pingpong_vrdma_to_vrdma_across_hosts, test_rc_pingpong_with_rxe)."""
+    per iteration over RoCE, and (``check_data``) ibv_rc_pingpong's data check then passes between the same two."""
     guests = vrdma_guests(mh, server, client)
     before = {name: roce_counters(mh, host, name) for name, host in guests.items()}
     rows = verbs.perftest(server, client, tool, device(mh, server), verbs.ipv4_gid_index(server, device(mh, server)),
@@ -83,6 +83,8 @@ def perftest(mh: MultiHost, server: Vm, client: Vm, tool: str, extra: tuple[str,
         after = roce_counters(mh, host, name)
         moved = {key: after[key] - before[name][key] for key in ("tx_packets", "rx_packets")}
         assert min(moved.values()) >= 200, f"{tool}: {name}'s backend moved {moved} RoCE packets for 200 iterations"
+    if check_data:
+        pingpong(mh, server, client, size=4096, iterations=20)
     return rows
 
 
@@ -227,7 +229,7 @@ def test_lossy_link_keeps_the_data_intact(products: Products, tmp_path: Path) ->
                    prefix=f"lossy{os.getpid() % 100000}") as lossy:
         vm0, vm1 = lossy.vms
         pingpong(lossy, vm1, vm0, size=16384, iterations=300)
-        perftest(lossy, vm1, vm0, "ib_write_bw", ("-s", "65536"))
+        perftest(lossy, vm1, vm0, "ib_write_bw", ("-s", "65536"), check_data=False)  # (the pingpong above did)
         sent = [roce_counters(lossy, k, f"vm{k}") for k in (0, 1)]
         log.info("after 1%% loss, duplication and reordering: vm0 %s, vm1 %s", sent[0], sent[1])
         assert sum(c["retransmits"] for c in sent) > 0, sent
