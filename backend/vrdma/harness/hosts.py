@@ -151,10 +151,10 @@ class Fabric(Managed):
         macs = {}
         for host in self.hosts:
             with NetNS(host.netns) as ns:
-                macs[host.name] = ns.get_links(ns.link_lookup(ifname=HOST_LINK)[0])[0].get_attr("IFLA_ADDRESS")
+                macs[host.name] = ns.get_links(self._index(ns, HOST_LINK, host.netns))[0].get_attr("IFLA_ADDRESS")
         for host in self.hosts:
             with NetNS(host.netns) as ns:
-                index = ns.link_lookup(ifname=HOST_LINK)[0]
+                index = self._index(ns, HOST_LINK, host.netns)
                 for other in self.hosts:
                     if other is not host:
                         ns.neigh("add", dst=other.address, lladdr=macs[other.name], ifindex=index,
