@@ -166,7 +166,7 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 	memcpy(n->addr.dst, qp->attr.dgid, 16);
 	n->addr.sport = VRE_ROCE_PORT;
 	n->addr.dport = VRE_ROCE_PORT;
-	n->addr.ip_frag = 0x4000;  /* don't fragment, and so identification 0 from Linux (docs/interhost.md) */
+	n->addr.ip_frag = IP_DONT_FRAGMENT;  /* and so identification 0 from Linux (docs/interhost.md) */
 	n->mtu = mtu_bytes(qp->attr.path_mtu);
 	if (old_state < VRDMA_QPS_RTR) {
 		n->epsn = qp->attr.rq_psn & PSN_MASK;
@@ -309,13 +309,6 @@ int vre_check(struct vre_engine *e)
 
 /* -- arriving packets ------------------------------------------------------------------------------------------ */
 
-static bool is_response(uint8_t opcode)
-{
-	uint8_t op = opcode & 0x1f;
-
-	return op >= 0x0d && op <= 0x12;
-}
-
 static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);
 
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
@@ -328,10 +321,10 @@ int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t le
 
 static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
 {
+	const struct roce_op *op;
 	struct vre_roce_pkt pkt;
 	struct vre_device *d;
 	struct vre_qp *qp;
-	uint32_t transport;
 	bool uc;
 	int err;
 
@@ -351,7 +344,8 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 		e->net.rx_no_qp++;
 		return -ENOENT;
 	}
-	if ((pkt.opcode >> 5) == 3) {  /* a datagram: any source may send one to a UD or GSI QP with its Q_Key */
+	op = roce_op(pkt.opcode);
+	if (roce_transport_of(pkt.opcode) == ROCE_UD) {  /* any source may send a UD or GSI QP a datagram with its Q_Key */
 		if (!(qp->cfg.flags & VRE_QP_UD)) {
 			e->net.rx_not_peer++;
 			return -EPERM;
@@ -360,16 +354,15 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 		ud_input(e, d, qp, &pkt, udp_payload + pkt.payload_off, addr);
 		return 0;
 	}
-	/* Its peer: connected to this source from this GID of ours, over the packet's transport (RC 0, UC 1). */
-	transport = pkt.opcode >> 5;
+	/* Its peer: connected to this source from this GID of ours, over the packet's transport. */
 	uc = qp->cfg.flags & VRE_QP_UC;
 	if (!qp->net || memcmp(qp->net->addr.dst, addr->src, 16) || memcmp(qp->net->addr.src, addr->dst, 16) ||
-	    transport != (uc ? 1u : 0u) || (uc && is_response(pkt.opcode))) {
+	    roce_transport_of(pkt.opcode) != (uc ? ROCE_UC : ROCE_RC) || (uc && roce_is_answer(op))) {
 		e->net.rx_not_peer++;
 		return -EPERM;
 	}
 	d->roce.rx_packets++;
-	if (is_response(pkt.opcode)) {
+	if (roce_is_answer(op)) {
 		if (qp->attr.state != VRDMA_QPS_RTS) {
 			d->roce.dropped++;
 			return 0;

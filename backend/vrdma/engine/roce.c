@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * RoCE v2 on the wire: the InfiniBand transport headers (BTH and the extension headers) a packet carries in its
- * UDP payload, and the invariant CRC (ICRC) that ends it. An opcode table says which extension headers each opcode
- * carries and whether it may carry data, as the InfiniBand specification's tables do (and rxe's rxe_opcode.c); the
- * parser checks a packet against it, field by field, before anything reads further: the transport version, the
- * lengths (headers, payload, pad), the ICRC. Nothing here knows sockets: the packet's IP and UDP headers come as a
+ * UDP payload, and the invariant CRC (ICRC) that ends it. The wire opcode table (wire.c) says which extension
+ * headers each opcode carries and whether it may carry data; the parser checks a packet against it, field by
+ * field, before anything reads further: the transport version, the lengths (headers, payload, pad), the ICRC.
+ * Nothing here knows sockets: the packet's IP and UDP headers come as a
  * struct vre_roce_addr (the ICRC covers their invariant fields).
  *
  * Wire structs are declared once, with their sizes checked; multi-byte fields are big-endian on the wire, and
@@ -60,7 +60,6 @@ _Static_assert(sizeof(struct roce_deth) == 8, "DETH");
 #define BTH_FECN (1u << 31)
 #define BTH_BECN (1u << 30)
 #define BTH_ACKREQ (1u << 31)
-#define MASK24 0xffffffu
 #define ICRC_SIZE 4
 
 /* Header sizes, in the order they follow the BTH (DETH, RETH or AtomicETH, AETH, AtomicAckETH, ImmDt or IETH). */
@@ -77,47 +76,12 @@ static const struct {
 	{ VRE_ROCE_IETH, 4 },
 };
 
-#define P VRE_ROCE_PAYLOAD
-#define RC(op) (0x00 | (op))
-#define UC(op) (0x20 | (op))
-#define UD(op) (0x60 | (op))
-
-/* What each opcode the device speaks carries (transport in the top 3 bits: RC 0x00, UC 0x20, UD 0x60); 0: unknown. */
-static const uint16_t opcode_headers[256] = {
-	[RC(0x00)] = P, [RC(0x01)] = P, [RC(0x02)] = P,                 /* SEND first, middle, last */
-	[RC(0x03)] = P | VRE_ROCE_IMM, [RC(0x04)] = P, [RC(0x05)] = P | VRE_ROCE_IMM,   /* last+imm, only, only+imm */
-	[RC(0x06)] = P | VRE_ROCE_RETH, [RC(0x07)] = P, [RC(0x08)] = P, /* RDMA WRITE first, middle, last */
-	[RC(0x09)] = P | VRE_ROCE_IMM, [RC(0x0a)] = P | VRE_ROCE_RETH,  /* last+imm, only */
-	[RC(0x0b)] = P | VRE_ROCE_RETH | VRE_ROCE_IMM,                  /* only+imm */
-	[RC(0x0c)] = VRE_ROCE_RETH,                                     /* RDMA READ request */
-	[RC(0x0d)] = P | VRE_ROCE_AETH, [RC(0x0e)] = P,                 /* READ response first, middle */
-	[RC(0x0f)] = P | VRE_ROCE_AETH, [RC(0x10)] = P | VRE_ROCE_AETH, /* last, only */
-	[RC(0x11)] = VRE_ROCE_AETH,                                     /* ACKNOWLEDGE */
-	[RC(0x12)] = VRE_ROCE_AETH | VRE_ROCE_ATOMIC_ACK_ETH,           /* ATOMIC ACKNOWLEDGE */
-	[RC(0x13)] = VRE_ROCE_ATOMIC_ETH, [RC(0x14)] = VRE_ROCE_ATOMIC_ETH,  /* COMPARE & SWAP, FETCH & ADD */
-	[RC(0x16)] = P | VRE_ROCE_IETH, [RC(0x17)] = P | VRE_ROCE_IETH, /* SEND last, only with invalidate */
-	[UC(0x00)] = P, [UC(0x01)] = P, [UC(0x02)] = P,
-	[UC(0x03)] = P | VRE_ROCE_IMM, [UC(0x04)] = P, [UC(0x05)] = P | VRE_ROCE_IMM,
-	[UC(0x06)] = P | VRE_ROCE_RETH, [UC(0x07)] = P, [UC(0x08)] = P,
-	[UC(0x09)] = P | VRE_ROCE_IMM, [UC(0x0a)] = P | VRE_ROCE_RETH, [UC(0x0b)] = P | VRE_ROCE_RETH | VRE_ROCE_IMM,
-	[UD(0x04)] = P | VRE_ROCE_DETH, [UD(0x05)] = P | VRE_ROCE_DETH | VRE_ROCE_IMM,  /* SEND only, only+imm */
-};
-#undef P
-#undef RC
-#undef UC
-#undef UD
 
 /* CRC-32 (the Ethernet polynomial, reflected), continued from crc: standard CRC-32 is crc32(~0, ...) ^ ~0, which is
  * zlib's crc32() (several GB/s: every packet's ICRC covers all of it, both ways). */
 static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n)
 {
 	return ~(uint32_t)crc32(~crc, p, (uInt)n);
-}
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
 }
 
 /*
@@ -136,12 +100,12 @@ static uint32_t icrc(const struct vre_roce_addr *addr, const uint8_t *udp_payloa
 	if (ipv4_mapped(addr->src)) {
 		ip[0] = 0x45;
 		ip[1] = 0xff;
-		put16(ip + 2, (uint16_t)(udp_len + 20));
-		put16(ip + 4, addr->ip_id);
-		put16(ip + 6, addr->ip_frag);
+		be16_put(ip + 2, (uint16_t)(udp_len + 20));
+		be16_put(ip + 4, addr->ip_id);
+		be16_put(ip + 6, addr->ip_frag);
 		ip[8] = 0xff;
 		ip[9] = 17;  /* UDP */
-		put16(ip + 10, 0xffff);
+		be16_put(ip + 10, 0xffff);
 		memcpy(ip + 12, addr->src + 12, 4);
 		memcpy(ip + 16, addr->dst + 12, 4);
 		udp = ip + 20;
@@ -149,44 +113,22 @@ static uint32_t icrc(const struct vre_roce_addr *addr, const uint8_t *udp_payloa
 		memset(ip, 0xff, 4);  /* version 6 as ones too: the specification masks the whole first word but the
 				       * version; version is 6 (0x6f, 0xff, 0xff, 0xff) */
 		ip[0] = 0x6f;
-		put16(ip + 4, (uint16_t)udp_len);
+		be16_put(ip + 4, (uint16_t)udp_len);
 		ip[6] = 17;
 		ip[7] = 0xff;
 		memcpy(ip + 8, addr->src, 16);
 		memcpy(ip + 24, addr->dst, 16);
 		udp = ip + 40;
 	}
-	put16(udp, addr->sport);
-	put16(udp + 2, addr->dport);
-	put16(udp + 4, (uint16_t)udp_len);
-	put16(udp + 6, 0xffff);
+	be16_put(udp, addr->sport);
+	be16_put(udp + 2, addr->dport);
+	be16_put(udp + 4, (uint16_t)udp_len);
+	be16_put(udp + 6, 0xffff);
 	memcpy(udp + 8, udp_payload, sizeof(struct roce_bth));
 	udp[8 + 4] = 0xff;  /* FECN, BECN, reserved */
 	n = (uint32_t)(udp + 8 + sizeof(struct roce_bth) - pseudo);
 	return ~crc32_update(crc32_update(~0u, pseudo, n), udp_payload + sizeof(struct roce_bth),
 			     len - sizeof(struct roce_bth));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	put16(p, (uint16_t)(v >> 16));
-	put16(p + 2, (uint16_t)v);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, (uint32_t)(v >> 32));
-	put32(p + 4, (uint32_t)v);
 }
 
 /* The extension headers of `headers` after the BTH at p: read into (parse) or written from (build) pkt. */
@@ -202,46 +144,46 @@ static uint32_t ext_headers(uint8_t *p, uint16_t headers, struct vre_roce_pkt *p
 		switch (header_order[i].flag) {
 		case VRE_ROCE_DETH:
 			if (write) {
-				put32(h, pkt->qkey);
-				put32(h + 4, pkt->src_qpn & MASK24);
+				be32_put(h, pkt->qkey);
+				be32_put(h + 4, pkt->src_qpn & ROCE_QPN_MASK);
 			} else {
-				pkt->qkey = get32(h);
-				pkt->src_qpn = get32(h + 4) & MASK24;
+				pkt->qkey = be32_get(h);
+				pkt->src_qpn = be32_get(h + 4) & ROCE_QPN_MASK;
 			}
 			break;
 		case VRE_ROCE_RETH:
 		case VRE_ROCE_ATOMIC_ETH:
 			if (write) {
-				put64(h, pkt->va);
-				put32(h + 8, pkt->rkey);
+				be64_put(h, pkt->va);
+				be32_put(h + 8, pkt->rkey);
 			} else {
-				pkt->va = get64(h);
-				pkt->rkey = get32(h + 8);
+				pkt->va = be64_get(h);
+				pkt->rkey = be32_get(h + 8);
 			}
 			if (header_order[i].flag == VRE_ROCE_RETH) {
 				if (write)
-					put32(h + 12, pkt->dma_len);
+					be32_put(h + 12, pkt->dma_len);
 				else
-					pkt->dma_len = get32(h + 12);
+					pkt->dma_len = be32_get(h + 12);
 			} else if (write) {
-				put64(h + 12, pkt->swap_add);
-				put64(h + 20, pkt->compare);
+				be64_put(h + 12, pkt->swap_add);
+				be64_put(h + 20, pkt->compare);
 			} else {
-				pkt->swap_add = get64(h + 12);
-				pkt->compare = get64(h + 20);
+				pkt->swap_add = be64_get(h + 12);
+				pkt->compare = be64_get(h + 20);
 			}
 			break;
 		case VRE_ROCE_AETH:
 			if (write)
-				put32(h, pkt->aeth);
+				be32_put(h, pkt->aeth);
 			else
-				pkt->aeth = get32(h);
+				pkt->aeth = be32_get(h);
 			break;
 		case VRE_ROCE_ATOMIC_ACK_ETH:
 			if (write)
-				put64(h, pkt->orig);
+				be64_put(h, pkt->orig);
 			else
-				pkt->orig = get64(h);
+				pkt->orig = be64_get(h);
 			break;
 		case VRE_ROCE_IMM:
 			if (write)
@@ -251,9 +193,9 @@ static uint32_t ext_headers(uint8_t *p, uint16_t headers, struct vre_roce_pkt *p
 			break;
 		case VRE_ROCE_IETH:
 			if (write)
-				put32(h, pkt->inv_rkey);
+				be32_put(h, pkt->inv_rkey);
 			else
-				pkt->inv_rkey = get32(h);
+				pkt->inv_rkey = be32_get(h);
 			break;
 		}
 		off += header_order[i].size;
@@ -272,7 +214,7 @@ static uint32_t headers_size(uint16_t headers)
 
 VRE_FN uint32_t roce_header_len(uint8_t opcode)
 {
-	return headers_size(opcode_headers[opcode]);
+	return headers_size(roce_op(opcode)->headers);
 }
 
 int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr,
@@ -285,7 +227,7 @@ int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_ro
 	memset(pkt, 0, sizeof(*pkt));
 	if (len < sizeof(struct roce_bth) + ICRC_SIZE)
 		return -EBADMSG;
-	headers = opcode_headers[udp_payload[0]];
+	headers = roce_op(udp_payload[0])->headers;
 	flags = udp_payload[1];
 	if (!headers || (flags & BTH_TVER_MASK) != 0)
 		return -EBADMSG;  /* an opcode this device does not speak, or another transport version */
@@ -306,14 +248,14 @@ int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_ro
 	pkt->opcode = udp_payload[0];
 	pkt->solicited = !!(flags & BTH_SE);
 	pkt->migreq = !!(flags & BTH_MIGREQ);
-	pkt->pkey = (uint16_t)(udp_payload[2] << 8 | udp_payload[3]);
-	word = get32(udp_payload + 4);
+	pkt->pkey = be16_get(udp_payload + 2);
+	word = be32_get(udp_payload + 4);
 	pkt->fecn = !!(word & BTH_FECN);
 	pkt->becn = !!(word & BTH_BECN);
-	pkt->dest_qpn = word & MASK24;
-	word = get32(udp_payload + 8);
+	pkt->dest_qpn = word & ROCE_QPN_MASK;
+	word = be32_get(udp_payload + 8);
 	pkt->ackreq = !!(word & BTH_ACKREQ);
-	pkt->psn = word & MASK24;
+	pkt->psn = word & PSN_MASK;
 	pkt->headers = headers;
 	ext_headers((uint8_t *)(uintptr_t)udp_payload + sizeof(struct roce_bth), headers, pkt, false);
 	pkt->payload_off = hdr_len;
@@ -324,7 +266,7 @@ int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_ro
 int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr, const struct vre_roce_pkt *pkt,
 		   const uint8_t *payload, uint32_t payload_len)
 {
-	uint16_t headers = opcode_headers[pkt->opcode];
+	uint16_t headers = roce_op(pkt->opcode)->headers;
 	uint32_t hdr_len, pad, len, crc;
 	struct vre_roce_pkt fields = *pkt;
 
@@ -337,9 +279,9 @@ int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr
 		return -ENOSPC;
 	buf[0] = pkt->opcode;
 	buf[1] = (uint8_t)((pkt->solicited ? BTH_SE : 0) | (pkt->migreq ? BTH_MIGREQ : 0) | pad << BTH_PAD_SHIFT);
-	put16(buf + 2, pkt->pkey);
-	put32(buf + 4, (pkt->fecn ? BTH_FECN : 0) | (pkt->becn ? BTH_BECN : 0) | (pkt->dest_qpn & MASK24));
-	put32(buf + 8, (pkt->ackreq ? BTH_ACKREQ : 0) | (pkt->psn & MASK24));
+	be16_put(buf + 2, pkt->pkey);
+	be32_put(buf + 4, (pkt->fecn ? BTH_FECN : 0) | (pkt->becn ? BTH_BECN : 0) | (pkt->dest_qpn & ROCE_QPN_MASK));
+	be32_put(buf + 8, (pkt->ackreq ? BTH_ACKREQ : 0) | (pkt->psn & PSN_MASK));
 	ext_headers(buf + sizeof(struct roce_bth), headers, &fields, true);
 	if (payload_len && payload != buf + hdr_len)  /* the engine's senders gather the payload in place */
 		memcpy(buf + hdr_len, payload, payload_len);

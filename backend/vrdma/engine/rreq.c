@@ -231,17 +231,9 @@ static void unexpected_answer(struct vre_engine *e, struct vre_device *d, struct
 /* Where a READ response may stand in its READ's run of `npkts` responses (k: its place): a first (or only)
  * response may start at any place, since a READ asked again from its first missing response is answered from
  * there as a new READ; a last (or only) one ends the READ; a middle one neither. */
-static bool response_fits(uint8_t op, uint32_t k, uint32_t npkts)
+static bool response_fits(const struct roce_op *op, uint32_t k, uint32_t npkts)
 {
-	bool ends = k == npkts - 1;
-
-	switch (op) {
-	case 0x0d: return !ends;   /* first */
-	case 0x0e: return !ends;   /* middle */
-	case 0x0f: return ends;    /* last */
-	case 0x10: return ends;    /* only */
-	default: return false;
-	}
+	return roce_ends(op) == (k == npkts - 1);
 }
 
 /* A READ response: its data goes to the READ's local SGEs at its place in the message. */
@@ -249,8 +241,8 @@ static void read_response(struct vre_engine *e, struct vre_device *d, struct vre
 			  const struct vre_roce_pkt *pkt, const uint8_t *payload)
 {
 	struct vre_remote *n = qp->net;
-	uint8_t op = pkt->opcode & 0x1f;
-	struct vre_sent *s = answered(e, d, qp, pkt->psn, SENT_READ, op == 0x0d || op == 0x10);
+	const struct roce_op *op = roce_op(pkt->opcode);
+	struct vre_sent *s = answered(e, d, qp, pkt->psn, SENT_READ, roce_starts(op));
 	uint32_t k, expect;
 	struct vre_request r;
 	uint64_t off;
@@ -304,33 +296,33 @@ static void atomic_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp
 	retire_head(e, d, qp, &e->scratch.wqe, VRDMA_WC_SUCCESS, 8);
 }
 
-#define AETH_SYNDROME(aeth) ((aeth) >> 24)
-#define AETH_ACK 0x00
-#define AETH_RNR_NAK 0x20
-#define AETH_NAK 0x60
-
 VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
 			    const struct vre_roce_pkt *pkt, const uint8_t *payload)
 {
 	struct vre_remote *n = qp->net;
-	uint8_t syndrome = AETH_SYNDROME(pkt->aeth), op = pkt->opcode & 0x1f;
-	static const uint8_t nak_status[] = { 0, VRDMA_WC_REM_INV_REQ_ERR, VRDMA_WC_REM_ACCESS_ERR,
-					      VRDMA_WC_REM_OP_ERR, VRDMA_WC_REM_INV_REQ_ERR };
+	uint8_t syndrome = aeth_syndrome(pkt->aeth), value = syndrome & AETH_VALUE_MASK;
+	uint8_t kind = roce_op(pkt->opcode)->kind;
+	static const uint8_t nak_status[] = {
+		[AETH_NAK_INVALID_REQUEST] = VRDMA_WC_REM_INV_REQ_ERR,
+		[AETH_NAK_REMOTE_ACCESS] = VRDMA_WC_REM_ACCESS_ERR,
+		[AETH_NAK_REMOTE_OPERATION] = VRDMA_WC_REM_OP_ERR,
+		[AETH_NAK_INVALID_RD_REQUEST] = VRDMA_WC_REM_INV_REQ_ERR,
+	};
 
 	/* Outstanding PSNs are [una_psn, next_psn): an answer to anything else is stale or forged. */
 	if (psn_diff(pkt->psn, n->una_psn) < -1 || psn_diff(pkt->psn, n->next_psn) >= 0) {
 		d->roce.dropped++;
 		return;
 	}
-	if (op >= 0x0d && op <= 0x10) {
+	if (kind == ROCE_READ_RESPONSE) {
 		read_response(e, d, qp, pkt, payload);
 		return;
 	}
-	if (op == 0x12) {
+	if (kind == ROCE_ATOMIC_ACK) {
 		atomic_ack(e, d, qp, pkt);
 		return;
 	}
-	switch (syndrome & 0x60) {
+	switch (syndrome & AETH_TYPE_MASK) {
 	case AETH_ACK:
 		ack_upto(e, d, qp, pkt->psn);
 		return;
@@ -347,19 +339,18 @@ VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct v
 		d->counters.rnr_waits++;
 		qp->counters.rnr_waits++;
 		rewind_to(qp, n->una_psn);  /* the NAK's PSN, or a READ before it whose answer was lost */
-		qp->rnr_until = e->now + rnr_wait_ns(syndrome & 0x1f);
+		qp->rnr_until = e->now + rnr_wait_ns(value);
 		n->deadline = 0;
 		return;
 	case AETH_NAK:
 		ack_upto(e, d, qp, psn_add(pkt->psn, PSN_MASK));
 		if (qp->attr.state != VRDMA_QPS_RTS || qp->sq_head == n->sq_next)
 			return;
-		if ((syndrome & 0x1f) == 0) {  /* a PSN sequence error: the peer lost something; send from there */
+		if (value == AETH_NAK_PSN_SEQUENCE) {  /* the peer lost something: send from there */
 			rewind_to(qp, n->una_psn);
 			return;
 		}
-		requester_error(e, d, qp, (syndrome & 0x1f) < sizeof(nak_status) ? nak_status[syndrome & 0x1f] :
-				VRDMA_WC_REM_OP_ERR);
+		requester_error(e, d, qp, value < sizeof(nak_status) ? nak_status[value] : VRDMA_WC_REM_OP_ERR);
 		return;
 	default:
 		d->roce.dropped++;
@@ -449,7 +440,8 @@ static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_
 	while (*budget) {
 		uint32_t k = (uint32_t)psn_diff(n->cur_psn, s->first_psn), hdr, plen = 0;
 		uint64_t off = (uint64_t)k * n->mtu;
-		struct vre_roce_pkt pkt = { .dest_qpn = qp->attr.dest_qpn, .psn = n->cur_psn, .pkey = 0xffff };
+		struct vre_roce_pkt pkt = { .dest_qpn = qp->attr.dest_qpn, .psn = n->cur_psn,
+					    .pkey = ROCE_DEFAULT_PKEY };
 		enum wire_pos pos = s->npkts == 1 || (r.op->flags & OP_READS) ? WIRE_ONLY : k == 0 ? WIRE_FIRST :
 				    k == s->npkts - 1 ? WIRE_LAST : WIRE_MIDDLE;
 
@@ -458,7 +450,7 @@ static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_
 		slot = tx_slot(e, true);
 		if (!slot)
 			return false;
-		pkt.opcode = (uint8_t)(r.op->wire[pos] | (uc ? 0x20 : 0));
+		pkt.opcode = roce_on(r.op->wire[pos], uc ? ROCE_UC : ROCE_RC);
 		if (r.op->flags & OP_READS) {  /* one request: a READ (from its first missing response) or atomic */
 			pkt.va = h->remote_addr + off;
 			pkt.rkey = h->rkey;

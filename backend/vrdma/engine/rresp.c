@@ -18,33 +18,9 @@
 
 #include "vre.h"
 
-/* What a request packet is (its opcode's low 5 bits; RC and UC share them). */
-enum req_kind { REQ_NONE, REQ_SEND, REQ_WRITE, REQ_READ, REQ_ATOMIC };
+/* A NAK's syndrome, by its code. */
+#define NAK(code) (AETH_NAK | (code))
 
-static const struct {
-	uint8_t kind;
-	uint8_t pos;              /* enum wire_pos */
-	uint8_t imm, inv;
-} requests[32] = {
-#define REQ(k, p, i, v) { .kind = k, .pos = p, .imm = i, .inv = v }
-	[0x00] = REQ(REQ_SEND, WIRE_FIRST, 0, 0), [0x01] = REQ(REQ_SEND, WIRE_MIDDLE, 0, 0),
-	[0x02] = REQ(REQ_SEND, WIRE_LAST, 0, 0), [0x03] = REQ(REQ_SEND, WIRE_LAST, 1, 0),
-	[0x04] = REQ(REQ_SEND, WIRE_ONLY, 0, 0), [0x05] = REQ(REQ_SEND, WIRE_ONLY, 1, 0),
-	[0x06] = REQ(REQ_WRITE, WIRE_FIRST, 0, 0), [0x07] = REQ(REQ_WRITE, WIRE_MIDDLE, 0, 0),
-	[0x08] = REQ(REQ_WRITE, WIRE_LAST, 0, 0), [0x09] = REQ(REQ_WRITE, WIRE_LAST, 1, 0),
-	[0x0a] = REQ(REQ_WRITE, WIRE_ONLY, 0, 0), [0x0b] = REQ(REQ_WRITE, WIRE_ONLY, 1, 0),
-	[0x0c] = REQ(REQ_READ, WIRE_ONLY, 0, 0),
-	[0x13] = REQ(REQ_ATOMIC, WIRE_ONLY, 0, 0), [0x14] = REQ(REQ_ATOMIC, WIRE_ONLY, 0, 0),
-	[0x16] = REQ(REQ_SEND, WIRE_LAST, 0, 1), [0x17] = REQ(REQ_SEND, WIRE_ONLY, 0, 1),
-#undef REQ
-};
-
-#define AETH_ACK_UNLIMITED 0x1f   /* an ACK, no end-to-end credits */
-#define AETH_RNR 0x20
-#define NAK_SEQ 0x60
-#define NAK_INVALID 0x61
-#define NAK_ACCESS 0x62
-#define NAK_OPERATION 0x63
 
 /* A response without data, if the ring has room (a lost one is made good by the requester's timer). */
 static void send_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
@@ -72,7 +48,7 @@ static bool answers_owed(const struct vre_remote *n)
 
 static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t aeth, uint32_t psn)
 {
-	struct vre_roce_pkt pkt = { .opcode = 0x11, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
+	struct vre_roce_pkt pkt = { .opcode = ROCE_RC_ACKNOWLEDGE, .pkey = ROCE_DEFAULT_PKEY, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
 				    .aeth = aeth };
 
 	send_response(e, d, qp, &pkt);
@@ -86,7 +62,7 @@ static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 static void acknowledge(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t syndrome, uint32_t psn)
 {
 	struct vre_remote *n = qp->net;
-	uint32_t aeth = (uint32_t)syndrome << 24 | (n->msn & PSN_MASK);
+	uint32_t aeth = aeth_make(syndrome, n->msn);
 
 	if (n->ack_owed || answers_owed(n)) {
 		n->ack_owed = true;
@@ -104,7 +80,7 @@ static void refuse(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp
 	struct vre_remote *n = qp->net;
 
 	n->ack_owed = false;
-	send_ack(e, d, qp, (uint32_t)nak << 24 | (n->msn & PSN_MASK), n->epsn);
+	send_ack(e, d, qp, aeth_make(nak, n->msn), n->epsn);
 	qp_to_error(e, d, qp, event);
 }
 
@@ -146,7 +122,7 @@ static bool take_receive(struct vre_engine *e, struct vre_device *d, struct vre_
 		if (uc) {
 			d->counters.uc_dropped++;
 		} else {
-			acknowledge(e, d, qp, AETH_RNR | (qp->attr.min_rnr_timer & 0x1f), qp->net->epsn);
+			acknowledge(e, d, qp, AETH_RNR_NAK | (qp->attr.min_rnr_timer & AETH_VALUE_MASK), qp->net->epsn);
 			d->roce.rnr_naks++;
 		}
 		return false;
@@ -194,13 +170,12 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 			   const struct vre_roce_pkt *pkt, const uint8_t *payload, const struct vre_rx *rx)
 {
 	struct vre_remote *n = qp->net;
-	uint8_t op = pkt->opcode & 0x1f;
-	bool uc = qp->cfg.flags & VRE_QP_UC, first, last, send = requests[op].kind == REQ_SEND;
+	const struct roce_op *op = roce_op(pkt->opcode);
+	bool uc = qp->cfg.flags & VRE_QP_UC, first = roce_starts(op), last = roce_ends(op);
+	bool send = op->kind == ROCE_SEND, imm = op->headers & VRE_ROCE_IMM;
 	struct vre_mr *mr;
 	uint64_t off;
 
-	first = requests[op].pos == WIRE_FIRST || requests[op].pos == WIRE_ONLY;
-	last = requests[op].pos == WIRE_LAST || requests[op].pos == WIRE_ONLY;
 	if (pkt->payload_len > n->mtu) {
 		d->roce.dropped++;  /* longer than the path allows: a malformed packet, dropped unseen (no NAK) */
 		return false;
@@ -213,7 +188,7 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 			d->counters.uc_dropped++;
 			return true;
 		}
-		refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+		refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
 		return false;
 	}
 	if (first) {
@@ -234,7 +209,7 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 
 		if (status != VRDMA_WC_SUCCESS) {
 			if (!uc)
-				refuse(e, d, qp, status == VRDMA_WC_LOC_LEN_ERR ? NAK_INVALID : NAK_OPERATION,
+				refuse(e, d, qp, status == VRDMA_WC_LOC_LEN_ERR ? NAK(AETH_NAK_INVALID_REQUEST) : NAK(AETH_NAK_REMOTE_OPERATION),
 				       VRDMA_EVENT_QP_REQ_ERR);
 			return uc;
 		}
@@ -245,12 +220,12 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 			n->in_write = false;
 			if (uc)
 				return true;
-			refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+			refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
 			return false;
 		}
 		/* A WRITE with immediate consumes a receive at its last packet: taken before its data lands, so an
 		 * RNR NAK leaves the message as it was for the packet's return. */
-		if (last && requests[op].imm && !take_receive(e, d, qp, rx, uc)) {
+		if (last && imm && !take_receive(e, d, qp, rx, uc)) {
 			if (first || uc)
 				n->in_write = false;
 			return uc;
@@ -263,7 +238,7 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 					d->counters.uc_dropped++;
 					return true;
 				}
-				refuse(e, d, qp, NAK_ACCESS, VRDMA_EVENT_QP_ACCESS_ERR);
+				refuse(e, d, qp, NAK(AETH_NAK_REMOTE_ACCESS), VRDMA_EVENT_QP_ACCESS_ERR);
 				return false;
 			}
 			struct seg dst = { .mem = &mr->mem, .off = off, .len = pkt->payload_len };
@@ -276,24 +251,24 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 	qp->counters.bytes += pkt->payload_len;
 	if (!last)
 		return true;
-	if (send || requests[op].imm) {
+	if (send || imm) {
 		struct vrdma_cqe cqe = { .wr_id = n->rwqe->hdr.wr_id, .opcode = send ? VRDMA_WC_OP_RECV :
 					 VRDMA_WC_OP_RECV_RDMA_WITH_IMM, .byte_len = (uint32_t)(send ? n->msg_off : 0),
 					 .qp_num = qp->cfg.qpn, .src_qp = qp->attr.dest_qpn };
 
-		if (requests[op].imm) {
+		if (imm) {
 			cqe.imm_data = pkt->imm;
 			cqe.wc_flags = VRDMA_WC_WITH_IMM;
 			cqe.byte_len = (uint32_t)n->msg_off;
 		}
-		if (requests[op].inv) {
+		if (op->headers & VRE_ROCE_IETH) {
 			if (mr_invalidate(d, rx->pd, qp->cfg.qpn, pkt->inv_rkey) != VRDMA_WC_SUCCESS) {
 				cqe.status = VRDMA_WC_REM_INV_REQ_ERR;
 				cqe.byte_len = 0;
 				complete_recv(e, d, qp, rx, &cqe, false);
 				n->in_send = false;
 				if (!uc)
-					refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+					refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
 				return uc;
 			}
 			cqe.imm_data = pkt->inv_rkey;
@@ -338,12 +313,12 @@ static void read_request(struct vre_engine *e, struct vre_device *d, struct vre_
 
 	if (pkt->dma_len && !remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, pkt->dma_len, VRDMA_ACCESS_REMOTE_READ,
 				       &off)) {
-		refuse(e, d, qp, NAK_ACCESS, VRDMA_EVENT_QP_ACCESS_ERR);
+		refuse(e, d, qp, NAK(AETH_NAK_REMOTE_ACCESS), VRDMA_EVENT_QP_ACCESS_ERR);
 		return;
 	}
 	job = new_job(qp);
 	if (!job) {  /* more READs outstanding than max_dest_rd_atomic allows */
-		refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+		refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
 		return;
 	}
 	*job = (struct vre_rd_job){ .psn = pkt->psn, .npkts = pkt->dma_len ? DIV_ROUND_UP(pkt->dma_len, n->mtu) : 1,
@@ -356,8 +331,9 @@ static void read_request(struct vre_engine *e, struct vre_device *d, struct vre_
 /* An atomic's acknowledgement (its original value), if the ring has room: false when it had none. */
 static bool atomic_answer(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_rd_job *job)
 {
-	struct vre_roce_pkt pkt = { .opcode = 0x12, .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn, .psn = job->psn,
-				    .aeth = (uint32_t)AETH_ACK_UNLIMITED << 24 | (qp->net->msn & PSN_MASK),
+	struct vre_roce_pkt pkt = { .opcode = ROCE_RC_ATOMIC_ACKNOWLEDGE, .pkey = ROCE_DEFAULT_PKEY,
+				    .dest_qpn = qp->attr.dest_qpn, .psn = job->psn,
+				    .aeth = aeth_make(AETH_ACK_UNLIMITED, qp->net->msn),
 				    .orig = job->orig };
 	struct vre_tx_pkt *slot = tx_slot(e, false);
 
@@ -377,16 +353,16 @@ static void atomic_request(struct vre_engine *e, struct vre_device *d, struct vr
 
 	mr = remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, 8, VRDMA_ACCESS_REMOTE_ATOMIC, &off);
 	if (!mr) {
-		refuse(e, d, qp, NAK_ACCESS, VRDMA_EVENT_QP_ACCESS_ERR);
+		refuse(e, d, qp, NAK(AETH_NAK_REMOTE_ACCESS), VRDMA_EVENT_QP_ACCESS_ERR);
 		return;
 	}
 	target = (uint64_t *)mem_at(&mr->mem, off);
 	job = (pkt->va & 7) || ((uintptr_t)target & 7) ? NULL : new_job(qp);
 	if (!job) {
-		refuse(e, d, qp, NAK_INVALID, VRDMA_EVENT_QP_REQ_ERR);
+		refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
 		return;
 	}
-	if ((pkt->opcode & 0x1f) == 0x13) {
+	if (pkt->opcode == ROCE_RC_COMPARE_SWAP) {
 		orig = pkt->compare;
 		__atomic_compare_exchange_n(target, &orig, pkt->swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 	} else {
@@ -403,11 +379,11 @@ static void duplicate(struct vre_engine *e, struct vre_device *d, struct vre_qp 
 		      const struct vre_rx *rx)
 {
 	struct vre_remote *n = qp->net;
-	uint8_t kind = requests[pkt->opcode & 0x1f].kind;
+	uint8_t kind = roce_op(pkt->opcode)->kind;
 	uint64_t off;
 
 	d->roce.duplicates++;
-	if (kind == REQ_SEND || kind == REQ_WRITE) {
+	if (kind == ROCE_SEND || kind == ROCE_WRITE) {
 		acknowledge(e, d, qp, AETH_ACK_UNLIMITED, psn_add(n->epsn, PSN_MASK));
 		return;
 	}
@@ -418,10 +394,10 @@ static void duplicate(struct vre_engine *e, struct vre_device *d, struct vre_qp 
 			continue;
 		uint32_t npkts = pkt->dma_len ? DIV_ROUND_UP(pkt->dma_len, n->mtu) : 1;
 
-		if (kind == REQ_ATOMIC && job->atomic && job->psn == pkt->psn) {
+		if (kind == ROCE_ATOMIC && job->atomic && job->psn == pkt->psn) {
 			job->sent = 0;  /* the kept answer, again */
 			responder_poll(e, d, qp, VRE_TX_RING);
-		} else if (kind == REQ_READ && !job->atomic && pkt->rkey == job->rkey &&
+		} else if (kind == ROCE_READ && !job->atomic && pkt->rkey == job->rkey &&
 			   psn_diff(psn_add(pkt->psn, npkts), psn_add(job->psn, job->npkts)) <= 0 &&
 			   (!pkt->dma_len || remote_mr(d, qp, rx->pd, pkt->rkey, pkt->va, pkt->dma_len,
 						       VRDMA_ACCESS_REMOTE_READ, &off))) {
@@ -445,12 +421,12 @@ VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vr
 			   const struct vre_roce_pkt *pkt, const uint8_t *payload)
 {
 	struct vre_remote *n = qp->net;
-	uint8_t kind = requests[pkt->opcode & 0x1f].kind;
+	uint8_t kind = roce_op(pkt->opcode)->kind;
 	bool uc = qp->cfg.flags & VRE_QP_UC;
 	int32_t ahead = psn_diff(pkt->psn, n->epsn);
 	struct vre_rx rx;
 
-	if (kind == REQ_NONE || (uc && kind != REQ_SEND && kind != REQ_WRITE) || !rx_of(d, qp, 0, &rx)) {
+	if (roce_is_answer(roce_op(pkt->opcode)) || (uc && kind != ROCE_SEND && kind != ROCE_WRITE) || !rx_of(d, qp, 0, &rx)) {
 		d->roce.dropped++;
 		return;
 	}
@@ -458,7 +434,7 @@ VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vr
 		/* A gap: the message it falls in is lost; a first (or only) packet starts afresh from its PSN. */
 		d->counters.uc_dropped += n->in_send || n->in_write;
 		n->in_send = n->in_write = false;
-		if (requests[pkt->opcode & 0x1f].pos != WIRE_FIRST && requests[pkt->opcode & 0x1f].pos != WIRE_ONLY) {
+		if (!roce_starts(roce_op(pkt->opcode))) {
 			d->roce.dropped++;
 			return;
 		}
@@ -467,7 +443,7 @@ VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vr
 	}
 	if (ahead > 0) {
 		if (!n->nak_sent) {
-			acknowledge(e, d, qp, NAK_SEQ, n->epsn);
+			acknowledge(e, d, qp, NAK(AETH_NAK_PSN_SEQUENCE), n->epsn);
 			d->roce.seq_naks++;
 			n->nak_sent = true;
 		}
@@ -477,12 +453,12 @@ VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vr
 		duplicate(e, d, qp, pkt, &rx);
 		return;
 	}
-	if (kind == REQ_READ) {
+	if (kind == ROCE_READ) {
 		n->nak_sent = false;
 		read_request(e, d, qp, pkt, &rx);
 		return;
 	}
-	if (kind == REQ_ATOMIC) {
+	if (kind == ROCE_ATOMIC) {
 		n->nak_sent = false;
 		atomic_request(e, d, qp, pkt, &rx);
 		return;
@@ -511,9 +487,10 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 		while (job->sent < job->npkts && done < budget) {
 			uint64_t off = (uint64_t)job->sent * n->mtu, moff = 0;
 			uint32_t plen = job->len - off < n->mtu ? (uint32_t)(job->len - off) : n->mtu;
-			struct vre_roce_pkt pkt = { .pkey = 0xffff, .dest_qpn = qp->attr.dest_qpn,
+			struct vre_roce_pkt pkt = { .opcode = roce_read_response(job->sent, job->npkts),
+						    .pkey = ROCE_DEFAULT_PKEY, .dest_qpn = qp->attr.dest_qpn,
 						    .psn = psn_add(job->psn, job->sent),
-						    .aeth = (uint32_t)AETH_ACK_UNLIMITED << 24 | (n->msn & PSN_MASK) };
+						    .aeth = aeth_make(AETH_ACK_UNLIMITED, n->msn) };
 			struct vre_tx_pkt *slot;
 			struct vre_mr *mr = NULL;
 
@@ -531,15 +508,13 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 				job->sent = job->npkts;
 				job->answered = true;
 				n->ack_owed = false;
-				send_ack(e, d, qp, (uint32_t)NAK_ACCESS << 24 | (n->msn & PSN_MASK), pkt.psn);
+				send_ack(e, d, qp, aeth_make(NAK(AETH_NAK_REMOTE_ACCESS), n->msn), pkt.psn);
 				qp_to_error(e, d, qp, VRDMA_EVENT_QP_ACCESS_ERR);
 				return done;
 			}
 			slot = tx_slot(e, false);
 			if (!slot)
 				return done;
-			pkt.opcode = job->npkts == 1 ? 0x10 : job->sent == 0 ? 0x0d :
-				     job->sent == job->npkts - 1 ? 0x0f : 0x0e;
 			if (plen) {
 				struct seg src = { .mem = &mr->mem, .off = moff, .len = plen };
 

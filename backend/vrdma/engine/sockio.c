@@ -30,11 +30,6 @@
 #define RX_ROOM 9216              /* a jumbo frame's IP packet */
 #define TX_BATCH 64
 
-static uint16_t be16_at(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
 /* One IPv4 packet from the raw socket: its UDP payload to the engine if it is whole, unfragmented and for 4791. */
 static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len)
 {
@@ -45,24 +40,24 @@ static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len)
 	if (len < 20 || (ip[0] >> 4) != 4)
 		goto malformed;
 	ihl = (uint32_t)(ip[0] & 0xf) * 4;
-	total = be16_at(ip + 2);
+	total = be16_get(ip + 2);
 	if (ihl < 20 || total > len || total < ihl + 8 || ip[9] != 17)
 		goto malformed;
 	udp = ip + ihl;
-	if (be16_at(udp + 2) != VRE_ROCE_PORT)
+	if (be16_get(udp + 2) != VRE_ROCE_PORT)
 		return;  /* someone else's UDP (the daemon's filter normally keeps it away) */
-	udp_len = be16_at(udp + 4);
-	if ((be16_at(ip + 6) & 0x3fff) || udp_len < 8 || udp_len > total - ihl)
+	udp_len = be16_get(udp + 4);
+	if ((be16_get(ip + 6) & 0x3fff) || udp_len < 8 || udp_len > total - ihl)
 		goto malformed;  /* a fragment (RoCE is never fragmented), or UDP lengths that do not add up */
 	memset(&addr, 0, sizeof(addr));
 	memcpy(addr.src, ipv4_mapped_prefix, 12);
 	memcpy(addr.src + 12, ip + 12, 4);
 	memcpy(addr.dst, ipv4_mapped_prefix, 12);
 	memcpy(addr.dst + 12, ip + 16, 4);
-	addr.sport = be16_at(udp);
+	addr.sport = be16_get(udp);
 	addr.dport = VRE_ROCE_PORT;
-	addr.ip_id = be16_at(ip + 4);
-	addr.ip_frag = be16_at(ip + 6);
+	addr.ip_id = be16_get(ip + 4);
+	addr.ip_frag = be16_get(ip + 6);
 	vre_roce_input(e, udp + 8, udp_len - 8, &addr);
 	return;
 malformed:

@@ -36,18 +36,6 @@ static uint16_t ipv4_checksum(const uint8_t *header)
 	return (uint16_t)~sum;
 }
 
-static void put_be16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
-}
-
-static void put_be32(uint8_t *p, uint32_t v)
-{
-	put_be16(p, (uint16_t)(v >> 16));
-	put_be16(p + 2, (uint16_t)v);
-}
-
 /*
  * The 40 bytes a UD receive starts with, as a RoCE NIC writes them for the sender's GID type: a GRH (RoCE v1), an
  * IPv6 header, or an IPv4 header in the last 20 bytes (RoCE v2). Returns the VRDMA_NETWORK_* type.
@@ -63,17 +51,17 @@ static uint8_t network_header(uint8_t *h, const struct vre_gid *sgid, const stru
 
 		ip[0] = 0x45;
 		ip[1] = av->traffic_class;
-		put_be16(ip + 2, (uint16_t)(20 + payload));
-		ip[6] = 0x40;  /* don't fragment */
+		be16_put(ip + 2, (uint16_t)(20 + payload));
+		be16_put(ip + 6, IP_DONT_FRAGMENT);
 		ip[8] = av->hop_limit ? av->hop_limit : 64;
 		ip[9] = 17;    /* UDP */
 		memcpy(ip + 12, sgid->raw + 12, 4);
 		memcpy(ip + 16, av->dgid + 12, 4);
-		put_be16(ip + 10, ipv4_checksum(ip));
+		be16_put(ip + 10, ipv4_checksum(ip));
 		return VRDMA_NETWORK_IPV4;
 	}
-	put_be32(h, 6u << 28 | (uint32_t)av->traffic_class << 20 | (av->flow_label & 0xfffff));
-	put_be16(h + 4, (uint16_t)payload);
+	be32_put(h, 6u << 28 | (uint32_t)av->traffic_class << 20 | (av->flow_label & 0xfffff));
+	be16_put(h + 4, (uint16_t)payload);
 	h[6] = sgid->type == VRDMA_GID_TYPE_ROCE_V2 ? 17 : 0x1b;  /* UDP, or the IB transport header */
 	h[7] = av->hop_limit;
 	memcpy(h + 8, sgid->raw, 16);
@@ -157,11 +145,11 @@ static void ud_send_remote(struct vre_request *r, const struct vre_gid *sgid, ui
 	struct vre_engine *e = r->e;
 	const struct vrdma_send_wqe *h = &r->w->hdr;
 	struct vre_tx_pkt *slot = tx_slot(e, true);
-	struct vre_roce_pkt pkt = { .opcode = (r->op->flags & OP_IMM) ? 0x65 : 0x64, .pkey = 0xffff,
+	struct vre_roce_pkt pkt = { .opcode = roce_on(r->op->wire[WIRE_ONLY], ROCE_UD), .pkey = ROCE_DEFAULT_PKEY,
 				    .dest_qpn = h->ud.remote_qpn, .psn = psn_add(r->qp->attr.sq_psn, r->qp->sq_head),
 				    .qkey = qkey, .src_qpn = r->qp->cfg.qpn, .imm = h->imm_data,
 				    .solicited = !!(h->send_flags & VRDMA_SEND_SOLICITED) };
-	struct vre_roce_addr addr = { .sport = VRE_ROCE_PORT, .dport = VRE_ROCE_PORT, .ip_frag = 0x4000 };
+	struct vre_roce_addr addr = { .sport = VRE_ROCE_PORT, .dport = VRE_ROCE_PORT, .ip_frag = IP_DONT_FRAGMENT };
 
 	if (!slot || r->len > VRE_PKT_ROOM - VRE_ROCE_MAX_HEADERS - 8) {
 		r->d->counters.ud_dropped++;  /* no room on the way out, or more than a packet: lost, as UD allows */

@@ -27,6 +27,7 @@
 
 #include "engine.h"
 #include "vrdma_dev_api.h"
+#include "wire.h"
 
 #define PAGE_SIZE VRDMA_PAGE_SIZE
 #define PAGE_SHIFT VRDMA_PAGE_SHIFT
@@ -113,6 +114,7 @@ struct vre_qp {
 #define VRE_MAX_RD 128            /* READs and atomics outstanding on a QP, either way (max_qp_rd_atom) */
 #define VRE_PKT_ROOM (VRE_ROCE_MAX_HEADERS + 4096 + 8)   /* headers, the largest path MTU, pad and ICRC */
 #define PSN_MASK 0xffffffu
+#define IP_DONT_FRAGMENT 0x4000   /* the flags and fragment offset of an IPv4 packet never fragmented */
 
 /* A packet for the network: its addresses (the ICRC covers them) and its UDP payload. */
 struct vre_tx_pkt {
@@ -278,6 +280,40 @@ static inline void store_release(volatile uint32_t *p, uint32_t v)
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
+/* Big-endian fields of wire headers (RoCE's, IP's, UDP's), at any alignment. */
+static inline uint16_t be16_get(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline uint32_t be32_get(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline uint64_t be64_get(const uint8_t *p)
+{
+	return (uint64_t)be32_get(p) << 32 | be32_get(p + 4);
+}
+
+static inline void be16_put(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static inline void be32_put(uint8_t *p, uint32_t v)
+{
+	be16_put(p, (uint16_t)(v >> 16));
+	be16_put(p + 2, (uint16_t)v);
+}
+
+static inline void be64_put(uint8_t *p, uint64_t v)
+{
+	be32_put(p, (uint32_t)(v >> 32));
+	be32_put(p + 4, (uint32_t)v);
+}
+
 static inline bool is_pow2(uint32_t v)
 {
 	return v && !(v & (v - 1));
@@ -428,14 +464,12 @@ struct vre_opcode {
 	uint32_t flags;           /* enum vre_op_flags */
 	uint32_t remote_access;   /* the VRDMA_ACCESS_REMOTE_* bit the MR and the QP must grant (OP_REMOTE) */
 	uint8_t wc_opcode;        /* the requester's completion opcode */
-	/* On the wire (RC opcodes; UC adds 0x20): the packets of a message, by position (enum wire_pos); a READ or
-	 * an atomic is one request packet (WIRE_ONLY). */
+	/* On the wire: the RC opcodes of a message's packets, by position (enum wire_pos; roce_on gives their UC or UD
+	 * twins); a READ or an atomic is one request packet (WIRE_ONLY). */
 	uint8_t wire[4];
 	/* OP_LOCAL: the whole operation, on the QP's own device; its completion status */
 	uint8_t (*local)(struct vre_device *d, const struct vre_qp *qp, const struct vrdma_send_wqe *w);
 };
-
-enum wire_pos { WIRE_FIRST, WIRE_MIDDLE, WIRE_LAST, WIRE_ONLY };
 
 /* The opcode's row, or NULL for an opcode the device does not know. */
 VRE_FN const struct vre_opcode *vre_opcode(uint8_t wr_opcode);
