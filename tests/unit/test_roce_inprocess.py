@@ -15,7 +15,7 @@ import pytest
 
 from vrdma.device.constants import WcOpcode, WcStatus, WrOpcode
 from vrdma.device.qp_states import QpState
-from vrdma.testing.inprocess import Link, LocalHost, LoseOnce, Packet, Side, Wire, connect, two_hosts
+from vrdma.testing.inprocess import Link, LocalHost, LoseOnce, Packet, Side, Wire, build, connect, two_hosts
 
 pytestmark = pytest.mark.backend  # the C engine (`make backend`)
 
@@ -304,3 +304,33 @@ def test_an_impaired_link_keeps_every_operation_intact(pair: tuple[LocalHost, Si
         assert counters["retransmits"] > 0
     if impairment.duplicate:
         assert b_host.roce()["duplicates"] + a_host.roce()["dropped"] > 0
+
+
+# -- the responder's steps ------------------------------------------------------------------------------------------
+
+
+def test_the_responder_counts_each_drop_under_the_step_that_dropped_it(
+        pair: tuple[LocalHost, Side, LocalHost, Side]) -> None:
+    """A forged SEND longer than the path MTU is dropped at the length step; a duplicate READ request whose PSN a
+    WRITE took (so no READ answer is kept for it) at the duplicate step. Each drop is in `dropped` and in its
+    step's counter and nowhere else, and the QP goes on."""
+    a_host, a, b_host, b = pair
+    wire = Wire([a_host, b_host])
+    post(a, WrOpcode.RDMA_WRITE, 64, 1, remote_addr=b.mr.addr + DATA, rkey=b.mr.rkey)
+    a_host.poll()
+    (write,) = a_host.sent()
+    b_host.deliver(write)
+    before = b_host.roce()
+    send_only, read_request = 0x04, 0x0C
+    b_host.deliver(build(write.src, write.dst, opcode=send_only, dest_qpn=write.dest_qpn,
+                         psn=(write.psn + 1) & 0xFFFFFF, payload_len=2 * MTU))
+    b_host.deliver(build(write.src, write.dst, opcode=read_request, dest_qpn=write.dest_qpn, psn=write.psn,
+                         va=b.mr.addr + DATA, rkey=b.mr.rkey, dma_len=64))
+    after = b_host.roce()
+    steps = {name: after[name] - before[name] for name in after if name.startswith("resp_drop_")}
+    assert steps == {"resp_drop_opcode": 0, "resp_drop_psn": 0, "resp_drop_duplicate": 1, "resp_drop_length": 1,
+                     "resp_drop_sequence": 0, "resp_drop_resource": 0, "resp_drop_rkey": 0}, steps
+    assert after["dropped"] - before["dropped"] == 2 and after["duplicates"] - before["duplicates"] == 1
+    run_until_completions(wire, a, 1)
+    post(a, WrOpcode.RDMA_WRITE, 64, 2, remote_addr=b.mr.addr + DATA, rkey=b.mr.rkey)
+    assert [c.wr_id for c in run_until_completions(wire, a, 1)] == [2], "the QP goes on"

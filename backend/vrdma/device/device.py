@@ -125,9 +125,6 @@ class RdmaDevice:
         self.seat.engine.set_memory(self.seat.index, regions)
         self.memory = list(regions)
 
-    def has_gid(self, raw: bytes) -> bool:
-        return self.objects.gids.holds(raw)
-
     def counters_snapshot(self) -> dict[str, object]:
         c, e = self.command_counters, self.event_counters
         return {"commands": c.commands, "command_errors": c.command_errors, "events_posted": e.events_posted,

@@ -20,15 +20,14 @@ import time
 from typing import Protocol
 
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
-from vrdma.engine.api import NO_DEVICE, DataEngine
+from vrdma.engine.api import DataEngine
 
 log = logging.getLogger(__name__)
 
 
 class FabricMember(Protocol):
-    """What the fabric needs of a device it joins: whether it holds a GID, and a way to hand it an event."""
+    """What the fabric needs of a device it joins: a way to hand it an event."""
 
-    def has_gid(self, raw: bytes) -> bool: ...
     def post_event(self, event_type: int, handle: int = 0, data: int = 0) -> None: ...
 
 
@@ -57,11 +56,9 @@ class Fabric:
                 self.devices[index] = None
 
     def route(self, gid: bytes) -> int:
-        """The engine index of the device holding ``gid`` in its GID table, or NO_DEVICE."""
-        for index, device in enumerate(self.devices):
-            if device is not None and device.has_gid(gid):
-                return index
-        return NO_DEVICE
+        """The engine index of the device holding ``gid`` in its GID table, or NO_DEVICE: asked of the engine's
+        GID index, which routes packets and datagrams by the same table."""
+        return self.engine.route_gid(gid)
 
     # -- the loop ---------------------------------------------------------------------------------------------
 

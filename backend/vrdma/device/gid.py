@@ -1,4 +1,5 @@
-"""The GID table of a device's port: the guest reports its GIDs (ADD_GID, DEL_GID), the fabric routes by them."""
+"""The GID table of a device's port: the guest reports its GIDs (ADD_GID, DEL_GID); the engine's GID index holds
+them too, and routes connections, packets and datagrams by them."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Gid:
 
 
 class GidTable:
-    """The port's GIDs, also in the engine (it routes datagrams by them and stamps a sender's source from them)."""
+    """The port's GIDs, also in the engine (it routes by them and stamps a sender's source from them)."""
 
     def __init__(self, owner: str, size: int, seat: EngineSeat) -> None:
         if size > MAX_GIDS:
@@ -58,9 +59,6 @@ class GidTable:
             raise CommandFailed(Status.INVALID, f"GID index {index} is not set")
         self.seat.engine.set_gid(self.seat.index, index, bytes(16), 0)
         log.info("%s: GID %d removed (%s)", self.owner, index, gid)
-
-    def holds(self, raw: bytes) -> bool:
-        return any(gid.raw == raw for gid in self.entries.values())
 
     def clear(self) -> None:
         self.entries.clear()

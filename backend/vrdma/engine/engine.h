@@ -197,6 +197,15 @@ struct vre_roce_counters {
 	uint64_t rnr_naks;        /* RNR NAKs its responders sent (no receive posted) */
 	uint64_t duplicates;      /* duplicate requests its responders answered again without executing them twice */
 	uint64_t dropped;         /* packets for its QPs that were dropped: stale responses, a QP not ready */
+	/* Requests its responders dropped, by the step that dropped them (rresp.c names the steps in order); a UC
+	 * message lost at sequence, resource or rkey is in uc_dropped too. */
+	uint64_t resp_drop_opcode;     /* not a request the QP takes (an answer; UC: a READ or atomic) */
+	uint64_t resp_drop_psn;        /* UC: a middle or last packet of a message a gap lost */
+	uint64_t resp_drop_duplicate;  /* a duplicate too old to answer, or naming another request than its PSN's */
+	uint64_t resp_drop_length;     /* longer than the path MTU; UC: more (or less) than its WRITE's RETH said */
+	uint64_t resp_drop_sequence;   /* UC: out of the order of a message, or a first or middle packet short of MTU */
+	uint64_t resp_drop_resource;   /* UC: no receive posted for it */
+	uint64_t resp_drop_rkey;       /* UC: a WRITE its rkey does not allow */
 };
 
 /* What arrived from the network that no QP took, engine-wide (vre_net_counters); each packet counted once. */
@@ -235,6 +244,8 @@ int vre_srq_limit(struct vre_engine *e, uint32_t dev, uint32_t slot);
 void vre_srq_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 /* A GID of the device's table (type VRDMA_GID_TYPE_*, 0: the entry goes): where datagrams are routed by. */
 int vre_gid_set(struct vre_engine *e, uint32_t dev, uint32_t index, const uint8_t *gid, uint32_t type);
+/* The device holding GID `gid` (16 bytes), or VRE_NO_DEVICE: the one table connections and packets are routed by. */
+uint32_t vre_gid_route(struct vre_engine *e, const uint8_t *gid);
 int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *config);
 int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_attr *attr);
 int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot);

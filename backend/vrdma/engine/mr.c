@@ -251,3 +251,17 @@ VRE_FN struct vre_mr *mw_target(struct vre_device *d, const struct vre_mr *mw, u
 		return NULL;  /* the MR went (or was reregistered, or invalidated) since the bind */
 	return mr;
 }
+
+/* The responder's checks of a remote access: rkey, PD (the receive side's: an XRC target has its SRQ's), bounds,
+ * MR (or window) and QP access rights. */
+VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
+				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off)
+{
+	struct vre_mr *mr = mr_by_key(dd, rkey, true);
+
+	if (!mr || mr->cfg.pd != pd || !(mr->cfg.access & access) || !(dqp->attr.access_flags & access))
+		return NULL;
+	if (mr->cfg.mw_type)
+		mr = mw_target(dd, mr, dqp->cfg.qpn, addr, len);  /* the window's rights, its MR's memory */
+	return mr && mr_range(mr, addr, len, off) ? mr : NULL;
+}

@@ -76,6 +76,10 @@ class Engine:
     def set_gid(self, dev: int, index: int, raw: bytes, gid_type: int) -> None:
         self._check(lib.vre_gid_set(self._e, dev, index, raw, gid_type))
 
+    def route_gid(self, raw: bytes) -> int:
+        """The device holding GID ``raw`` (16 bytes), or NO_DEVICE: the engine's GID index, the only routing table."""
+        return int(lib.vre_gid_route(self._e, raw))
+
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
         table = ffi.new("struct vre_region[]", [{"gpa": g, "size": s, "hva": h} for g, s, h in regions] or 1)
         self._check(lib.vre_device_set_memory(self._e, dev, table, len(regions)))

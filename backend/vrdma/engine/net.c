@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * RoCE v2 between this engine and other hosts: the transmit ring packets wait in for the network, the one entry
- * point every arriving packet goes through, and a connected QP's transport state while its peer is on another host.
+ * RoCE v2 between this engine and other hosts: the one entry point every arriving packet goes through.
  *
  * An arriving packet is parsed and checked (roce.c: lengths, opcode, ICRC) before anything reads it; then its
  * destination GID must be one of a device's here, its destination QPN a QP of that device connected to the
  * packet's source address with the packet's transport (RC or UC). Anything else is dropped and counted, never
- * executed: the network is as untrusted as the guests. rreq.c is the requester of such a QP (what comes back to
- * it: acknowledgements, READ responses), rresp.c its responder (the requests). The sockets are sockio.c's.
+ * executed: the network is as untrusted as the guests. rcomp.c takes what comes back to such a QP's requester
+ * (acknowledgements, READ responses, atomic acknowledgements), rresp.c the requests for its responder, ud.c
+ * datagrams. The sockets are sockio.c's, the transmit ring tx.c's, the QP's transport state remote.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,49 +15,6 @@
 #include <string.h>
 
 #include "vre.h"
-
-int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
-{
-	if ((rx_fd < 0) != (tx_fd < 0) || (udp6_fd >= 0 && tx_fd < 0))
-		return vre_fail(e, EINVAL, "RoCE needs its IPv4 sockets (receive %d, send %d), with or without the IPv6 "
-				"one (%d), or none", rx_fd, tx_fd, udp6_fd);
-	if (tx_fd >= 0 && !e->tx) {
-		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
-		if (!e->tx)
-			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
-	}
-	e->rx_fd = rx_fd;
-	e->tx_fd = tx_fd;
-	e->udp6_fd = udp6_fd;
-	e->capture = false;
-	return 0;
-}
-
-int vre_net_capture(struct vre_engine *e)
-{
-	if (e->tx_fd >= 0)
-		return vre_fail(e, EBUSY, "the engine has its sockets: no capture");
-	if (!e->tx) {
-		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
-		if (!e->tx)
-			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
-	}
-	e->capture = true;
-	return 0;
-}
-
-uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct vre_roce_addr *addr)
-{
-	const struct vre_tx_pkt *p;
-
-	if (!e->capture || e->tx_head == e->tx_tail)
-		return 0;
-	p = &e->tx[e->tx_head++ % VRE_TX_RING];
-	*addr = p->addr;
-	memcpy(buf, p->data, p->len < room ? p->len : room);
-	e->net.tx_packets++;
-	return p->len;
-}
 
 void vre_clock_set(struct vre_engine *e, int64_t now_ns)
 {
@@ -76,235 +33,6 @@ void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roc
 	struct vre_device *d = vre_dev(e, dev);
 
 	*out = d ? d->roce : (struct vre_roce_counters){ 0 };
-}
-
-/* -- the transmit ring ---------------------------------------------------------------------------------------- */
-
-VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester)
-{
-	uint32_t limit = VRE_TX_RING - (requester ? VRE_TX_RESERVE : 0);
-
-	if (!e->tx)
-		return NULL;
-	if (e->tx_tail - e->tx_head >= limit)
-		sock_send(e);  /* make room: the network takes what it can now */
-	if (e->tx_tail - e->tx_head >= limit)
-		return NULL;
-	return &e->tx[e->tx_tail % VRE_TX_RING];
-}
-
-VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vre_roce_addr *addr,
-		     struct vre_tx_pkt *slot, const struct vre_roce_pkt *pkt, uint32_t payload_len)
-{
-	int len;
-
-	slot->addr = *addr;
-	len = vre_roce_build(slot->data, sizeof(slot->data), &slot->addr, pkt,
-			     slot->data + roce_header_len(pkt->opcode), payload_len);
-	if (len < 0) {  /* an opcode or size the engine itself got wrong: never on the wire */
-		e->net.tx_dropped++;
-		return;
-	}
-	slot->len = (uint32_t)len;
-	e->tx_tail++;
-	d->roce.tx_packets++;
-}
-
-/* -- a QP's transport state ------------------------------------------------------------------------------------ */
-
-VRE_FN void net_qp_free(struct vre_qp *qp)
-{
-	if (!qp->net)
-		return;
-	free(qp->net->sent);
-	free(qp->net->rwqe);
-	free(qp->net);
-	qp->net = NULL;
-}
-
-static uint32_t mtu_bytes(uint32_t path_mtu)
-{
-	return path_mtu >= 1 && path_mtu <= 5 ? 128u << path_mtu : 1024;  /* IB_MTU_256 = 1 ... IB_MTU_4096 = 5 */
-}
-
-/*
- * After a modify: a connected RC or UC QP at RTR or later whose destination no device here holds speaks RoCE (its
- * responder from RTR on, its requester from RTS on); one in RESET forgets it all. The model checked the GIDs: the
- * source is one of the device's own.
- */
-VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state)
-{
-	uint32_t state = qp->attr.state;
-	struct vre_remote *n;
-
-	(void)d;
-	if (state == VRDMA_QPS_RESET || state == VRDMA_QPS_INIT) {
-		net_qp_free(qp);
-		return 0;
-	}
-	if (!net_on(e) || qp->attr.dest_dev != VRE_NO_DEVICE || (qp->cfg.flags & ~(VRE_QP_KERNEL | VRE_QP_UC)) ||
-	    state == VRDMA_QPS_ERR || !net_reaches(e, qp->attr.sgid, qp->attr.dgid))
-		return 0;
-	if (!qp->net) {
-		n = calloc(1, sizeof(*n));
-		if (n) {
-			n->sent = calloc(qp->cfg.sq_depth ? qp->cfg.sq_depth : 1, sizeof(*n->sent));
-			n->rwqe = malloc(sizeof(*n->rwqe));
-		}
-		if (!n || !n->sent || !n->rwqe) {
-			if (n) {
-				free(n->sent);
-				free(n->rwqe);
-			}
-			free(n);
-			return vre_fail(e, ENOMEM, "no memory for QP %#x's transport", qp->cfg.qpn);
-		}
-		qp->net = n;
-	}
-	n = qp->net;
-	memcpy(n->addr.src, qp->attr.sgid, 16);
-	memcpy(n->addr.dst, qp->attr.dgid, 16);
-	n->addr.sport = VRE_ROCE_PORT;
-	n->addr.dport = VRE_ROCE_PORT;
-	n->addr.ip_frag = IP_DONT_FRAGMENT;  /* and so identification 0 from Linux (docs/interhost.md) */
-	n->mtu = mtu_bytes(qp->attr.path_mtu);
-	if (old_state < VRDMA_QPS_RTR) {
-		n->epsn = qp->attr.rq_psn & PSN_MASK;
-		n->msn = 0;
-		n->nak_sent = n->in_send = n->in_write = n->ack_owed = n->rwqe_held = false;
-		n->rd_head = n->rd_tail = 0;
-	}
-	if (state == VRDMA_QPS_RTS && old_state < VRDMA_QPS_RTS) {
-		n->next_psn = n->una_psn = n->cur_psn = n->sent_psn = qp->attr.sq_psn & PSN_MASK;
-		n->sq_cur = n->sq_next = qp->sq_head;
-		n->rd_out = 0;
-		n->deadline = 0;
-		n->gap_asked = false;
-	}
-	if (state != VRDMA_QPS_RTS)
-		n->deadline = 0;  /* only a requester in RTS sends, and so times out */
-	return 0;
-}
-
-/* Whether a remote QP has work of its own besides new WQEs: packets to send again or READ responses owed. */
-VRE_FN bool net_busy(const struct vre_qp *qp)
-{
-	const struct vre_remote *n = qp->net;
-
-	if (!n || (qp->attr.state != VRDMA_QPS_RTR && qp->attr.state != VRDMA_QPS_RTS))
-		return false;
-	if (n->sq_cur != n->sq_next && qp->attr.state == VRDMA_QPS_RTS)
-		return true;
-	if (n->ack_owed)
-		return true;
-	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
-		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
-
-		if (job->sent < job->npkts)
-			return true;
-	}
-	return false;
-}
-
-/* -- invariants ---------------------------------------------------------------------------------------------- */
-
-/*
- * What the requester's and responder's functions keep true of a remote QP between two calls into the engine
- * (rreq.c's cursor_at, cursor_past, retire_head and arm_timer; rresp.c's answers in order): NULL, or the first
- * that does not hold. vre_check runs it over every QP; the fuzzers after every operation.
- */
-VRE_FN const char *net_check(const struct vre_qp *qp)
-{
-	const struct vre_remote *n = qp->net;
-	uint32_t depth = qp->cfg.sq_depth, started, cursor, rd = 0, psn;
-	bool first_owed = false;
-
-	if (!n)
-		return NULL;
-	if (n->rd_tail - n->rd_head > VRE_MAX_RD)
-		return "the responder keeps more READs and atomics than its ring holds";
-	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
-		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
-
-		if (job->sent > job->npkts || (job->atomic && job->npkts != 1))
-			return "a READ or atomic of the responder has sent more than it owes";
-		/* first answers in PSN order (a duplicate asking an answered one again is answered again after others) */
-		if (first_owed && job->sent)
-			return "an answer went out ahead of one owed before it";
-		first_owed |= !job->answered && job->sent < job->npkts;
-	}
-	if (qp->attr.state != VRDMA_QPS_RTS)  /* the requester's state counts from RTS (net_qp_update) */
-		return n->deadline ? "a retransmission timer on a QP that sends nothing" : NULL;
-	started = n->sq_next - qp->sq_head;
-	cursor = n->sq_cur - qp->sq_head;
-	if (started > depth || cursor > started)
-		return "the send cursor is outside the started WQEs (on a completed one, or past sq_next)";
-	psn = started ? n->sent[qp->sq_head & (depth - 1)].first_psn : n->next_psn;
-	for (uint32_t i = 0; i < started; i++) {
-		const struct vre_sent *s = &n->sent[(qp->sq_head + i) & (depth - 1)];
-
-		if (s->first_psn != psn || s->npkts == 0 || s->npkts > PSN_MASK / 2)
-			return "the started WQEs' PSNs do not follow each other";
-		if (i == cursor && (psn_diff(n->cur_psn, s->first_psn) < 0 ||
-				    psn_diff(n->cur_psn, psn_add(s->first_psn, s->npkts)) >= 0))
-			return "the cursor's PSN is outside the WQE it is on";
-		if (i < cursor)
-			rd += s->kind != SENT_ACKED;
-		psn = psn_add(psn, s->npkts);
-	}
-	if (psn != n->next_psn)
-		return "next_psn is not where the started WQEs end";
-	if (cursor == started && n->cur_psn != n->next_psn)
-		return "the cursor has nothing to send but its PSN is not next_psn";
-	if (rd != n->rd_out)
-		return "rd_out is not the READs and atomics asked and not answered";
-	if (started && !(qp->cfg.flags & VRE_QP_UC)) {
-		const struct vre_sent *head = &n->sent[qp->sq_head & (depth - 1)];
-
-		if (psn_diff(n->una_psn, head->first_psn) < 0 ||
-		    psn_diff(n->una_psn, psn_add(head->first_psn, head->npkts)) >= 0)
-			return "the oldest unanswered PSN is not in the oldest unanswered WQE";
-		if (!n->deadline && !qp->rnr_until)
-			return "unanswered work without a deadline";
-	}
-	if (n->deadline && (qp->cfg.flags & VRE_QP_UC))
-		return "a retransmission timer on a UC QP (nothing answers it)";
-	if (n->deadline && qp->rnr_until)
-		return "a retransmission timer during an RNR wait (due, it would not run before the wait ends)";
-	if (!started && n->una_psn != n->next_psn && !(qp->cfg.flags & VRE_QP_UC))
-		return "everything answered, but una_psn is not next_psn";
-	if (started && psn_diff(n->cur_psn, n->una_psn) < 0)
-		return "the cursor is behind the oldest unanswered PSN";
-	return NULL;
-}
-
-/* The fuzz and sanitizer builds (-DVRE_CHECK_INVARIANTS) check the invariants after every poll and every packet
- * and abort on the first broken one, naming it: a state that went wrong is caught where it went wrong. */
-VRE_FN void net_assert(struct vre_engine *e)
-{
-#ifdef VRE_CHECK_INVARIANTS
-	if (vre_check(e)) {
-		fprintf(stderr, "vrdma engine: invariant broken: %s\n", e->error);
-		abort();
-	}
-#else
-	(void)e;
-#endif
-}
-
-int vre_check(struct vre_engine *e)
-{
-	for (uint32_t i = 0; i < e->ndevices; i++) {
-		struct vre_device *d = &e->devices[i];
-
-		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
-			const char *broken = net_check(d->active[j]);
-
-			if (broken)
-				return vre_fail(e, EPROTO, "device %u QP %#x: %s", i, d->active[j]->cfg.qpn, broken);
-		}
-	}
-	return 0;
 }
 
 /* -- arriving packets ------------------------------------------------------------------------------------------ */
@@ -338,14 +66,15 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 			e->net.rx_malformed++;
 		return err;
 	}
-	d = device_by_gid(e, addr->dst);
+	d = gid_route(e, addr->dst);
 	qp = d ? qp_by_qpn(e, dev_index(e, d), pkt.dest_qpn) : NULL;
 	if (!qp) {
 		e->net.rx_no_qp++;
 		return -ENOENT;
 	}
 	op = roce_op(pkt.opcode);
-	if (roce_transport_of(pkt.opcode) == ROCE_UD) {  /* any source may send a UD or GSI QP a datagram with its Q_Key */
+	/* A datagram: any source may send a UD or GSI QP one with its Q_Key. */
+	if (roce_transport_of(pkt.opcode) == ROCE_UD) {
 		if (!(qp->cfg.flags & VRE_QP_UD)) {
 			e->net.rx_not_peer++;
 			return -EPERM;

@@ -1,10 +1,57 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * The loop: a poll runs every active QP's send queue once and the CQ moderation timers; a spin polls in C for a
- * while; parking asks every poster to wake the device (the parked slot of each doorbell page) and looks once more,
- * so that a doorbell rung before the poster read the flag is not lost; events wait here for the model.
+ * The loop and its scheduler: a poll runs every active QP once (qp_poll: the answers it owes a peer on another
+ * host, then its send queue, up to a budget, through the requester its peer needs) and the CQ moderation timers; a
+ * spin polls in C for a while; parking asks every poster to wake the device (the parked slot of each doorbell
+ * page) and looks once more, so that a doorbell rung before the poster read the flag is not lost; events wait
+ * here for the model.
  */
 #include "vre.h"
+
+/* Run a QP's send queue: up to `budget` WQEs, in order; flush them in the error state. */
+static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
+{
+	struct send_wqe *w = &e->scratch.wqe;
+	uint32_t prod, n = 0;
+	uint32_t state = qp->attr.state;
+
+	if (qp->net && (state == VRDMA_QPS_RTR || state == VRDMA_QPS_RTS) && qp->ring.valid)
+		n = responder_poll(e, d, qp, budget);  /* READ responses it owes its peer on another host */
+	if (state != VRDMA_QPS_RTS && state != VRDMA_QPS_ERR)
+		return n;
+	if (!qp->ring.valid) {
+		qp_to_error(e, d, qp, VRDMA_EVENT_QP_FATAL);
+		return 0;
+	}
+	if (qp->rnr_until) {
+		if (e->now < qp->rnr_until)
+			return n;
+		qp->rnr_until = 0;
+	}
+	prod = load_acquire(qp->sq_db);
+	if (prod - qp->sq_head > qp->cfg.sq_depth) {
+		/* More WQEs than the ring holds: the producer index is garbage. */
+		qp_to_error(e, d, qp, VRDMA_EVENT_QP_FATAL);
+		prod = qp->sq_head;
+	}
+	if (qp->net && qp->attr.state == VRDMA_QPS_RTS)
+		return n + remote_poll(e, d, qp, prod, budget);
+	while (qp->sq_head != prod && n < budget) {
+		sq_wqe(qp, qp->sq_head, w);
+		n++;
+		if (qp->attr.state == VRDMA_QPS_ERR) {
+			complete_send(e, d, qp, &w->hdr, VRDMA_WC_WR_FLUSH_ERR, 0);
+			d->counters.flushed++;
+		} else if (execute_send(e, d, qp, w) == EXEC_WAIT) {
+			break;
+		}
+	}
+	if (qp->attr.state == VRDMA_QPS_ERR && n < budget) {
+		responder_flush(e, d, qp);
+		n += flush_recv(e, d, qp, budget - n);
+	}
+	return n;
+}
 
 uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 {
@@ -12,7 +59,7 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 
 	e->now = engine_clock(e);
 	if (net_on(e) && !e->capture)
-		work += sock_recv(e, budget);
+		work += sock_recv(e, budget, vre_roce_input);
 	for (uint32_t i = 0; i < e->ndevices; i++) {
 		struct vre_device *d = &e->devices[i];
 

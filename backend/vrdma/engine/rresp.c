@@ -5,7 +5,7 @@
  * Packets are taken in PSN order only. The expected one runs: a SEND's first packet takes a receive WQE (none
  * posted: an RNR NAK, and the requester sends again after its wait), its packets fill that receive's SGEs at their
  * place in the message and its last completes it; a WRITE's first packet names the remote memory (RETH: rkey, PD,
- * bounds and access checked as on the local path, resp.c's remote_mr) and every packet is checked against it; a
+ * bounds and access checked as on the local path, mr.c's remote_mr) and every packet is checked against it; a
  * READ becomes responses, sent from responder_poll as the transmit ring has room; an atomic runs once and its
  * answer is kept. A packet ahead of the expected PSN gets one sequence-error NAK per gap; a duplicate (behind it)
  * is answered again without running twice: an ACK for a SEND or WRITE, the responses again for a READ, the kept
@@ -48,7 +48,8 @@ static bool answers_owed(const struct vre_remote *n)
 
 static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t aeth, uint32_t psn)
 {
-	struct vre_roce_pkt pkt = { .opcode = ROCE_RC_ACKNOWLEDGE, .pkey = ROCE_DEFAULT_PKEY, .dest_qpn = qp->attr.dest_qpn, .psn = psn,
+	struct vre_roce_pkt pkt = { .opcode = ROCE_RC_ACKNOWLEDGE, .pkey = ROCE_DEFAULT_PKEY,
+				    .dest_qpn = qp->attr.dest_qpn, .psn = psn,
 				    .aeth = aeth };
 
 	send_response(e, d, qp, &pkt);
@@ -121,6 +122,7 @@ static bool take_receive(struct vre_engine *e, struct vre_device *d, struct vre_
 	case TAKE_EMPTY:
 		if (uc) {
 			d->counters.uc_dropped++;
+			d->roce.resp_drop_resource++;
 		} else {
 			acknowledge(e, d, qp, AETH_RNR_NAK | (qp->attr.min_rnr_timer & AETH_VALUE_MASK), qp->net->epsn);
 			d->roce.rnr_naks++;
@@ -165,92 +167,128 @@ static struct vre_mr *write_target(struct vre_device *d, struct vre_qp *qp, cons
 	return remote_mr(d, qp, rx->pd, n->wr_rkey, n->wr_va + n->msg_off, len, VRDMA_ACCESS_REMOTE_WRITE, off);
 }
 
-/* A SEND or WRITE packet in sequence. Returns false when it was not taken (the PSN does not advance). */
-static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
-			   const struct vre_roce_pkt *pkt, const uint8_t *payload, const struct vre_rx *rx)
+/*
+ * The responder's steps, in the order a request passes them (the states of rxe's rxe_resp.c): each lets the packet
+ * on, answers it (an ACK, a NAK, READ responses) or drops it, and a drop is counted under its step's name (struct
+ * vre_roce_counters: resp_drop_opcode ... resp_drop_rkey; UC's lost messages are in uc_dropped as well).
+ *
+ *   opcode     a request this QP's responder takes: not an answer; UC: a SEND or WRITE (remote_request)
+ *   psn        the expected PSN: ahead, one sequence NAK per gap (UC: the gap loses its message); behind, a duplicate
+ *   duplicate  answered again, never run twice (duplicate)
+ *   length     within the path MTU (else malformed, dropped unseen); within what the RETH or the receive allows
+ *   sequence   its place in a message: a first packet starts one, middle and last packets continue it, and every
+ *              packet but the last is a whole MTU (in_sequence)
+ *   resource   a receive WQE for a SEND or a WRITE with immediate (none: an RNR NAK); a slot for a READ or atomic
+ *   rkey       the remote memory a WRITE, READ or atomic names: key, PD, bounds, access (remote_mr)
+ *   execute    the data placed, the atomic run, the READ queued for responder_poll
+ *   complete   the receive's completion at a message's last packet, the key a SEND with invalidate names
+ */
+
+/* sequence: a SEND or WRITE packet in its place in a message; out of order, NAKed (RC) or dropped (UC). */
+static bool in_sequence(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt,
+			const struct roce_op *op)
 {
 	struct vre_remote *n = qp->net;
-	const struct roce_op *op = roce_op(pkt->opcode);
-	bool uc = qp->cfg.flags & VRE_QP_UC, first = roce_starts(op), last = roce_ends(op);
-	bool send = op->kind == ROCE_SEND, imm = op->headers & VRE_ROCE_IMM;
+	bool first = roce_starts(op), send = op->kind == ROCE_SEND;
+
+	if (first != (n->in_send || n->in_write) && (first || (send ? n->in_send : n->in_write)) &&
+	    (roce_ends(op) || pkt->payload_len == n->mtu))
+		return true;
+	if (qp->cfg.flags & VRE_QP_UC) {
+		n->in_send = n->in_write = false;
+		d->counters.uc_dropped++;
+		d->roce.resp_drop_sequence++;
+	} else {
+		refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
+	}
+	return false;
+}
+
+/* resource (a SEND's receive) at a message's first packet; a WRITE's RETH is kept for the packets after it. */
+static bool message_starts(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			   const struct vre_roce_pkt *pkt, const struct roce_op *op, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+
+	n->msg_off = 0;
+	if (op->kind == ROCE_SEND) {
+		if (!take_receive(e, d, qp, rx, qp->cfg.flags & VRE_QP_UC))
+			return false;  /* RC: RNR NAK sent, the requester comes back */
+		n->in_send = true;
+		return true;
+	}
+	n->wr_va = pkt->va;
+	n->wr_rkey = pkt->rkey;
+	n->wr_len = pkt->dma_len;
+	n->in_write = true;
+	return true;
+}
+
+/* length (the receive's room) and execute: a SEND packet's data into the receive it holds. */
+static bool send_lands(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt,
+		       const uint8_t *payload, const struct vre_rx *rx)
+{
+	uint8_t status = send_data(e, d, qp, rx, payload, pkt->payload_len);
+
+	if (status == VRDMA_WC_SUCCESS)
+		return true;
+	if (!(qp->cfg.flags & VRE_QP_UC))
+		refuse(e, d, qp, NAK(status == VRDMA_WC_LOC_LEN_ERR ? AETH_NAK_INVALID_REQUEST :
+				     AETH_NAK_REMOTE_OPERATION), VRDMA_EVENT_QP_REQ_ERR);
+	return false;
+}
+
+/* length (within the RETH), resource (a WRITE with immediate's receive), rkey and execute: a WRITE packet's data
+ * into the memory its message names. */
+static bool write_lands(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt,
+			const struct roce_op *op, const uint8_t *payload, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	bool uc = qp->cfg.flags & VRE_QP_UC, last = roce_ends(op);
 	struct vre_mr *mr;
 	uint64_t off;
 
-	if (pkt->payload_len > n->mtu) {
-		d->roce.dropped++;  /* longer than the path allows: a malformed packet, dropped unseen (no NAK) */
-		return false;
-	}
-	if (first == (n->in_send || n->in_write) || (!first && (send ? !n->in_send : !n->in_write)) ||
-	    (!last && pkt->payload_len != n->mtu)) {
-		/* out of the order of a message, or a first or middle packet that is not a whole MTU */
-		if (uc) {
-			n->in_send = n->in_write = false;
-			d->counters.uc_dropped++;
-			return true;
-		}
-		refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
-		return false;
-	}
-	if (first) {
-		n->msg_off = 0;
-		if (send) {
-			if (!take_receive(e, d, qp, rx, uc))
-				return uc;  /* RC: RNR NAK sent, the requester comes back */
-			n->in_send = true;
-		} else {
-			n->wr_va = pkt->va;
-			n->wr_rkey = pkt->rkey;
-			n->wr_len = pkt->dma_len;
-			n->in_write = true;
-		}
-	}
-	if (send) {
-		uint8_t status = send_data(e, d, qp, rx, payload, pkt->payload_len);
-
-		if (status != VRDMA_WC_SUCCESS) {
-			if (!uc)
-				refuse(e, d, qp, status == VRDMA_WC_LOC_LEN_ERR ? NAK(AETH_NAK_INVALID_REQUEST) : NAK(AETH_NAK_REMOTE_OPERATION),
-				       VRDMA_EVENT_QP_REQ_ERR);
-			return uc;
-		}
-	}
-	if (!send) {
-		if (n->msg_off + pkt->payload_len > n->wr_len ||
-		    (last && n->msg_off + pkt->payload_len != n->wr_len)) {
-			n->in_write = false;
-			if (uc)
-				return true;
+	if (n->msg_off + pkt->payload_len > n->wr_len || (last && n->msg_off + pkt->payload_len != n->wr_len)) {
+		n->in_write = false;
+		if (uc)
+			d->roce.resp_drop_length++;
+		else
 			refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
-			return false;
-		}
-		/* A WRITE with immediate consumes a receive at its last packet: taken before its data lands, so an
-		 * RNR NAK leaves the message as it was for the packet's return. */
-		if (last && imm && !take_receive(e, d, qp, rx, uc)) {
-			if (first || uc)
-				n->in_write = false;
-			return uc;
-		}
-		if (pkt->payload_len) {
-			mr = write_target(d, qp, rx, pkt->payload_len, &off);
-			if (!mr) {
-				n->in_write = false;
-				if (uc) {
-					d->counters.uc_dropped++;
-					return true;
-				}
-				refuse(e, d, qp, NAK(AETH_NAK_REMOTE_ACCESS), VRDMA_EVENT_QP_ACCESS_ERR);
-				return false;
-			}
-			struct seg dst = { .mem = &mr->mem, .off = off, .len = pkt->payload_len };
-
-			copy_at(&dst, 1, 0, (uint8_t *)(uintptr_t)payload, pkt->payload_len, true);
-		}
+		return false;
 	}
-	n->msg_off += pkt->payload_len;
-	d->counters.bytes += pkt->payload_len;
-	qp->counters.bytes += pkt->payload_len;
-	if (!last)
+	/* A WRITE with immediate consumes a receive at its last packet: taken before its data lands, so an RNR NAK
+	 * leaves the message as it was for the packet's return. */
+	if (last && (op->headers & VRE_ROCE_IMM) && !take_receive(e, d, qp, rx, uc)) {
+		if (roce_starts(op) || uc)
+			n->in_write = false;
+		return false;
+	}
+	if (!pkt->payload_len)
 		return true;
+	mr = write_target(d, qp, rx, pkt->payload_len, &off);
+	if (!mr) {
+		n->in_write = false;
+		if (uc) {
+			d->counters.uc_dropped++;
+			d->roce.resp_drop_rkey++;
+		} else {
+			refuse(e, d, qp, NAK(AETH_NAK_REMOTE_ACCESS), VRDMA_EVENT_QP_ACCESS_ERR);
+		}
+		return false;
+	}
+	struct seg dst = { .mem = &mr->mem, .off = off, .len = pkt->payload_len };
+
+	copy_at(&dst, 1, 0, (uint8_t *)(uintptr_t)payload, pkt->payload_len, true);
+	return true;
+}
+
+/* complete: a message's last packet completes the receive it took (a SEND, a WRITE with immediate). */
+static bool message_completes(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			      const struct vre_roce_pkt *pkt, const struct roce_op *op, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	bool send = op->kind == ROCE_SEND, imm = op->headers & VRE_ROCE_IMM;
+
 	if (send || imm) {
 		struct vrdma_cqe cqe = { .wr_id = n->rwqe->hdr.wr_id, .opcode = send ? VRDMA_WC_OP_RECV :
 					 VRDMA_WC_OP_RECV_RDMA_WITH_IMM, .byte_len = (uint32_t)(send ? n->msg_off : 0),
@@ -267,9 +305,9 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 				cqe.byte_len = 0;
 				complete_recv(e, d, qp, rx, &cqe, false);
 				n->in_send = false;
-				if (!uc)
+				if (!(qp->cfg.flags & VRE_QP_UC))
 					refuse(e, d, qp, NAK(AETH_NAK_INVALID_REQUEST), VRDMA_EVENT_QP_REQ_ERR);
-				return uc;
+				return false;
 			}
 			cqe.imm_data = pkt->inv_rkey;
 			cqe.wc_flags = VRDMA_WC_WITH_INV;
@@ -278,6 +316,35 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 	}
 	n->in_send = n->in_write = false;
 	n->msn++;
+	return true;
+}
+
+/*
+ * A SEND or WRITE packet at the expected PSN, through its steps. Returns whether it was taken (the PSN advances):
+ * an RC packet refused or waiting for a receive is not; a UC packet always is (what UC cannot take is lost).
+ */
+static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
+			   const struct vre_roce_pkt *pkt, const uint8_t *payload, const struct vre_rx *rx)
+{
+	struct vre_remote *n = qp->net;
+	const struct roce_op *op = roce_op(pkt->opcode);
+	bool uc = qp->cfg.flags & VRE_QP_UC;
+
+	if (pkt->payload_len > n->mtu) {
+		d->roce.dropped++;  /* length: longer than the path allows, malformed, dropped unseen (no NAK) */
+		d->roce.resp_drop_length++;
+		return false;
+	}
+	if (!in_sequence(e, d, qp, pkt, op) || (roce_starts(op) && !message_starts(e, d, qp, pkt, op, rx)))
+		return uc;
+	if (!(op->kind == ROCE_SEND ? send_lands(e, d, qp, pkt, payload, rx) :
+				       write_lands(e, d, qp, pkt, op, payload, rx)))
+		return uc;
+	n->msg_off += pkt->payload_len;
+	d->counters.bytes += pkt->payload_len;
+	qp->counters.bytes += pkt->payload_len;
+	if (roce_ends(op) && !message_completes(e, d, qp, pkt, op, rx))
+		return uc;
 	return true;
 }
 
@@ -411,31 +478,36 @@ static void duplicate(struct vre_engine *e, struct vre_device *d, struct vre_qp 
 			responder_poll(e, d, qp, VRE_TX_RING);
 		} else {
 			d->roce.dropped++;  /* names another request than the one that took its PSN */
+			d->roce.resp_drop_duplicate++;
 		}
 		return;
 	}
 	d->roce.dropped++;  /* too old to answer: the requester's retries run out */
+	d->roce.resp_drop_duplicate++;
 }
 
 VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
 			   const struct vre_roce_pkt *pkt, const uint8_t *payload)
 {
 	struct vre_remote *n = qp->net;
-	uint8_t kind = roce_op(pkt->opcode)->kind;
+	const struct roce_op *op = roce_op(pkt->opcode);
 	bool uc = qp->cfg.flags & VRE_QP_UC;
 	int32_t ahead = psn_diff(pkt->psn, n->epsn);
+	uint8_t kind = op->kind;
 	struct vre_rx rx;
 
-	if (roce_is_answer(roce_op(pkt->opcode)) || (uc && kind != ROCE_SEND && kind != ROCE_WRITE) || !rx_of(d, qp, 0, &rx)) {
-		d->roce.dropped++;
+	if (roce_is_answer(op) || (uc && kind != ROCE_SEND && kind != ROCE_WRITE) || !rx_of(d, qp, 0, &rx)) {
+		d->roce.dropped++;  /* opcode: not a request this responder takes */
+		d->roce.resp_drop_opcode++;
 		return;
 	}
 	if (uc && ahead != 0) {
 		/* A gap: the message it falls in is lost; a first (or only) packet starts afresh from its PSN. */
 		d->counters.uc_dropped += n->in_send || n->in_write;
 		n->in_send = n->in_write = false;
-		if (!roce_starts(roce_op(pkt->opcode))) {
-			d->roce.dropped++;
+		if (!roce_starts(op)) {
+			d->roce.dropped++;  /* psn: the rest of a message a gap lost */
+			d->roce.resp_drop_psn++;
 			return;
 		}
 		n->epsn = pkt->psn;

@@ -6,7 +6,8 @@
  *
  * Receiving: a raw IPv4 socket of protocol UDP gets each UDP packet addressed to this host (the daemon filters it
  * to port 4791) with its IP header, whose identification and flags the ICRC covers (docs/interhost.md). The IP and
- * UDP headers are checked here (version, lengths, no fragments, port), the rest is vre_roce_input's.
+ * UDP headers are checked here (version, lengths, no fragments, port), the rest is the input function's the loop
+ * gives (vre_roce_input: the engine's entry point sits above this file, which only moves bytes).
  *
  * Sending: an unconnected UDP socket bound to port 4791, don't-fragment on, allowed to send from addresses that are
  * not the host's (IP_TRANSPARENT): each packet goes from its QP's GID (IP_PKTINFO) to its peer's, and Linux writes
@@ -31,7 +32,7 @@
 #define TX_BATCH 64
 
 /* One IPv4 packet from the raw socket: its UDP payload to the engine if it is whole, unfragmented and for 4791. */
-static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len)
+static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
 {
 	struct vre_roce_addr addr;
 	uint32_t ihl, total, udp_len;
@@ -58,7 +59,7 @@ static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len)
 	addr.dport = VRE_ROCE_PORT;
 	addr.ip_id = be16_get(ip + 4);
 	addr.ip_frag = be16_get(ip + 6);
-	vre_roce_input(e, udp + 8, udp_len - 8, &addr);
+	input(e, udp + 8, udp_len - 8, &addr);
 	return;
 malformed:
 	e->net.rx_packets++;
@@ -66,7 +67,7 @@ malformed:
 }
 
 /* IPv6 packets from the IPv6 UDP socket: their source, their destination (IPV6_PKTINFO), their UDP payload. */
-static uint32_t recv6(struct vre_engine *e, uint32_t budget)
+static uint32_t recv6(struct vre_engine *e, uint32_t budget, vre_input_fn input)
 {
 	struct mmsghdr msgs[RX_BATCH];
 	struct iovec iov[RX_BATCH];
@@ -107,12 +108,12 @@ static uint32_t recv6(struct vre_engine *e, uint32_t budget)
 		}
 		memcpy(addr.src, &from[i].sin6_addr, 16);
 		addr.sport = ntohs(from[i].sin6_port);
-		vre_roce_input(e, iov[i].iov_base, msgs[i].msg_len, &addr);
+		input(e, iov[i].iov_base, msgs[i].msg_len, &addr);
 	}
 	return got > 0 ? (uint32_t)got : 0;
 }
 
-VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget)
+VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget, vre_input_fn input)
 {
 	struct mmsghdr msgs[RX_BATCH];
 	struct iovec iov[RX_BATCH];
@@ -142,14 +143,14 @@ VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget)
 				e->net.rx_malformed++;
 				continue;
 			}
-			ipv4_packet(e, iov[i].iov_base, msgs[i].msg_len);
+			ipv4_packet(e, iov[i].iov_base, msgs[i].msg_len, input);
 		}
 		done += (uint32_t)got;
 		if ((uint32_t)got < want)
 			break;
 	}
 	if (e->udp6_fd >= 0 && done < budget)
-		done += recv6(e, budget - done);
+		done += recv6(e, budget - done, input);
 	return done;
 }
 

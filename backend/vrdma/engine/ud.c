@@ -12,19 +12,6 @@
 
 #include "vre.h"
 
-/* The device holding GID `gid` (its table has it, of any type), or NULL. */
-VRE_FN struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid)
-{
-	for (uint32_t i = 0; i < e->ndevices; i++) {
-		struct vre_device *d = &e->devices[i];
-
-		for (uint32_t k = 0; d->open && k < VRE_MAX_GIDS; k++)
-			if (d->gids[k].type && !memcmp(d->gids[k].raw, gid, 16))
-				return d;
-	}
-	return NULL;
-}
-
 static uint16_t ipv4_checksum(const uint8_t *header)
 {
 	uint32_t sum = 0;
@@ -184,7 +171,7 @@ VRE_FN void ud_send(struct vre_request *r)
 		qp_to_error(e, r->d, r->qp, 0);
 		return;
 	}
-	dd = device_by_gid(e, av->dgid);
+	dd = gid_route(e, av->dgid);
 	if (!dd && net_on(e) && sgid->type == VRDMA_GID_TYPE_ROCE_V2 && net_reaches(e, sgid->raw, av->dgid)) {
 		ud_send_remote(r, sgid, qkey);
 		complete_send(e, r->d, r->qp, h, VRDMA_WC_SUCCESS, (uint32_t)r->len);

@@ -3,11 +3,20 @@
  * The data engine's private header: its objects, the checked lookups every entry point goes through, and what its
  * files share. engine.h is the engine's contract with the model; this is how the engine is built inside.
  *
- * The rooms (one job each): device.c (engine and device lifecycle, the memory table, doorbell slots, errors and
- * events), mem.c (guest page lists, translation, copies), layout.c (the ring layouts the device accepts), mr.c,
- * cq.c, srq.c, qp.c (the objects), opcode.c (what each work request opcode does), recv.c (receive queues and
- * SRQs), req.c (the requester: a send queue's WQEs, start to finish), resp.c (the responder: what a request does at
- * its destination), poll.c (polling, spinning, parking, deadlines).
+ * The rooms, one job each, in layers (pyproject.toml's [tool.vrdma.engine-layers]; a file calls only files of the
+ * layers below its own, and `make lint` checks it from the object files):
+ *   poll.c (the loop and the per-QP scheduler), device.c (engines and devices opened and closed);
+ *   net.c (every arriving packet, parsed, routed and handed to its QP);
+ *   req.c (the requester to a QP of this engine), rcomp.c (the completer of a QP whose peer is on another host);
+ *   resp.c (the responder here), ud.c (datagrams), rreq.c and rresp.c (the RoCE requester and responder);
+ *   wqe.c (a send WQE as both requesters read it);
+ *   opcode.c (what each work request opcode does), recv.c (receive queues and SRQs);
+ *   mr.c, cq.c, srq.c, qp.c (the objects), tx.c (the transmit ring);
+ *   mem.c (guest page lists, translation, copies), gid.c (the GID index), remote.c (a remote QP's transport
+ *   state), roce.c (RoCE packets parsed and built);
+ *   base.c (errors, the clock, events, doorbell slots), layout.c (the ring layouts the device accepts), wire.c (the
+ *   wire opcode table), sockio.c (the sockets).
+ * remote.h holds what the RoCE rooms share, wire.h the names of the wire.
  *
  * Trust: everything in guest memory (rings, WQEs, page lists, the consumer index of a CQ) and in doorbell pages
  * can change under our feet and is read once into local variables before it is checked and used. Every guest
@@ -107,84 +116,6 @@ struct vre_qp {
 	struct vre_remote *net;   /* RTR or later with its peer on another host: the RoCE transport's state */
 };
 
-/* -- RoCE: a connected QP whose peer is on another host -------------------------------------------------------- */
-
-#define VRE_TX_RING 512           /* packets the engine holds for the network between two sends */
-#define VRE_TX_RESERVE 64         /* ... of which requesters leave this many to responders (ACKs, READ responses) */
-#define VRE_MAX_RD 128            /* READs and atomics outstanding on a QP, either way (max_qp_rd_atom) */
-#define VRE_PKT_ROOM (VRE_ROCE_MAX_HEADERS + 4096 + 8)   /* headers, the largest path MTU, pad and ICRC */
-#define PSN_MASK 0xffffffu
-#define IP_DONT_FRAGMENT 0x4000   /* the flags and fragment offset of an IPv4 packet never fragmented */
-
-/* A packet for the network: its addresses (the ICRC covers them) and its UDP payload. */
-struct vre_tx_pkt {
-	struct vre_roce_addr addr;
-	uint32_t len;
-	uint8_t data[VRE_PKT_ROOM];
-};
-
-/* What answers a started send WQE (struct vre_sent.kind): an ACK covering its last PSN, its READ responses, or
- * an atomic acknowledgement. Kept by the engine when the WQE starts: never read again from guest memory, which the
- * guest may have changed since. */
-enum sent_kind { SENT_ACKED, SENT_READ, SENT_ATOMIC };
-
-/* A send WQE the requester has started: the PSNs it takes (a READ: its responses'; an atomic: one). */
-struct vre_sent {
-	uint32_t first_psn;
-	uint32_t npkts;
-	uint32_t len;             /* its message length (what its completion reports) */
-	uint32_t kind;            /* enum sent_kind */
-};
-
-/* A READ the responder owes responses to, or an atomic it answered (kept to answer a duplicate the same way). */
-struct vre_rd_job {
-	uint32_t psn;             /* its first PSN */
-	uint32_t npkts;           /* PSNs it takes */
-	uint32_t sent;            /* response packets sent so far (npkts: done; an atomic's is one) */
-	uint32_t rkey;
-	uint64_t va;
-	uint32_t len;
-	bool atomic;
-	bool answered;            /* all its answers went out once (a duplicate asking again sends them again) */
-	uint64_t orig;            /* atomic: the value it answered with */
-};
-
-struct vre_remote {
-	struct vre_roce_addr addr;   /* the QP's GID to its peer's; dport 4791 */
-	uint32_t mtu;                /* path MTU in bytes */
-	/* requester: WQEs [sq_head, sq_next) have started; sq_cur is the one being sent (from PSN cur_psn) */
-	uint32_t sq_cur;
-	uint32_t sq_next;
-	uint32_t cur_psn;
-	uint32_t next_psn;           /* the first PSN of the next WQE to start */
-	uint32_t una_psn;            /* the oldest PSN not acknowledged */
-	uint32_t sent_psn;           /* one past the highest PSN sent (a packet below it is a retransmission) */
-	uint32_t gap_psn;            /* the una_psn a response ahead of it made the requester send again from ... */
-	bool gap_asked;              /* ... once per gap, as a responder NAKs once per gap */
-	uint32_t rd_out;             /* READs and atomics in [sq_head, sq_cur): asked, not answered (cursor_at and
-				      * retire_head keep it; net_check holds them to it) */
-	int64_t deadline;            /* retransmission timer (CLOCK_MONOTONIC ns), 0: stopped */
-	uint32_t since_ackreq;       /* packets sent since the last that asked for an acknowledgement */
-	struct vre_sent *sent;       /* sq_depth entries, by ring slot */
-	/* responder */
-	uint32_t epsn;               /* the PSN expected next */
-	uint32_t msn;                /* messages completed */
-	bool nak_sent;               /* a sequence NAK went out for epsn: one per gap */
-	bool in_send;                /* between the first and last packet of a SEND (rwqe is its receive) */
-	bool in_write;               /* ... of an RDMA WRITE (wr_* is where it goes) */
-	uint64_t msg_off;            /* bytes of the current SEND or WRITE so far */
-	uint64_t wr_va;
-	uint32_t wr_rkey;
-	uint32_t wr_len;
-	bool ack_owed;               /* an ACK or NAK waits for the responses owed before it (responses go out in
-				      * PSN order: an ACK overtaking them would tell the requester they were lost) */
-	uint32_t ack_psn, ack_aeth;
-	struct vre_rd_job rd[VRE_MAX_RD];   /* a ring: [rd_head, rd_tail) */
-	uint32_t rd_head, rd_tail;
-	struct recv_wqe *rwqe;       /* the receive a SEND (or WRITE with immediate) lands in, while rwqe_held */
-	bool rwqe_held;
-};
-
 #define VRE_NOT_ACTIVE UINT32_MAX
 #define VRE_TRANSPORT (VRE_QP_UD | VRE_QP_UC | VRE_QP_XRC_INI | VRE_QP_XRC_TGT)
 
@@ -249,9 +180,17 @@ struct vre_scratch {
 	uint8_t grh[VRDMA_GRH_SIZE];
 };
 
+/* A slot of the engine's GID index (gid.c): device `dev`'s GID `index`; dev UINT32_MAX: empty. */
+struct vre_gid_slot {
+	uint32_t dev;
+	uint32_t index;
+};
+
 struct vre_engine {
 	uint32_t ndevices;
 	struct vre_device *devices;
+	struct vre_gid_slot *gid_slots;   /* every open device's GIDs (gid.c), gid_mask + 1 slots */
+	uint32_t gid_mask;
 	struct vre_event events[EVENT_RING];
 	uint32_t ev_head, ev_tail;
 	bool parked;
@@ -338,11 +277,6 @@ static inline uint8_t *mem_at(const struct vre_mem *m, uint64_t off)
 	return m->hva[off >> PAGE_SHIFT] + (off & (PAGE_SIZE - 1));
 }
 
-/* Copy send WQE `index` (masked into the ring) out of guest memory. */
-struct send_wqe;
-struct vre_qp;
-VRE_FN void sq_wqe(const struct vre_qp *qp, uint32_t index, struct send_wqe *w);
-
 /* -- checked lookups: every slot or device index a caller gives goes through one of these --------------------- */
 
 /* An open device, or NULL. */
@@ -376,7 +310,7 @@ VRE_TABLE(srq)
 VRE_TABLE(qp)
 #undef VRE_TABLE
 
-/* -- device.c ---------------------------------------------------------------------------------------------- */
+/* -- base.c ------------------------------------------------------------------------------------------------ */
 
 VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 VRE_FN int64_t vre_monotonic_ns(void);
@@ -384,6 +318,14 @@ VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, ui
 VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index);
 VRE_FN volatile uint32_t *vre_db_claim(struct vre_engine *e, struct vre_device *d, uint32_t index);
 VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
+
+/* -- gid.c: the GID index ----------------------------------------------------------------------------------- */
+
+VRE_FN int gid_index_init(struct vre_engine *e);
+/* The open device holding GID `gid` (of any type), or NULL. */
+VRE_FN struct vre_device *gid_route(struct vre_engine *e, const uint8_t *gid);
+/* A device closes: its GIDs leave the index. */
+VRE_FN void gid_forget_device(struct vre_engine *e, struct vre_device *d);
 
 /* -- mem.c ------------------------------------------------------------------------------------------------- */
 
@@ -428,6 +370,12 @@ VRE_FN uint8_t mw_bind(struct vre_device *d, const struct vre_qp *qp, const stru
 /* The MR a bound window `mw` reaches for [addr, addr + len), as the responder QP `qpn` uses it, or NULL. */
 VRE_FN struct vre_mr *mw_target(struct vre_device *d, const struct vre_mr *mw, uint32_t qpn, uint64_t addr,
 				uint64_t len);
+
+/* The responder's checks of a remote access by QP dqp: rkey, PD `pd` (the receive side's), bounds, MR (or window) and
+ * QP access rights. The MR whose memory [addr, addr + len) is (at *off in it), or NULL. */
+struct vre_qp;
+VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
+				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off);
 
 /* -- cq.c -------------------------------------------------------------------------------------------------- */
 
@@ -516,81 +464,30 @@ struct vre_request {
  * not take is lost, as if on the wire, and the requester completes it successfully. */
 enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR, RESP_DROPPED };
 
+/* -- wqe.c: a send WQE as the requesters read it --------------------------------------------------------------- */
+
+/* Copy send WQE `index` (masked into the ring) out of guest memory. */
+VRE_FN void sq_wqe(const struct vre_qp *qp, uint32_t index, struct send_wqe *w);
+/* Segments of SGEs of PD `pd`'s memory, checked (keys, PD, bounds, local write access if asked): a status. */
 VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, bool kernel, const struct vrdma_sge *sge, uint32_t n,
 			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
+/* The requester's own checks of r->w (its opcode, its local data into r->local): a status. */
+VRE_FN uint8_t wqe_local_data(struct vre_request *r);
+/* The WQE at the head of the send queue completes (sq_head moves on). */
 VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
 		   uint8_t status, uint32_t byte_len);
-VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
-
-/* -- net.c, rreq.c, rresp.c, sockio.c: RoCE to other hosts ---------------------------------------------------- */
-
-/* Whether the engine has a network (a connected QP whose peer no device here holds then speaks RoCE). */
-static inline bool net_on(const struct vre_engine *e)
-{
-	return e->tx_fd >= 0 || e->capture;
-}
-
-/* The time timers are measured against (vre_clock_set). */
-static inline int64_t engine_clock(const struct vre_engine *e)
-{
-	return e->clock ? e->clock : vre_monotonic_ns();
-}
-
-/* Whether packets from GID `src` to GID `dst` can go out: both IPv4 (IPv4-mapped), or both IPv6 with an IPv6
- * socket. */
-static inline bool net_reaches(const struct vre_engine *e, const uint8_t *src, const uint8_t *dst)
-{
-	return ipv4_mapped(src) ? ipv4_mapped(dst) : !ipv4_mapped(dst) && e->udp6_fd >= 0;
-}
-
-static inline uint32_t psn_add(uint32_t psn, uint32_t n)
-{
-	return (psn + n) & PSN_MASK;
-}
-
-/* a - b in the 24-bit PSN space, as a signed distance (within 2^23 either way) */
-static inline int32_t psn_diff(uint32_t a, uint32_t b)
-{
-	return (int32_t)((a - b) << 8) >> 8;
-}
-
-VRE_FN uint32_t roce_header_len(uint8_t opcode);
-/* Room for a packet in the transmit ring (requesters keep VRE_TX_RESERVE for responders), or NULL. */
-VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester);
-/* Finish the packet in the slot tx_slot gave: build its headers around the payload already at
- * data + roce_header_len(pkt->opcode) and queue it. */
-VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vre_roce_addr *addr,
-		     struct vre_tx_pkt *slot, const struct vre_roce_pkt *pkt, uint32_t payload_len);
-/* A datagram that arrived for UD or GSI QP `qp` (ud.c). */
-VRE_FN void ud_input(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_roce_pkt *pkt,
-		     const uint8_t *payload, const struct vre_roce_addr *addr);
-/* A QP becomes remote (RTR, peer not here) or stops being: its transport state made or freed. */
-VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state);
-VRE_FN bool net_busy(const struct vre_qp *qp);
-VRE_FN void net_qp_free(struct vre_qp *qp);
-VRE_FN uint8_t wqe_local_data(struct vre_request *r);
-VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t prod,
-			    uint32_t budget);
-VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
-			    const struct vre_roce_pkt *pkt, const uint8_t *payload);
-VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
-			   const struct vre_roce_pkt *pkt, const uint8_t *payload);
-VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
-VRE_FN void responder_flush(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp);
-VRE_FN struct vre_mr *remote_mr(struct vre_device *dd, struct vre_qp *dqp, uint32_t pd, uint32_t rkey,
-				uint64_t addr, uint64_t len, uint32_t access, uint64_t *off);
-VRE_FN struct vre_device *device_by_gid(struct vre_engine *e, const uint8_t *gid);
-/* The transport state's invariants (net.c): NULL, or the first one a QP breaks. */
-VRE_FN const char *net_check(const struct vre_qp *qp);
-/* With VRE_CHECK_INVARIANTS (the fuzz and sanitizer builds): vre_check, and abort naming what broke. */
-VRE_FN void net_assert(struct vre_engine *e);
-VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget);
-VRE_FN void sock_send(struct vre_engine *e);
-
-/* -- ud.c -------------------------------------------------------------------------------------------------- */
-
 /* How long a requester waits after an RNR NAK with this timer field (the InfiniBand specification's table). */
 VRE_FN int64_t rnr_wait_ns(uint32_t timer);
+
+/* -- req.c and resp.c: a request to a QP of this engine ----------------------------------------------------------- */
+
+enum exec { EXEC_DONE, EXEC_WAIT };
+
+/* One send WQE of a QP whose peer is here (or a datagram), start to finish; EXEC_WAIT: retry it later. */
+VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w);
+VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
+
+/* -- ud.c -------------------------------------------------------------------------------------------------- */
 
 /* How long a requester waits for an answer before it sends again: 4.096 us * 2^timeout (0: "infinite", which
  * this device takes as 100 ms without counting retries down). */
@@ -600,7 +497,8 @@ static inline int64_t retry_wait_ns(const struct vre_qp *qp)
 }
 
 VRE_FN void ud_send(struct vre_request *r);
-VRE_FN uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
+
+#include "remote.h"
 
 #pragma GCC visibility pop
 

@@ -7,7 +7,8 @@
 #include "vre.h"
 
 #define P VRE_ROCE_PAYLOAD
-#define OP(code, headers_, kind_, pos_) [code] = { .name = #code, .headers = (headers_), .kind = (kind_), .pos = (pos_) }
+#define OP(code, headers_, kind_, pos_) \
+	[code] = { .name = #code, .headers = (headers_), .kind = (kind_), .pos = (pos_) }
 
 const struct roce_op roce_ops[256] = {
 	OP(ROCE_RC_SEND_FIRST, P, ROCE_SEND, WIRE_FIRST),

@@ -93,7 +93,7 @@ struct roce_op {
 };
 
 /* One row per opcode byte (wire.c); an opcode the device does not speak has kind ROCE_UNKNOWN and no headers. */
-extern const struct roce_op roce_ops[256];
+extern const struct roce_op roce_ops[256] __attribute__((visibility("hidden")));
 
 static inline const struct roce_op *roce_op(uint8_t opcode)
 {

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vrdma.engine import api
-from vrdma.engine.api import EngineError
+from vrdma.engine.api import NO_DEVICE, EngineError
 
 LIMIT_OF = {"mr": "max_mr", "cq": "max_cq", "srq": "max_srq", "qp": "max_qp"}
 
@@ -96,6 +96,13 @@ class FakeEngine:
             gids[index] = (raw, gid_type)
         else:
             gids.pop(index, None)
+
+    def route_gid(self, raw: bytes) -> int:
+        """As the engine's index routes: the lowest open device holding the GID."""
+        for dev, device in enumerate(self.devices):
+            if device is not None and any(gid == raw for gid, _ in device.gids.values()):
+                return dev
+        return NO_DEVICE
 
     def counters(self, dev: int) -> dict[str, int]:
         return dict.fromkeys(api.COUNTERS, 0)

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The transmit ring: packets for the network wait here between two sends (sockio.c sends them; a capture hands
+ * them to a test or a fuzzer instead), built in place around the payload their sender gathered. Requesters leave
+ * VRE_TX_RESERVE slots to responders, so that acknowledgements and READ responses always find room.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vre.h"
+
+int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
+{
+	if ((rx_fd < 0) != (tx_fd < 0) || (udp6_fd >= 0 && tx_fd < 0))
+		return vre_fail(e, EINVAL, "RoCE needs its IPv4 sockets (receive %d, send %d), with or without the IPv6 "
+				"one (%d), or none", rx_fd, tx_fd, udp6_fd);
+	if (tx_fd >= 0 && !e->tx) {
+		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
+		if (!e->tx)
+			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
+	}
+	e->rx_fd = rx_fd;
+	e->tx_fd = tx_fd;
+	e->udp6_fd = udp6_fd;
+	e->capture = false;
+	return 0;
+}
+
+int vre_net_capture(struct vre_engine *e)
+{
+	if (e->tx_fd >= 0)
+		return vre_fail(e, EBUSY, "the engine has its sockets: no capture");
+	if (!e->tx) {
+		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
+		if (!e->tx)
+			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
+	}
+	e->capture = true;
+	return 0;
+}
+
+uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct vre_roce_addr *addr)
+{
+	const struct vre_tx_pkt *p;
+
+	if (!e->capture || e->tx_head == e->tx_tail)
+		return 0;
+	p = &e->tx[e->tx_head++ % VRE_TX_RING];
+	*addr = p->addr;
+	memcpy(buf, p->data, p->len < room ? p->len : room);
+	e->net.tx_packets++;
+	return p->len;
+}
+
+VRE_FN struct vre_tx_pkt *tx_slot(struct vre_engine *e, bool requester)
+{
+	uint32_t limit = VRE_TX_RING - (requester ? VRE_TX_RESERVE : 0);
+
+	if (!e->tx)
+		return NULL;
+	if (e->tx_tail - e->tx_head >= limit)
+		sock_send(e);  /* make room: the network takes what it can now */
+	if (e->tx_tail - e->tx_head >= limit)
+		return NULL;
+	return &e->tx[e->tx_tail % VRE_TX_RING];
+}
+
+VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vre_roce_addr *addr,
+		     struct vre_tx_pkt *slot, const struct vre_roce_pkt *pkt, uint32_t payload_len)
+{
+	int len;
+
+	slot->addr = *addr;
+	len = vre_roce_build(slot->data, sizeof(slot->data), &slot->addr, pkt,
+			     slot->data + roce_header_len(pkt->opcode), payload_len);
+	if (len < 0) {  /* an opcode or size the engine itself got wrong: never on the wire */
+		e->net.tx_dropped++;
+		return;
+	}
+	slot->len = (uint32_t)len;
+	e->tx_tail++;
+	d->roce.tx_packets++;
+}
+
