@@ -27,6 +27,8 @@ def _libvhost_user_available() -> bool:
 
 # The device API (the layouts the backend loads) and the user ABI (the driver tests hold it to the driver).
 ABI_HEADERS = [Path("guest-driver") / "include" / "vrdma_dev_api.h",
+               Path("guest-driver") / "include" / "vrdma_dev_ring.h",
+               Path("guest-driver") / "include" / "vrdma_dev_cmd.h",
                Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"]
 
 
@@ -45,7 +47,7 @@ class BuildPyWithAbiHeader(build_py):
 
 editable = any(arg.startswith(("editable_wheel", "develop")) for arg in sys.argv)
 use_cffi = not editable and not os.environ.get("VRDMA_NO_CFFI_BUILD")
-modules = (["backend/vrdma/engine/_build.py:make_ffi", "backend/vrdma/testing/_native_build.py:make_ffi"]
+modules = (["backend/vrdma/engine/_build.py:make_ffi", "backend/vrdma/testing/_loadgen_build.py:make_ffi"]
            if use_cffi else [])
 if use_cffi and _libvhost_user_available():
     modules.append("backend/vrdma/vhost_user/_build.py:make_ffi")

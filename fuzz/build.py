@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vrdma._cffi_inplace import DEVICE_API_HEADERS
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "backend" / "vrdma" / "engine"
 ABI = ROOT / "guest-driver" / "include"  # the device API header, vrdma_dev_api.h
@@ -62,7 +64,7 @@ def fuzzer(name: str) -> Path:
     sources = [*harness_sources(name), *engine_sources()]
     digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
     for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESSES[name].glob("*.h")),
-                 ABI / "vrdma_dev_api.h", INPUT_HEADER]:
+                 *(ABI / name for name in DEVICE_API_HEADERS), INPUT_HEADER]:
         digest.update(path.read_bytes())
     key = digest.hexdigest()[:16]
     stamp = out.with_suffix(".stamp")

@@ -45,7 +45,9 @@ with atheris.instrument_imports(include=["vrdma"]):
     from vrdma.device.status import ResponseTooSmall
     from vrdma.engine.native import Engine
     from vrdma.engine.native import ffi as engine_ffi
-from vrdma.testing.verbs import encode_command  # after the block: the encoder is the fuzzer's, not the target's
+from vrdma.testing.simulated_guest import (
+    encode_command,  # after the block: the encoder is the fuzzer's, not the target's
+)
 
 PAGE = abi.const("VRDMA_PAGE_SIZE")
 PBL = abi.const("VRDMA_PBL_ENTRIES")

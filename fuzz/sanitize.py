@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from vrdma._cffi_inplace import DEVICE_API_HEADERS
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "backend" / "vrdma"
 OUT = ROOT / "build" / "sanitize"
@@ -87,7 +89,7 @@ def _inputs(module: str, recipe: ModuleType) -> list[Path]:
     files = [*sorted(p for p in here.iterdir() if p.suffix in (".c", ".h")), BUILDS[module], Path(__file__),
              PACKAGE / "_cffi_inplace.py"]
     if module == "vrdma.engine._engine":
-        files.append(ROOT / "guest-driver" / "include" / "vrdma_dev_api.h")
+        files += [ROOT / "guest-driver" / "include" / name for name in DEVICE_API_HEADERS]
     if module == "vrdma.vhost_user._libvhost_user":
         lvu = recipe.libvhost_user_dir()
         files += [lvu / "libvhost-user.c", lvu / "libvhost-user.h"]

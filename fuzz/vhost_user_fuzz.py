@@ -2,7 +2,7 @@
 
 Each input is what a hostile frontend controls on its socket: a byte stream, sent in chunks, some chunks carrying
 file descriptors (memfds of chosen sizes, pipes, eventfds, /dev/null, sockets, up to more than a message may
-carry). The backend's side of a socketpair reads it with MessageReader exactly as VhostUserDevice does, and every
+carry). The backend's side of a socketpair reads it with MessageReader exactly as VhostUserConnection does, and every
 framed message goes through validate() (for ADD_MEM_REG also check_regions against the regions accepted so far).
 
 Properties checked on every input:
@@ -118,7 +118,7 @@ def _chunk(fdp: atheris.FuzzedDataProvider) -> tuple[bytes, int]:
 
 
 class Connection:
-    """The backend's side: what VhostUserDevice does with each framed message, minus libvhost-user."""
+    """The backend's side: what VhostUserConnection does with each framed message, minus libvhost-user."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.reader = protocol.MessageReader(sock)

@@ -21,7 +21,7 @@ from vrdma.device import abi
 from vrdma.harness.daemon import DaemonProcess, DaemonStartError, DaemonStopError, Served
 from vrdma.harness.hosts import Host
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
+from vrdma.testing.simulated_guest import SimCq, SimMr, SimQp, SimVerbs
 
 SANITIZE = os.environ.get("VRDMA_SANITIZE") == "1"
 ROOT = Path(__file__).resolve().parents[1]

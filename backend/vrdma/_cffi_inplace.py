@@ -18,6 +18,8 @@ CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fno-strict-aliasing"]
 
 
 DEVICE_API_HEADER = "vrdma_dev_api.h"
+# The device API is three headers (vrdma_dev_api.h includes the other two): every build keyed by it hashes all three.
+DEVICE_API_HEADERS = (DEVICE_API_HEADER, "vrdma_dev_ring.h", "vrdma_dev_cmd.h")
 
 
 def abi_include_dir(package_dir: Path) -> Path:
@@ -27,6 +29,11 @@ def abi_include_dir(package_dir: Path) -> Path:
     if (packaged / DEVICE_API_HEADER).is_file():
         return packaged
     return package_dir.parents[2] / "guest-driver" / "include"
+
+
+def device_api_headers(package_dir: Path) -> list[Path]:
+    """The device API's headers as a build of ``package_dir`` includes them: what its inputs key must hash."""
+    return [abi_include_dir(package_dir) / name for name in DEVICE_API_HEADERS]
 
 
 def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path],

@@ -3,7 +3,7 @@ input on every interface the attacker has, and the victim's view checked after e
 
 The process serves vm0 (the attacker) and vm1 (the victim), both played by the simulated frontend
 (vrdma.testing.frontend: a real socket, memfd guest memory, split virtqueues) and the simulated driver and
-provider (vrdma.testing.verbs). Each batch, the attacker sends:
+provider (vrdma.testing.simulated_guest). Each batch, the attacker sends:
 
 - work requests (the data engine's interface): bursts of send WQEs, mostly well formed but with any opcode, flag,
   SGE count, local key and address, remote key and address (the victim's MR keys among them, the victim's

@@ -37,7 +37,7 @@ from fuzz.campaign.queues import drain_cq, post_receives, reconnect, ring_header
 from fuzz.campaign.victim import Victim
 from vrdma.device import abi
 from vrdma.testing.frontend import FrontendError
-from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
+from vrdma.testing.simulated_guest import SimCq, SimMr, SimQp, SimVerbs
 
 # -- the attacker ---------------------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vrdma.device import abi
-from vrdma.testing.verbs import encode_command
+from vrdma.testing.simulated_guest import encode_command
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_DIR = ROOT / "fuzz" / "crashes" / "campaign"

@@ -7,7 +7,7 @@ from typing import Any
 from fuzz.campaign.common import COMMAND_SLOTS, CQE, PAGE, RESP_HDR, U32, Peer, cmd, mask
 from fuzz.campaign.process import CampaignFrontend
 from vrdma.device import abi
-from vrdma.testing.verbs import SimCq, SimQp, SimRing, SimVerbs, recv_wqe_bytes
+from vrdma.testing.simulated_guest import SimCq, SimQp, SimRing, SimVerbs, recv_wqe_bytes
 
 # -- queue pairs, as a provider drives them ---------------------------------------------------------------------------
 

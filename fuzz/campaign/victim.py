@@ -25,7 +25,7 @@ from fuzz.campaign.common import (
 from fuzz.campaign.process import Backend, CampaignFrontend
 from fuzz.campaign.queues import drain_cq, post_receives, reconnect, ring_header
 from vrdma.device import abi
-from vrdma.testing.verbs import SimVerbs
+from vrdma.testing.simulated_guest import SimVerbs
 
 # -- the victim -----------------------------------------------------------------------------------------------------
 

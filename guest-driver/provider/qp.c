@@ -1,94 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
-/* Queue pairs and shared receive queues: rings in this process, posting by a store into the doorbell page. */
+/* Queue pairs: their rings in this process (wqe.c writes the WQEs), posting by a store into the doorbell page. */
 #include "ring.h"
-
-/* After ringing: if the device's engine is parked, wake it (the store above and this load must not pass). */
-static void wake_if_parked(struct vrdma_context *ctx, struct vrdma_qp *qp)
-{
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (!__atomic_load_n(qp->sq.parked, __ATOMIC_ACQUIRE))
-		return;
-	qp->wake_cmd.qp_handle = qp->vqp.qp.handle;
-	if (write(ctx->ibv_ctx.context.cmd_fd, &qp->wake_cmd, sizeof(qp->wake_cmd)) != sizeof(qp->wake_cmd))
-		verbs_err(&ctx->ibv_ctx, "vrdma: waking the device failed: %s\n", strerror(errno));
-}
-
-/*
- * A queue's ring and doorbell: index `db` of the page at mmap offset `db_offset` (none for the receive queue of a
- * QP with an SRQ: `has_db` false). 0 on success, else errno.
- */
-static int queue_init(struct vrdma_context *ctx, struct vrdma_queue *q, uint8_t *base, uint32_t depth,
-		      uint32_t stride, uint32_t max_sge, bool has_db, uint32_t db, uint64_t db_offset)
-{
-	q->base = base;
-	q->depth = depth;
-	q->stride = stride;
-	q->max_sge = max_sge;
-	q->prod = 0;
-	q->db = q->parked = NULL;
-	pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
-	if (!has_db)
-		return 0;
-	q->db = vrdma_db_map(ctx, db, db_offset);
-	if (!q->db)
-		return errno;
-	q->parked = q->db - VRDMA_DB_SLOT(db) + VRDMA_DB_SLOT_PARKED;
-	return 0;
-}
-
-/*
- * Room in a ring whose consumer index the device publishes: `prod - cons` WQEs are outstanding. A consumer index
- * ahead of the producer is not the device's; the ring then counts as full.
- */
-static bool ring_full(const struct vrdma_queue *q, volatile uint32_t *cons)
-{
-	uint32_t outstanding = q->prod - __atomic_load_n(cons, __ATOMIC_ACQUIRE);
-
-	return outstanding >= q->depth;
-}
-
-/* Post receive WQEs to an RQ or SRQ ring; `cons` is the device's consumer index in the ring header. */
-static int post_recv_ring(struct vrdma_context *ctx, struct vrdma_queue *q, volatile uint32_t *cons,
-			  struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
-{
-	int ret = 0;
-
-	if (!ctx_alive(ctx)) {
-		*bad_wr = wr;
-		return EIO;
-	}
-	pthread_spin_lock(&q->lock);
-	for (; wr; wr = wr->next) {
-		struct vrdma_recv_wqe *wqe;
-		struct vrdma_sge *sge;
-
-		if (ring_full(q, cons)) {
-			ret = ENOMEM;
-			break;
-		}
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge) {
-			ret = EINVAL;
-			break;
-		}
-		wqe = (struct vrdma_recv_wqe *)(q->base + (size_t)(q->prod & (q->depth - 1)) * q->stride);
-		wqe->wr_id = wr->wr_id;
-		wqe->num_sge = (uint32_t)wr->num_sge;
-		wqe->reserved = 0;
-		sge = (struct vrdma_sge *)(wqe + 1);
-		for (int i = 0; i < wr->num_sge; i++) {
-			sge[i].addr = wr->sg_list[i].addr;
-			sge[i].length = wr->sg_list[i].length;
-			sge[i].lkey = wr->sg_list[i].lkey;
-		}
-		q->prod++;
-	}
-	if (ret)
-		*bad_wr = wr;
-	/* Receives are taken when a send arrives: no need to wake a parked engine for them. */
-	ring_doorbell(q->db, q->prod);
-	pthread_spin_unlock(&q->lock);
-	return ret;
-}
 
 /* The wake-up command of a QP (see wake_if_parked): a POST_SEND of no work requests. */
 static void wake_cmd_init(struct vrdma_qp *qp)
@@ -199,10 +111,10 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 				   sizeof(resp));
 	if (ret)
 		goto err_free;
-	ret = queue_init(ctx, &qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride,
+	ret = vrdma_queue_init(ctx, &qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride,
 			 cap->max_send_sge, true, resp.sq_db_index, resp.sq_db_offset);
 	if (!ret)
-		ret = queue_init(ctx, &qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth,
+		ret = vrdma_queue_init(ctx, &qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth,
 				 rq_stride, cap->max_recv_sge, !no_rq, resp.rq_db_index, resp.rq_db_offset);
 	if (ret) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
@@ -325,49 +237,6 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	return 0;
 }
 
-/*
- * The opcodes a QP of type `type` posts, as IBV_QP_EX_WITH_* bits (bit n: opcode n): UD sends; UC sends, writes,
- * local invalidations and window binds (it has no responses); RC and XRC all.
- */
-uint64_t vrdma_qp_ops(enum ibv_qp_type type)
-{
-	const uint64_t ud = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-	const uint64_t uc = ud | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-			    IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
-
-	switch (type) {
-	case IBV_QPT_UD:
-		return ud;
-	case IBV_QPT_UC:
-		return uc;
-	case IBV_QPT_RC:
-	case IBV_QPT_XRC_SEND:
-		return uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
-	default:
-		return 0;
-	}
-}
-
-/* A bind the device could take: a window, a remote right or local write (meaningless here) only, an MR unless the
- * length is 0 (no zero-based windows). */
-bool vrdma_bind_ok(const struct ibv_mw *mw, const struct ibv_mw_bind_info *info)
-{
-	return mw && !(info->mw_access_flags & ~(VRDMA_MW_ACCESS | IBV_ACCESS_LOCAL_WRITE)) &&
-	       (info->mr || !info->length);
-}
-
-void vrdma_set_bind(struct vrdma_send_wqe *wqe, const struct ibv_mw *mw, uint32_t rkey,
-		    const struct ibv_mw_bind_info *info)
-{
-	wqe->bind.addr = info->addr;
-	wqe->bind.length = info->length;
-	wqe->bind.mr_lkey = info->mr ? info->mr->lkey : 0;
-	wqe->bind.mw_rkey = mw->rkey;
-	wqe->bind.new_rkey = rkey;
-	wqe->bind.access = info->mw_access_flags & VRDMA_MW_ACCESS;  /* (local write: nothing here) */
-}
-
 /* A BIND_MW work request binds a type 2 window; ibv_bind_mw (`bind_verb`) a type 1. */
 static bool opcode_ok(enum ibv_qp_type type, const struct ibv_send_wr *wr, bool bind_verb)
 {
@@ -376,66 +245,6 @@ static bool opcode_ok(enum ibv_qp_type type, const struct ibv_send_wr *wr, bool 
 	return wr->opcode != IBV_WR_BIND_MW ||
 	       (vrdma_bind_ok(wr->bind_mw.mw, &wr->bind_mw.bind_info) &&
 		wr->bind_mw.mw->type == (bind_verb ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2));
-}
-
-static_assert(IBV_QP_EX_WITH_SEND_WITH_INV == 1 << IBV_WR_SEND_WITH_INV &&
-	      IBV_QP_EX_WITH_RDMA_WRITE == 1 << IBV_WR_RDMA_WRITE, "a send_ops_flags bit per opcode");
-static_assert(IBV_WR_LOCAL_INV == VRDMA_WR_LOCAL_INV && IBV_WR_BIND_MW == VRDMA_WR_BIND_MW &&
-	      IBV_WR_SEND_WITH_INV == VRDMA_WR_SEND_WITH_INV && IBV_WC_BIND_MW == VRDMA_WC_OP_BIND_MW &&
-	      IBV_WC_LOCAL_INV == VRDMA_WC_OP_LOCAL_INV, "work request and completion opcodes are libibverbs'");
-
-/*
- * The next send WQE (zeroed, with its header) at the producer index, which moves past it; NULL when the ring is
- * full. The device sees it only once vrdma_sq_publish rings the doorbell. Called with the send queue's lock held.
- */
-struct vrdma_send_wqe *vrdma_send_slot(struct vrdma_qp *qp, uint64_t wr_id, enum ibv_wr_opcode opcode,
-				       unsigned int send_flags)
-{
-	struct vrdma_queue *q = &qp->sq;
-	struct vrdma_qp_ring_hdr *hdr = qp->buf.addr;
-	struct vrdma_send_wqe *wqe;
-
-	if (ring_full(q, &hdr->sq_cons))
-		return NULL;
-	wqe = (struct vrdma_send_wqe *)(q->base + (size_t)(q->prod & (q->depth - 1)) * q->stride);
-	memset(wqe, 0, sizeof(*wqe));
-	wqe->wr_id = wr_id;
-	wqe->opcode = (uint8_t)opcode;
-	wqe->send_flags = (uint8_t)(send_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED |
-						  IBV_SEND_INLINE));
-	q->prod++;
-	return wqe;
-}
-
-/* Append length bytes at addr to the WQE's inline data: 0, or EINVAL past the QP's max_inline. */
-int vrdma_wqe_inline(struct vrdma_qp *qp, struct vrdma_send_wqe *wqe, const void *addr, size_t length)
-{
-	if (length > qp->max_inline - wqe->inline_len)
-		return EINVAL;
-	memcpy((uint8_t *)(wqe + 1) + wqe->inline_len, addr, length);
-	wqe->inline_len += (uint32_t)length;
-	wqe->send_flags |= IBV_SEND_INLINE;
-	return 0;
-}
-
-/* The WQE's SGEs (the caller checked their count against the send queue's max_sge). */
-void vrdma_wqe_sges(struct vrdma_send_wqe *wqe, const struct ibv_sge *sg_list, size_t num_sge)
-{
-	struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
-
-	for (size_t i = 0; i < num_sge; i++) {
-		sge[i].addr = sg_list[i].addr;
-		sge[i].length = sg_list[i].length;
-		sge[i].lkey = sg_list[i].lkey;
-	}
-	wqe->num_sge = (uint8_t)num_sge;
-}
-
-/* Hand the device what was written since the last doorbell (send queue lock held). */
-void vrdma_sq_publish(struct vrdma_qp *qp)
-{
-	ring_doorbell(qp->sq.db, qp->sq.prod);
-	wake_if_parked(to_vctx(qp->vqp.qp.context), qp);
 }
 
 static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr, bool bind_verb)
@@ -544,117 +353,5 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv
 		*bad_wr = wr;  /* its receives come from an SRQ, or it has none (XRC), or it is not yet (or no more) */
 		return EINVAL;
 	}
-	return post_recv_ring(to_vctx(ibqp->context), &qp->rq, &hdr->rq_cons, wr, bad_wr);
+	return vrdma_post_recv_ring(to_vctx(ibqp->context), &qp->rq, &hdr->rq_cons, wr, bad_wr);
 }
-
-/* -- shared receive queues -------------------------------------------------------------------------------------- */
-
-/* A basic or an XRC SRQ: a header page and the ring, pinned by the kernel; its doorbell the device names. */
-struct ibv_srq *vrdma_create_srq_ex(struct ibv_context *context, struct ibv_srq_init_attr_ex *attr)
-{
-	struct uvrdma_create_xsrq cmd = {};
-	struct uvrdma_create_xsrq_resp resp = {};
-	enum ibv_srq_type type = attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE ? attr->srq_type : IBV_SRQT_BASIC;
-	struct vrdma_srq *srq;
-	uint32_t depth, stride;
-	int ret;
-
-	if ((type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) ||
-	    (attr->comp_mask & ~(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
-				 IBV_SRQ_INIT_ATTR_CQ))) {
-		errno = EOPNOTSUPP;  /* no tag matching */
-		return NULL;
-	}
-	if (attr->attr.max_wr > (1u << 20) || attr->attr.max_sge > 255) {
-		errno = EINVAL;
-		return NULL;
-	}
-	srq = calloc(1, sizeof(*srq));
-	if (!srq)
-		return vrdma_abandon(NULL, NULL, ENOMEM);
-	depth = pow2_at_least(attr->attr.max_wr + 1, 2);  /* one more than asked: the limit must stay below it */
-	stride = pow2_at_least(sizeof(struct vrdma_recv_wqe) + attr->attr.max_sge * sizeof(struct vrdma_sge), 32);
-	if (stride > VRDMA_PAGE_SIZE) {
-		ret = EINVAL;
-		goto err_free;
-	}
-	ret = buf_alloc(&srq->buf, VRDMA_PAGE_SIZE + (size_t)depth * stride);
-	if (ret)
-		goto err_free;
-	cmd.buf_addr = (uintptr_t)srq->buf.addr;
-	cmd.buf_size = srq->buf.size;
-	cmd.depth = depth;
-	cmd.stride = stride;
-	ret = ibv_cmd_create_srq_ex(context, &srq->vsrq, attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
-				    sizeof(resp));
-	if (ret)
-		goto err_free;
-	ret = queue_init(to_vctx(context), &srq->rq, (uint8_t *)srq->buf.addr + VRDMA_PAGE_SIZE, depth, stride,
-			 attr->attr.max_sge, true, resp.db_index, resp.db_offset);
-	if (ret) {
-		ibv_cmd_destroy_srq(&srq->vsrq.srq);
-		goto err_free;
-	}
-	return &srq->vsrq.srq;
-
-err_free:
-	return vrdma_abandon(&srq->buf, srq, ret);
-}
-
-struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
-{
-	struct ibv_srq_init_attr_ex attr_ex = { .srq_context = attr->srq_context, .attr = attr->attr,
-						.comp_mask = IBV_SRQ_INIT_ATTR_PD, .pd = pd };
-	struct ibv_srq *srq = vrdma_create_srq_ex(pd->context, &attr_ex);
-
-	if (srq)
-		attr->attr = attr_ex.attr;
-	return srq;
-}
-
-int vrdma_get_srq_num(struct ibv_srq *ibsrq, uint32_t *srq_num)
-{
-	struct vrdma_srq *srq = to_vsrq(ibsrq);
-
-	if (srq->vsrq.srq_type != IBV_SRQT_XRC)
-		return EOPNOTSUPP;
-	*srq_num = srq->vsrq.srq_num;
-	return 0;
-}
-
-int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
-{
-	struct ibv_modify_srq cmd;
-
-	return ibv_cmd_modify_srq(ibsrq, attr, mask, &cmd, sizeof(cmd));
-}
-
-int vrdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
-{
-	struct ibv_query_srq cmd;
-
-	return ibv_cmd_query_srq(ibsrq, attr, &cmd, sizeof(cmd));
-}
-
-int vrdma_destroy_srq(struct ibv_srq *ibsrq)
-{
-	struct vrdma_srq *srq = to_vsrq(ibsrq);
-	int ret = ibv_cmd_destroy_srq(ibsrq);
-
-	if (ret)
-		return ret;
-	buf_free(&srq->buf);
-	pthread_spin_destroy(&srq->rq.lock);
-	free(srq);
-	return 0;
-}
-
-int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
-{
-	struct vrdma_srq *srq = to_vsrq(ibsrq);
-	struct vrdma_srq_ring_hdr *hdr = srq->buf.addr;
-
-	return post_recv_ring(to_vctx(ibsrq->context), &srq->rq, &hdr->cons, wr, bad_wr);
-}
-
-/* -- address handles -------------------------------------------------------------------------------------------- */

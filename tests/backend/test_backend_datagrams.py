@@ -19,7 +19,7 @@ from backend_process import GID, BackendProcess, pattern, two_vms, wait_cqes
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
+from vrdma.testing.simulated_guest import SimCq, SimMr, SimQp, SimVerbs
 
 pytestmark = pytest.mark.backend
 

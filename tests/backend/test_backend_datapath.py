@@ -1,7 +1,7 @@
 """The data engine driven through the simulated frontend: two VMs' memory, one backend process, no guests.
 
-Each test plays vm0 and vm1 with vrdma.testing.verbs (what vrdma.ko and libvrdma do, over vhost-user), so it can
-post what a correct provider posts and what a hostile one could.
+Each test plays vm0 and vm1 with vrdma.testing.simulated_guest (what vrdma.ko and libvrdma do, over vhost-user), so
+it can post what a correct provider posts and what a hostile one could.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from polling import wait_until
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend, FrontendError
-from vrdma.testing.verbs import CommandError
+from vrdma.testing.simulated_guest import CommandError
 
 pytestmark = pytest.mark.backend
 

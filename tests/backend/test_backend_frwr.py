@@ -20,7 +20,7 @@ from backend_process import GID, BackendProcess, Bystander, SimSide, pattern, st
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import Buffer, CommandError, SimCq, SimQp, SimVerbs
+from vrdma.testing.simulated_guest import Buffer, CommandError, SimCq, SimQp, SimVerbs
 
 pytestmark = pytest.mark.backend
 

@@ -17,7 +17,7 @@ from backend_process import BackendProcess, expect_closed, query_device, settled
 
 from vrdma.device import abi
 from vrdma.testing.frontend import USER_BASE, Frontend, GuestMemory
-from vrdma.testing.verbs import SimVerbs
+from vrdma.testing.simulated_guest import SimVerbs
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 

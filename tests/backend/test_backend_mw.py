@@ -18,7 +18,7 @@ import pytest
 from backend_process import GID, BackendProcess, Bystander, SimSide, pattern, start_side, wait_cqes
 
 from vrdma.device import abi
-from vrdma.testing.verbs import CommandError
+from vrdma.testing.simulated_guest import CommandError
 
 pytestmark = pytest.mark.backend
 

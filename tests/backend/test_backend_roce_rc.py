@@ -22,7 +22,7 @@ import pytest
 from backend_process import BackendProcess, SimSide, pattern, start_side, wait_cqes
 
 from vrdma.device import abi
-from vrdma.harness.hosts import Fabric, Host
+from vrdma.harness.hosts import Host, HostNetwork
 from vrdma.harness.impair import Impairment
 
 pytestmark = [pytest.mark.backend,
@@ -45,7 +45,7 @@ def gid_of(host: Host) -> bytes:
 class Pair:
     """Two backends on two hosts, one simulated VM each (vm0 on h0, vm1 on h1), an RC QP on each."""
 
-    def __init__(self, fabric: Fabric, directory: Path, gids: list[bytes] | None = None) -> None:
+    def __init__(self, fabric: HostNetwork, directory: Path, gids: list[bytes] | None = None) -> None:
         self.backends = [BackendProcess(directory / f"h{i}", names=(f"vm{i}",), host=fabric[i]) for i in range(2)]
         self.gids = gids or [gid_of(fabric[0]), gid_of(fabric[1])]
         self.fes = [b.frontend(f"vm{i}") for i, b in enumerate(self.backends)]
@@ -71,13 +71,13 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def fabric() -> Iterator[Fabric]:
-    with Fabric(3, subnet="10.97.0.0/24", prefix=f"rc{os.getpid() % 100000}") as hosts:  # h2: a forger
+def fabric() -> Iterator[HostNetwork]:
+    with HostNetwork(3, subnet="10.97.0.0/24", prefix=f"rc{os.getpid() % 100000}") as hosts:  # h2: a forger
         yield hosts
 
 
 @pytest.fixture
-def pair(fabric: Fabric, tmp_path: Path) -> Iterator[Pair]:
+def pair(fabric: HostNetwork, tmp_path: Path) -> Iterator[Pair]:
     p = Pair(fabric, tmp_path)
     try:
         yield p
@@ -178,7 +178,7 @@ def test_retries_exhausted_when_the_peer_is_gone(pair: Pair) -> None:
 @pytest.mark.parametrize("impairment", [Impairment(loss=0.05, seed=1), Impairment(duplicate=0.05, seed=2),
                                         Impairment(reorder=0.05, seed=3)], ids=["loss", "duplicate", "reorder"])
 def test_impaired_link_keeps_the_data_intact(tmp_path: Path, impairment: Impairment) -> None:
-    with Fabric(2, subnet="10.96.0.0/24", prefix=f"rci{os.getpid() % 100000}", impairment=impairment) as impaired:
+    with HostNetwork(2, subnet="10.96.0.0/24", prefix=f"rci{os.getpid() % 100000}", impairment=impairment) as impaired:
         p = Pair(impaired, tmp_path)
         try:
             a, b = p.connect(timeout=14)  # 67 ms, as ibv_rc_pingpong asks (the Python switch can be slow)
@@ -229,7 +229,7 @@ send(pkt, verbose=False)
 """
 
 
-def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric: Fabric) -> None:
+def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric: HostNetwork) -> None:
     """A third host sends RDMA WRITEs at vm1's QP: with a bad ICRC, to an unknown QPN, from its own address (not
     the QP's peer), truncated, longer than the path MTU, and (spoofing the peer's address) ahead of and behind the
     expected PSN. None writes a byte; each is counted where it was refused; the connection then works as before."""
@@ -280,7 +280,7 @@ send(IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=4791, dport=4791) /
 """
 
 
-def test_a_duplicate_atomic_is_answered_from_the_replay_cache(pair: Pair, fabric: Fabric) -> None:
+def test_a_duplicate_atomic_is_answered_from_the_replay_cache(pair: Pair, fabric: HostNetwork) -> None:
     """A FETCH_AND_ADD that arrives again (its PSN behind the expected one, from the peer's address, as a
     retransmission after a lost acknowledgement would) is answered with the value kept from the first time, and
     not added a second time."""
@@ -302,7 +302,7 @@ def test_a_duplicate_atomic_is_answered_from_the_replay_cache(pair: Pair, fabric
     assert struct.unpack("<Q", b.verbs.memory.read(b.mr.addr + 64, 8)) == (1005,)  # added once
 
 
-def test_a_peer_backend_that_restarts(fabric: Fabric, tmp_path: Path) -> None:
+def test_a_peer_backend_that_restarts(fabric: HostNetwork, tmp_path: Path) -> None:
     """The peer's backend stops (its VM and QP with it): the next WRITE exhausts its retries; the backend comes back,
     its VM makes its objects anew, and a QP of vm0, reset and connected to the new one, works again."""
     p = Pair(fabric, tmp_path)
@@ -327,7 +327,7 @@ def test_a_peer_backend_that_restarts(fabric: Fabric, tmp_path: Path) -> None:
         p.close()
 
 
-def test_ipv6_gids(fabric: Fabric, tmp_path: Path) -> None:
+def test_ipv6_gids(fabric: HostNetwork, tmp_path: Path) -> None:
     """GIDs that are IPv6 addresses (not IPv4-mapped): the same RC traffic through the backends' IPv6 socket."""
     addresses = ["fd00:97::1", "fd00:97::2"]
     for host, address in zip(fabric.hosts[:2], addresses, strict=True):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from vrdma.engine._engine import ffi, lib
-from vrdma.harness.hosts import Fabric
+from vrdma.harness.hosts import HostNetwork
 
 pytestmark = [pytest.mark.backend,
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2")]
@@ -59,9 +59,9 @@ s.sendto(ip + udp, (dst, 0))
 
 
 @pytest.fixture
-def fabric() -> Iterator[Fabric]:
+def fabric() -> Iterator[HostNetwork]:
     """Two hosts, 10.97.0.1 (a) and 10.97.0.2 (b), on one bridge."""
-    with Fabric(2, subnet="10.97.0.0/24", prefix=f"vr{os.getpid() % 10000}") as hosts:
+    with HostNetwork(2, subnet="10.97.0.0/24", prefix=f"vr{os.getpid() % 10000}") as hosts:
         assert (hosts[0].address, hosts[1].address) == (A, B)
         yield hosts
 
@@ -82,7 +82,7 @@ def packet(psn: int) -> bytes:
     return bytes(ffi.buffer(buf, n))
 
 
-def carry(fabric: Fabric, sender: str, *args: str) -> bytes:
+def carry(fabric: HostNetwork, sender: str, *args: str) -> bytes:
     """Run `sender` in host a with `args` while host b's raw socket listens; the IP packet b saw."""
     receiver = fabric[1].popen([sys.executable, "-c", RECEIVER, str(PORT)])
     try:
@@ -107,7 +107,7 @@ def parse(ip_packet: bytes, ip_id: int | None = None) -> int:
 
 
 def test_a_packet_sent_through_an_unconnected_udp_socket_with_df_parses_on_the_other_host(
-        fabric: Fabric) -> None:
+        fabric: HostNetwork) -> None:
     data = packet(psn=1)
     arrived = carry(fabric, UDP_SENDER, A, B, data.hex(), str(PORT))
     ident, frag = struct.unpack("!HH", arrived[4:8])
@@ -116,7 +116,7 @@ def test_a_packet_sent_through_an_unconnected_udp_socket_with_df_parses_on_the_o
     assert parse(arrived) == 0
 
 
-def test_a_senders_own_ip_identification_needs_the_ip_header_to_check_the_icrc(fabric: Fabric) -> None:
+def test_a_senders_own_ip_identification_needs_the_ip_header_to_check_the_icrc(fabric: HostNetwork) -> None:
     """A sender that writes its own IP header (rxe's way) with identification 0x1234: the ICRC holds with the
     identification the raw socket shows, and not with the 0 a UDP socket's reader would have to assume."""
     payload = ffi.new("uint8_t[]", 256)

@@ -18,7 +18,7 @@ from backend_process import GID, BackendProcess, SimSide, pattern, start_side, t
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import CommandError
+from vrdma.testing.simulated_guest import CommandError
 
 pytestmark = pytest.mark.backend
 

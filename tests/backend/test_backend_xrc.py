@@ -19,7 +19,7 @@ from backend_process import GID, BackendProcess, SimSide, pattern, start_side, w
 
 from vrdma.device import abi
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import CommandError, SimCq, SimMr, SimQp, SimSrq, SimVerbs
+from vrdma.testing.simulated_guest import CommandError, SimCq, SimMr, SimQp, SimSrq, SimVerbs
 
 pytestmark = pytest.mark.backend
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 from pyroute2 import netns
 
-from vrdma.harness.hosts import Fabric, FabricError
+from vrdma.harness.hosts import HostNetwork, HostNetworkError
 from vrdma.harness.impair import Impairment
 
 pytestmark = [pytest.mark.backend,
@@ -41,7 +41,7 @@ for i in range(int(sys.argv[2])):
 
 
 def test_hosts_reach_each_other_over_the_bridge_and_nothing_else() -> None:
-    with Fabric(3, prefix=f"vt{os.getpid() % 10000}") as fabric:
+    with HostNetwork(3, prefix=f"vt{os.getpid() % 10000}") as fabric:
         assert [h.address for h in fabric.hosts] == ["10.98.0.1", "10.98.0.2", "10.98.0.3"]
         assert collect(fabric, 3) == [0, 1, 2]
         # A host's namespace has its link and loopback, and no route out of the fabric.
@@ -52,7 +52,7 @@ def test_hosts_reach_each_other_over_the_bridge_and_nothing_else() -> None:
 
 def test_a_failing_block_leaves_no_namespace_behind() -> None:
     prefix = f"vf{os.getpid() % 10000}"
-    with pytest.raises(RuntimeError), Fabric(2, prefix=prefix):
+    with pytest.raises(RuntimeError), HostNetwork(2, prefix=prefix):
         raise RuntimeError("the test failed")
     assert not [n for n in netns.listnetns() if n.startswith(prefix)]
 
@@ -62,7 +62,7 @@ def set_up_and_use(k: int, rounds: int) -> list[list[int]]:
     once by the test below)."""
     got = []
     for i in range(rounds):
-        with Fabric(2, subnet=f"10.{80 + k}.0.0/24", prefix=f"vc{os.getpid() % 10000}-{k}{i}") as fabric:
+        with HostNetwork(2, subnet=f"10.{80 + k}.0.0/24", prefix=f"vc{os.getpid() % 10000}-{k}{i}") as fabric:
             got.append(collect(fabric, 3, idle=0.5))
     return got
 
@@ -80,14 +80,14 @@ LINGERING_HELPERS = """
 import subprocess, sys, time
 import pyroute2.process
 from vrdma import cli
-from vrdma.harness.hosts import Fabric
+from vrdma.harness.hosts import HostNetwork
 answer = pyroute2.process.wrapper  # what pyroute2's forked helper runs before its os._exit()
 def answer_then_linger(*args):
     answer(*args)
     time.sleep(0.2)
 pyroute2.process.wrapper = answer_then_linger
 cli.unwind_on_sigterm()
-with Fabric(2, prefix=sys.argv[1]) as fabric:
+with HostNetwork(2, prefix=sys.argv[1]) as fabric:
     switch = subprocess.run(["ip", "-n", fabric.switch, "-o", "link", "show"], capture_output=True, text=True)
     print(fabric[1].run(["ip", "-o", "link", "show", "eth0"]).returncode, *(p in switch.stdout for p in fabric.ports))
 """
@@ -113,12 +113,12 @@ def test_a_fabric_set_up_by_the_cli_survives_its_helpers_being_terminated() -> N
 def test_a_set_up_failure_names_its_step_and_the_kernels_answer() -> None:
     prefix = f"vs{os.getpid() % 10000}"
     expected = r"attaching v[0-9a-f]{8}p0 in .*-sw: NetlinkError: \(22, 'Invalid argument'\)"
-    with pytest.raises(FabricError, match=expected), Fabric(1, prefix=prefix, mtu=70000):
+    with pytest.raises(HostNetworkError, match=expected), HostNetwork(1, prefix=prefix, mtu=70000):
         pass  # an MTU no veth takes
     assert not [n for n in netns.listnetns() if n.startswith(prefix)]
 
 
-def collect(fabric: Fabric, count: int, idle: float = 1.0) -> list[int]:
+def collect(fabric: HostNetwork, count: int, idle: float = 1.0) -> list[int]:
     """The datagrams (numbered 0 .. count-1) host 1 received, in order, of `count` host 0 sent back to back."""
     receiver = fabric[1].popen([sys.executable, "-c", UDP_COLLECT, fabric[1].address, str(idle)])
     try:
@@ -141,7 +141,7 @@ def collect(fabric: Fabric, count: int, idle: float = 1.0) -> list[int]:
                                         Impairment(delay_ms=20)],
                          ids=["none", "all lost", "30% lost", "all duplicated", "half reordered", "20 ms delay"])
 def test_the_impairing_switch_does_what_it_is_told(impairment: Impairment) -> None:
-    with Fabric(2, prefix=f"vi{os.getpid() % 10000}", impairment=impairment) as fabric:
+    with HostNetwork(2, prefix=f"vi{os.getpid() % 10000}", impairment=impairment) as fabric:
         got = collect(fabric, 100)
     # What the switch says it did (over every IP frame: the 100 datagrams, and whatever IPv6 neighbour discovery
     # the hosts sent besides), held to what arrived.

@@ -9,16 +9,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from vrdma.loop import EventLoop
 from vrdma.vhost_user import protocol
-from vrdma.vhost_user.device import (
+from vrdma.vhost_user.connection import (
     VHOST_USER_F_PROTOCOL_FEATURES,
     VIRTIO_F_VERSION_1,
     CloseCause,
     MemoryRegion,
     State,
-    VhostUserDevice,
+    VhostUserConnection,
 )
-from vrdma.vhost_user.loop import EventLoop
 from vrdma.vhost_user.protocol import Request
 
 pytestmark = pytest.mark.backend
@@ -47,16 +47,16 @@ class FakeModel:
     def config_space(self) -> bytes:
         return CONFIG
 
-    def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None:
+    def queue_started(self, device: VhostUserConnection, index: int, started: bool) -> None:
         self.started.append((index, started))
 
-    def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
+    def queue_kicked(self, device: VhostUserConnection, index: int) -> None:
         pass
 
-    def memory_changed(self, device: VhostUserDevice) -> None:
+    def memory_changed(self, device: VhostUserConnection) -> None:
         self.memory = device.memory_regions()
 
-    def disconnected(self, device: VhostUserDevice, reason: str) -> None:
+    def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.disconnect_reason = reason
 
 
@@ -89,22 +89,22 @@ class Frontend:
 
 
 @pytest.fixture()
-def pair() -> Iterator[tuple[Frontend, VhostUserDevice, FakeModel]]:
+def pair() -> Iterator[tuple[Frontend, VhostUserConnection, FakeModel]]:
     loop = EventLoop()
     front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     model = FakeModel()
-    device = VhostUserDevice("vm-test", back, loop, model)
+    device = VhostUserConnection("vm-test", back, loop, model)
     yield Frontend(front, loop), device, model
     device.close("test over", CloseCause.STOPPING)
     front.close()
     loop.close()
 
 
-def closed(device: VhostUserDevice, model: FakeModel, reason: str) -> bool:
+def closed(device: VhostUserConnection, model: FakeModel, reason: str) -> bool:
     return device.state is State.CLOSED and reason in (model.disconnect_reason or "")
 
 
-def test_feature_negotiation(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+def test_feature_negotiation(pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     front, device, model = pair
     features = front.u64(Request.GET_FEATURES)
     assert features & VIRTIO_F_VERSION_1 and features & VHOST_USER_F_PROTOCOL_FEATURES
@@ -115,7 +115,7 @@ def test_feature_negotiation(pair: tuple[Frontend, VhostUserDevice, FakeModel]) 
     assert device.state is State.CONNECTED
 
 
-def test_get_config_returns_the_model_config(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+def test_get_config_returns_the_model_config(pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     front, _, model = pair
     front.u64(Request.GET_FEATURES)
     front.send(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(model.protocol_features()))
@@ -125,7 +125,7 @@ def test_get_config_returns_the_model_config(pair: tuple[Frontend, VhostUserDevi
     assert payload[protocol.CONFIG_HEADER.size:] == CONFIG[:16]
 
 
-def test_none_request_disconnects_only_and_does_not_exit(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+def test_none_request_disconnects_only_and_does_not_exit(pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     front, device, model = pair
     assert front.u64(Request.GET_FEATURES)
     front.send(Request.NONE)
@@ -154,14 +154,15 @@ def test_none_request_disconnects_only_and_does_not_exit(pair: tuple[Frontend, V
     (Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(250, 16, 0) + bytes(16), 0x1, None, "at offset 250"),
     (Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, 16, 0), 0x1, None, "with a 12-byte payload"),
 ])
-def test_malformed_message_closes_the_device(pair: tuple[Frontend, VhostUserDevice, FakeModel], request_: int,
+def test_malformed_message_closes_the_device(pair: tuple[Frontend, VhostUserConnection, FakeModel], request_: int,
                                              payload: bytes, flags: int, size: int | None, reason: str) -> None:
     front, device, model = pair
     front.send(request_, payload, flags=flags, size=size)
     assert closed(device, model, reason), model.disconnect_reason
 
 
-def test_unexpected_file_descriptor_is_refused_and_closed(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+def test_unexpected_file_descriptor_is_refused_and_closed(
+        pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     front, device, model = pair
     read_end, write_end = os.pipe()
     front.send(Request.GET_FEATURES, fds=[read_end])
@@ -170,7 +171,7 @@ def test_unexpected_file_descriptor_is_refused_and_closed(pair: tuple[Frontend, 
     os.close(write_end)
 
 
-def test_partial_message_waits_without_blocking(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+def test_partial_message_waits_without_blocking(pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     front, device, model = pair
     header = protocol.HEADER.pack(Request.SET_FEATURES, protocol.VERSION, 8)
     front.sock.sendall(header + b"\0\0")  # header and 2 of 8 payload bytes
@@ -183,7 +184,7 @@ def test_partial_message_waits_without_blocking(pair: tuple[Frontend, VhostUserD
     assert model.negotiated == VIRTIO_F_VERSION_1
 
 
-def test_frontend_hang_up_frees_the_device(pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+def test_frontend_hang_up_frees_the_device(pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     front, device, model = pair
     front.sock.close()
     while front.loop.run_once(0):
@@ -192,7 +193,7 @@ def test_frontend_hang_up_frees_the_device(pair: tuple[Frontend, VhostUserDevice
 
 
 def test_descriptors_belong_to_the_message_they_were_sent_with(
-        pair: tuple[Frontend, VhostUserDevice, FakeModel]) -> None:
+        pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
     """QEMU sends SET_FEATURES and then SET_VRING_CALL (with an eventfd) back to back: both wait in the socket
     before the backend reads, and the eventfd must go with the second message, not the first."""
     front, device, model = pair
@@ -210,7 +211,7 @@ def test_descriptors_belong_to_the_message_they_were_sent_with(
 
 
 def test_an_exception_in_the_model_closes_only_that_device(
-        pair: tuple[Frontend, VhostUserDevice, FakeModel], monkeypatch: pytest.MonkeyPatch) -> None:
+        pair: tuple[Frontend, VhostUserConnection, FakeModel], monkeypatch: pytest.MonkeyPatch) -> None:
     front, device, model = pair
 
     def broken_config() -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from vrdma.bench import guests, methods, native
+from vrdma.bench import backend, guests, methods
 
 
 def test_the_documented_method_table_is_the_generated_one() -> None:
@@ -15,7 +15,7 @@ def test_the_documented_method_table_is_the_generated_one() -> None:
 
 def test_the_table_quotes_the_constants_the_benchmarks_run_with() -> None:
     text = methods.table()
-    for value in (native.LATENCY_WRITES, native.RATE_WRITES, native.BW_WRITES, guests.BW_ITERATIONS["vrdma0"],
+    for value in (backend.LATENCY_WRITES, backend.RATE_WRITES, backend.BW_WRITES, guests.BW_ITERATIONS["vrdma0"],
                   guests.UD_ITERATIONS["vrdma0"], guests.QP_CREATES):
         assert f"{value:,}" in text, value
     assert "backend_restart_to_usable_ms" in text

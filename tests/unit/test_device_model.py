@@ -20,7 +20,7 @@ from vrdma.device.params import DEFAULT_LIMITS, config_fields, engine_limits, qu
 from vrdma.device.status import ResponseTooSmall, Status
 from vrdma.testing import faults
 from vrdma.testing.fake_engine import FakeEngine
-from vrdma.testing.verbs import encode_command
+from vrdma.testing.simulated_guest import encode_command
 
 PAGE = abi.const("VRDMA_PAGE_SIZE")
 GID = bytes(10) + b"\xff\xff" + bytes([169, 254, 100, 1])

@@ -4,8 +4,8 @@
 - host memcpy bandwidth (C memcpy, with a 4 KiB..4 MiB sweep, and Python's memoryview copy): the reference;
 - the control-command round trip (QUERY_DEVICE) through the simulated frontend against a real
   `vrdma backend` process, i.e. the backend at native speed without a guest;
-- the data path at native speed: the simulated frontend plays two VMs set up by vrdma.testing.verbs, and a C
-  driver (vrdma.testing.native) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE
+- the data path at native speed: the simulated frontend plays two VMs set up by vrdma.testing.simulated_guest, and a C
+  driver (vrdma.testing.loadgen) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE
   latency (8 B), 8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration;
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
   with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test;
@@ -13,7 +13,7 @@
   vrdma to vrdma, vrdma to rxe and rxe to rxe, and the same path's UDP throughput (iperf3) as the reference.
 
 Each result is a Metric (name, value, unit and the command that measures it), so runs can be compared. The
-measurements live in native.py (no guest) and guests.py (two booted guests).
+measurements live in backend.py (no guest) and guests.py (two booted guests).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import logging
 from pathlib import Path
 
 from vrdma import paths
+from vrdma.bench.backend import MIB, control_round_trip, memcpy_bandwidth, native_backend
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import interhost
 from vrdma.bench.metric import Metric, Report, write
-from vrdma.bench.native import MIB, control_round_trip, memcpy_bandwidth, native_backend
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from vrdma.bench import guests, native
+from vrdma.bench import backend, guests
 
 # (the package's `interhost` is the benchmark function; its module holds the constants)
 interhost = importlib.import_module("vrdma.bench.interhost")
@@ -33,7 +33,7 @@ def _size(size: int) -> str:
 
 def rows() -> list[tuple[str, str, str]]:
     """(group, how, metrics) for every benchmark `vrdma bench` runs, in its order."""
-    g, n, i = guests, native, interhost
+    g, n, i = guests, backend, interhost
     sweep = ", ".join(_size(size) for size in g.SWEEP)
     return [
         ("host memcpy", "C `memcpy` over a 4 KiB…4 MiB sweep (4 MiB buffers; the 1 MiB figure the median of 5), and "
@@ -43,8 +43,8 @@ def rows() -> list[tuple[str, str, str]]:
          f"{_n(n.WARMUP)} to warm up) through the simulated frontend against a real `vrdma backend`",
          "`backend_control_rtt_p50_us`, `_p99_us`"),
         ("backend, data path at native speed", "the simulated frontend plays two VMs (memfd memory, real "
-         "vhost-user), set up through the control path by `vrdma.testing.verbs`; a C driver "
-         "(`vrdma/testing/native.c`) writes WQEs, rings doorbells (and wakes a parked engine) and polls CQEs "
+         "vhost-user), set up through the control path by `vrdma.testing.simulated_guest`; a C driver "
+         "(`vrdma/testing/loadgen.c`) writes WQEs, rings doorbells (and wakes a parked engine) and polls CQEs "
          f"exactly as libvrdma does, on a {_n(n.QUEUE_DEPTH)}-deep queue",
          f"`backend_db_to_cqe_p50_us`, `_p99_us` ({_n(n.LATENCY_WRITES)} signaled 8-byte RDMA WRITEs, one at a "
          f"time, the first {_n(n.LATENCY_WARMUP)} not counted), `backend_write_rate_8b_mops` "

@@ -26,10 +26,11 @@ from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 SOURCE_DIRS = ("provider", "include")
 USER_ABI_HEADER = Path("include/uapi/rdma/vrdma-abi.h")
-DEVICE_API_HEADER = Path("include/vrdma_dev_api.h")
+# The device API: vrdma_dev_api.h and the two it includes.
+DEVICE_API_HEADERS = [Path("include") / name for name in ("vrdma_dev_api.h", "vrdma_dev_ring.h", "vrdma_dev_cmd.h")]
 CMAKE_ARGS = [
     "-GNinja",
     "-DCMAKE_BUILD_TYPE=Release",
@@ -97,7 +98,8 @@ def _build_into(archive: apt.PrivateArchive, version: str, out: Path) -> None:
 def _add_provider(src: Path) -> None:
     provider = src / "providers" / "vrdma"
     shutil.copytree(source_root() / "provider", provider)
-    shutil.copy2(source_root() / DEVICE_API_HEADER, provider / DEVICE_API_HEADER.name)
+    for header in DEVICE_API_HEADERS:
+        shutil.copy2(source_root() / header, provider / header.name)
     shutil.copy2(source_root() / USER_ABI_HEADER, src / "kernel-headers" / "rdma" / USER_ABI_HEADER.name)
     headers = src / "kernel-headers" / "CMakeLists.txt"
     text = headers.read_text()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vrdma.device.device import RdmaDevice
-from vrdma.vhost_user.loop import EventLoop
+from vrdma.loop import EventLoop
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.engine.native import Engine
 from vrdma.errors import VrdmaError
 from vrdma.faultguard import FaultGuard
-from vrdma.vhost_user.device import CloseCause, State, VhostUserDevice
-from vrdma.vhost_user.loop import EventLoop
+from vrdma.loop import EventLoop
+from vrdma.vhost_user.connection import CloseCause, State, VhostUserConnection
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class VmEndpoint:
         self.loop = loop
         self.guard = guard
         self.counters = ConnectionCounters()
-        self.connection: VhostUserDevice | None = None
+        self.connection: VhostUserConnection | None = None
         self.listener: socket.socket | None = None
         if spec.socket_path is not None:
             self.listener = _listen(spec.socket_path)
@@ -117,7 +117,7 @@ class VmEndpoint:
 
     def _serve(self, sock: socket.socket) -> None:
         try:
-            self.connection = VhostUserDevice(self.name, sock, self.loop, self.transport, guard=self.guard,
+            self.connection = VhostUserConnection(self.name, sock, self.loop, self.transport, guard=self.guard,
                                               on_closed=self._closed)
         except OSError as err:
             log.error("%s: cannot serve the connection: %s", self.name, err)

@@ -14,7 +14,7 @@ from vrdma.device.constants import EventType
 from vrdma.device.device import RdmaDevice
 from vrdma.device.status import ResponseTooSmall
 from vrdma.vhost_user import protocol
-from vrdma.vhost_user.device import Element, VhostUserDevice
+from vrdma.vhost_user.connection import Element, VhostUserConnection
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ MAX_CHAINS_PER_KICK = 1024  # the largest split ring; a guest cannot keep the lo
 EVENT_SIZE = abi.sizeof("vrdma_event")
 
 
-def gather(device: VhostUserDevice, element: Element, limit: int) -> bytes:
+def gather(device: VhostUserConnection, element: Element, limit: int) -> bytes:
     """The device-readable bytes of a chain, at most ``limit`` of them."""
     parts = []
     remaining = limit
@@ -40,7 +40,7 @@ def gather(device: VhostUserDevice, element: Element, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def scatter(device: VhostUserDevice, element: Element, data: bytes) -> int:
+def scatter(device: VhostUserConnection, element: Element, data: bytes) -> int:
     """Write ``data`` into the chain's device-writable buffers; return how many bytes fit."""
     offset = 0
     for address, length in element.in_sg:
@@ -53,13 +53,13 @@ def scatter(device: VhostUserDevice, element: Element, data: bytes) -> int:
 
 
 class VirtioRdmaTransport:
-    """vhost-user DeviceModel of the vrdma device (see vrdma.vhost_user.device.DeviceModel)."""
+    """vhost-user DeviceModel of the vrdma device (see vrdma.vhost_user.connection.DeviceModel)."""
 
     num_queues = abi.const("VRDMA_NUM_QUEUES")
 
     def __init__(self, rdma: RdmaDevice) -> None:
         self.rdma = rdma
-        self.device: VhostUserDevice | None = None
+        self.device: VhostUserConnection | None = None
         self.started: set[int] = set()
         self.device_resets = 0  # every queue stopped while connected: the driver reset the device
         rdma.on_event = self.deliver_events  # events of the data engine arrive between kicks
@@ -77,7 +77,7 @@ class VirtioRdmaTransport:
     def config_space(self) -> bytes:
         return self.rdma.config_space()
 
-    def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None:
+    def queue_started(self, device: VhostUserConnection, index: int, started: bool) -> None:
         log.info("%s: %s queue %s", self.rdma.name, QUEUE_NAMES.get(index, index),
                  "started" if started else "stopped")
         self.device = device
@@ -92,7 +92,7 @@ class VirtioRdmaTransport:
             self.rdma.reset(keep_memory=True)
             self.device_resets += 1
 
-    def queue_kicked(self, device: VhostUserDevice, index: int) -> None:
+    def queue_kicked(self, device: VhostUserConnection, index: int) -> None:
         self.device = device
         if index == CONTROL:
             self.process_commands(device)
@@ -100,13 +100,13 @@ class VirtioRdmaTransport:
             self.deliver_events()
         # WAKE carries no buffers: the kick itself woke the loop, which runs the data engine next.
 
-    def memory_changed(self, device: VhostUserDevice) -> None:
+    def memory_changed(self, device: VhostUserConnection) -> None:
         regions = device.memory_regions()
         log.info("%s: guest memory table: %s", self.rdma.name,
                  ", ".join(f"{r.gpa:#x}+{r.size >> 20} MiB" for r in regions))
         self.rdma.set_memory([(r.gpa, r.size, r.host_address) for r in regions])
 
-    def process_commands(self, device: VhostUserDevice) -> None:
+    def process_commands(self, device: VhostUserConnection) -> None:
         limit = self.rdma.limits.max_command_size
         done = 0
         while done < MAX_CHAINS_PER_KICK:
@@ -143,7 +143,7 @@ class VirtioRdmaTransport:
         if delivered:
             device.notify(EVENT)
 
-    def disconnected(self, device: VhostUserDevice, reason: str) -> None:
+    def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.device = None
         self.started.clear()
         self.rdma.reset()

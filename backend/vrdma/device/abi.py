@@ -1,10 +1,11 @@
 """The device API, loaded from the one C header the guest driver and provider also include.
 
-``guest-driver/include/vrdma_dev_api.h`` is read as text: the part between ``DEVICE-API-BEGIN`` and
-``DEVICE-API-END`` (integer #defines and struct definitions) goes to cffi's parser, so the layouts here are the
-compiler's layouts, declared once. The header's ``VRDMA_ASSERT_SIZE`` lines are checked against cffi's sizes at
-import. The user ABI (``uapi/rdma/vrdma-abi.h``: what vrdma.ko and libvrdma alone exchange) is not the device's
-business; :func:`user_abi` loads it the same way for the tests that hold the driver to it.
+``guest-driver/include/vrdma_dev_api.h`` and the two headers it includes (``vrdma_dev_ring.h``, the ring formats;
+``vrdma_dev_cmd.h``, the control commands) are read as text: the parts between ``DEVICE-API-BEGIN`` and
+``DEVICE-API-END`` (integer #defines and struct definitions) go to cffi's parser, in that order, so the layouts
+here are the compiler's layouts, declared once. The headers' ``VRDMA_ASSERT_SIZE`` lines are checked against
+cffi's sizes at import. The user ABI (``uapi/rdma/vrdma-abi.h``: what vrdma.ko and libvrdma alone exchange) is not
+the device's business; :func:`user_abi` loads it the same way for the tests that hold the driver to it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import cffi
 from vrdma import paths
 from vrdma.errors import VrdmaError
 
-DEVICE_API_HEADER = Path("guest-driver") / "include" / "vrdma_dev_api.h"
+# vrdma_dev_api.h and the two it includes, in the order their definitions build on each other.
+DEVICE_API_HEADERS = [Path("guest-driver") / "include" / name
+                      for name in ("vrdma_dev_api.h", "vrdma_dev_ring.h", "vrdma_dev_cmd.h")]
 USER_ABI_HEADER = Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"
 _KERNEL_TYPES = """
 typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; typedef uint64_t __u64;
@@ -41,19 +44,24 @@ class LoadedHeader:
     asserted_sizes: dict[str, int]
 
 
-def header_path(header: Path = DEVICE_API_HEADER) -> Path:
+def header_path(header: Path) -> Path:
     """The checkout's header; an installed package carries a copy next to this module (see setup.py)."""
     packaged = Path(__file__).with_name(header.name)
     return packaged if packaged.is_file() else paths.project_root() / header
 
 
-def load_header(header: Path, marker: str) -> LoadedHeader:
-    path = header_path(header)
-    text = path.read_text()
-    match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
-    if match is None:
-        raise AbiError(f"{path}: no {marker}-BEGIN/{marker}-END section")
-    body = re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
+def load_header(headers: Path | list[Path], marker: str) -> LoadedHeader:
+    """One header, or several whose marked sections are read as one text, in order."""
+    paths_ = [header_path(header) for header in (headers if isinstance(headers, list) else [headers])]
+    text = body = ""
+    for path in paths_:
+        own = path.read_text()
+        match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", own, flags=re.S)
+        if match is None:
+            raise AbiError(f"{path}: no {marker}-BEGIN/{marker}-END section")
+        text += own
+        body += re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
+    path = paths_[0]
     constants = {name: int(value, 0) for name, value in re.findall(r"^#define (\w+) (0x[0-9a-fA-F]+|\d+)\s*$",
                                                                    body, flags=re.M)}
     declarations = re.sub(r"^#define .*$", "", body, flags=re.M)
@@ -70,7 +78,7 @@ def user_abi() -> LoadedHeader:
     return load_header(USER_ABI_HEADER, "USER-ABI")
 
 
-device_api = load_header(DEVICE_API_HEADER, "DEVICE-API")
+device_api = load_header(DEVICE_API_HEADERS, "DEVICE-API")
 ffi, constants, asserted_sizes = device_api.ffi, device_api.constants, device_api.asserted_sizes
 
 

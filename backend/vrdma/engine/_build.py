@@ -16,7 +16,7 @@ import cffi
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from vrdma._cffi_inplace import DEVICE_API_HEADER, abi_include_dir, api_ffi, compile_in_place, inputs_key  # noqa: E402
+from vrdma._cffi_inplace import abi_include_dir, api_ffi, compile_in_place, device_api_headers, inputs_key  # noqa: E402
 
 LIBRARIES = ["z"]
 
@@ -33,7 +33,7 @@ def make_ffi() -> cffi.FFI:
 
 
 def main() -> None:
-    key = inputs_key([*sources(), *sorted(HERE.glob("*.h")), Path(__file__), abi_include_dir(HERE) / DEVICE_API_HEADER,
+    key = inputs_key([*sources(), *sorted(HERE.glob("*.h")), Path(__file__), *device_api_headers(HERE),
                       HERE.parent / "_cffi_inplace.py"])
     compile_in_place(make_ffi(), HERE, "_engine", key, "data engine")
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 
 from vrdma.errors import VrdmaError
-from vrdma.vhost_user.loop import EventLoop
+from vrdma.loop import EventLoop
 
 try:
     from vrdma.faultguard._faultguard import ffi, lib

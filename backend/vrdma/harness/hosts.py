@@ -37,7 +37,7 @@ OFFLOADS = ("tx-checksum-ip-generic", "tx-checksum-ipv4", "tx-checksum-ipv6", "t
             "tx-tcp-segmentation", "tx-tcp6-segmentation", "tx-udp-segmentation")
 
 
-class FabricError(VrdmaError):
+class HostNetworkError(VrdmaError):
     """A namespace, link, address or impairment could not be set up; the message says which and why."""
 
 
@@ -59,7 +59,7 @@ class Host:
         return subprocess.Popen(self.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-class Fabric(Managed):
+class HostNetwork(Managed):
     """``count`` hosts (``<prefix>-h0`` ...) on one bridge (in ``<prefix>-sw``), addresses from ``subnet``."""
 
     def __init__(self, count: int, subnet: str = "10.98.0.0/24", prefix: str | None = None,
@@ -91,7 +91,7 @@ class Fabric(Managed):
         into the other's switch, or "File exists")."""
         taken = set(netns.listnetns()) & {self.switch, *(h.netns for h in self.hosts)}
         if taken:
-            raise FabricError(f"network namespaces {', '.join(sorted(taken))} exist already (another fabric's?)")
+            raise HostNetworkError(f"network namespaces {', '.join(sorted(taken))} exist already (another fabric's?)")
         for name in (self.switch, *(h.netns for h in self.hosts)):
             with self._step(f"creating network namespace {name}"):
                 netns.create(name)
@@ -128,19 +128,19 @@ class Fabric(Managed):
     @staticmethod
     @contextlib.contextmanager
     def _step(what: str) -> Iterator[None]:
-        """A set-up step: what the kernel (or pyroute2) answered becomes a FabricError naming the step."""
+        """A set-up step: what the kernel (or pyroute2) answered becomes a HostNetworkError naming the step."""
         try:
             yield
-        except FabricError:
+        except HostNetworkError:
             raise
         except (NetlinkError, OSError, IndexError, ValueError) as err:
-            raise FabricError(f"{what}: {type(err).__name__}: {err}") from err
+            raise HostNetworkError(f"{what}: {type(err).__name__}: {err}") from err
 
     @staticmethod
     def _index(ns: NetNS | IPRoute, ifname: str, where: str) -> int:
         found = ns.link_lookup(ifname=ifname)
         if not found:
-            raise FabricError(f"no link {ifname} in {where} (links there: "
+            raise HostNetworkError(f"no link {ifname} in {where} (links there: "
                               f"{', '.join(sorted(link.get_attr('IFLA_IFNAME') for link in ns.get_links()))})")
         return int(found[0])
 
@@ -182,7 +182,7 @@ class Fabric(Managed):
         assert self.switch_process.stdout is not None and self.switch_process.stderr is not None
         if self.switch_process.stdout.readline().strip() != "ready":
             self.switch_process.wait()
-            raise FabricError(f"the impairing switch did not start: {self.switch_process.stderr.read()}")
+            raise HostNetworkError(f"the impairing switch did not start: {self.switch_process.stderr.read()}")
 
     def stop(self) -> None:
         """Remove the fabric's namespaces (their links go with them); quietly for what was never made."""

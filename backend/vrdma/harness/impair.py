@@ -9,7 +9,7 @@ traffic, not a host that never learns its neighbour. Frames the switch sends its
 outgoing and are ignored.
 
 Run as ``python -m vrdma.harness.impair --port port0 --port port1 [--loss P] [--duplicate P] [--reorder P]
-[--delay-ms MS] [--seed N]`` (vrdma.harness.hosts.Fabric does it); it prints ``ready`` once its sockets are bound
+[--delay-ms MS] [--seed N]`` (vrdma.harness.hosts.HostNetwork does it); it prints ``ready`` once its sockets are bound
 and stops on SIGTERM, printing what it did as one line, ``counters {"passed": ..., "lost": ..., "duplicated": ...,
 "reordered": ...}`` (JSON: IP frames forwarded, dropped, sent twice, held back). A reordered frame is held 5 ms
 longer than the others, so the frames after it overtake it.

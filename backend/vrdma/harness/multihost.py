@@ -23,7 +23,7 @@ from pathlib import Path
 from vrdma.harness import accel as accel_probe
 from vrdma.harness import daemon
 from vrdma.harness.daemon import DaemonProcess, Served
-from vrdma.harness.hosts import HOST_LINK, Fabric, FabricError, Host
+from vrdma.harness.hosts import HOST_LINK, Host, HostNetwork, HostNetworkError
 from vrdma.harness.impair import Impairment
 from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
@@ -99,7 +99,7 @@ class MultiHost(Managed):
         self.boot_timeout = boot_timeout
         self.products = products
         self.mtu = mtu
-        self.fabric = Fabric(self.host_count, prefix=prefix, impairment=impairment, mtu=mtu)
+        self.fabric = HostNetwork(self.host_count, prefix=prefix, impairment=impairment, mtu=mtu)
         self.identities = [GuestIdentity(i, cidr=f"{guest_subnet(p.host)}.{i + 2}/24",
                                          gateway=f"{guest_subnet(p.host)}.1") for i, p in enumerate(plan)]
         self.backends: dict[int, DaemonProcess] = {}
@@ -156,7 +156,7 @@ class MultiHost(Managed):
             for argv in host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine], self.mtu):
                 result = host.run(argv)
                 if result.returncode != 0:
-                    raise FabricError(f"{host.name}: `{' '.join(argv)}` failed: {result.stderr.strip()}")
+                    raise HostNetworkError(f"{host.name}: `{' '.join(argv)}` failed: {result.stderr.strip()}")
 
     def _backend(self, k: int, host: Host, identities: list[GuestIdentity]) -> DaemonProcess:
         directory = self.host_directory(k)

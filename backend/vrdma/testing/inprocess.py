@@ -28,7 +28,7 @@ from vrdma.device.fabric import Fabric
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.engine.native import Engine, ffi, lib
 from vrdma.testing.frontend import GuestMemory
-from vrdma.testing.verbs import SimCq, SimMr, SimQp, SimVerbs
+from vrdma.testing.simulated_guest import SimCq, SimMr, SimQp, SimVerbs
 
 START_NS = 1_000_000_000  # the fixed clock starts here (0 would mean CLOCK_MONOTONIC)
 POLL_BUDGET = 64
@@ -104,7 +104,7 @@ def build(src: bytes, dst: bytes, **fields: int) -> Packet:
 
 
 class LocalPort:
-    """A SimVerbs' way to a device model in process (vrdma.testing.verbs.DevicePort)."""
+    """A SimVerbs' way to a device model in process (vrdma.testing.simulated_guest.DevicePort)."""
 
     def __init__(self, device: RdmaDevice, memory: GuestMemory) -> None:
         self.device = device

@@ -12,7 +12,7 @@
 
 typedef struct VrdmaVu {
     VuDev dev;                /* first member: a VuDev * is a VrdmaVu * */
-    void *handle;             /* the Python VhostUserDevice (cffi handle) */
+    void *handle;             /* the Python VhostUserConnection (cffi handle) */
     VhostUserMsg pending;     /* the next message for vu_dispatch() */
     int has_pending;
 } VrdmaVu;

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from backend_process import GID, Bystander, Vm
 
 from vrdma.device.status import Status
-from vrdma.testing.verbs import CommandError
+from vrdma.testing.simulated_guest import CommandError
 
 
 def refused(call: Callable[[], object], vm: Vm, because: str) -> Status:

@@ -9,7 +9,7 @@ from command_helpers import Bystander, Vm, refused
 from vrdma.device import abi
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.device.status import Status
-from vrdma.testing.verbs import PAGE
+from vrdma.testing.simulated_guest import PAGE
 
 pytestmark = pytest.mark.backend
 CQE = abi.sizeof("vrdma_cqe")

@@ -2,7 +2,7 @@
 with the local DMA lkey, and nothing of a user context mixes with them.
 
 What vrdma.ko does for kernel consumers (the MAD layer, rdma_cm's kernel users, NVMe-oF, NFS/RDMA), played with
-vrdma.testing.verbs in kernel mode; the bystander vm1 is checked after each test.
+vrdma.testing.simulated_guest in kernel mode; the bystander vm1 is checked after each test.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from command_helpers import GID, Bystander, Vm, refused
 
 from vrdma.device import abi
 from vrdma.device.status import Status
-from vrdma.testing.verbs import SimVerbs
+from vrdma.testing.simulated_guest import SimVerbs
 
 pytestmark = pytest.mark.backend
 

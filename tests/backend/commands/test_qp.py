@@ -11,7 +11,7 @@ from vrdma.device import abi
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.device.qp_states import QpState
 from vrdma.device.status import Status
-from vrdma.testing.verbs import PAGE
+from vrdma.testing.simulated_guest import PAGE
 
 pytestmark = pytest.mark.backend
 

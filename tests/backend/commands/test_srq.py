@@ -7,7 +7,7 @@ from command_helpers import Bystander, Vm, refused
 
 from vrdma.device import abi
 from vrdma.device.status import Status
-from vrdma.testing.verbs import PAGE
+from vrdma.testing.simulated_guest import PAGE
 
 pytestmark = pytest.mark.backend
 SRQ_LIMIT, SRQ_MAX_WR = abi.const("VRDMA_SRQ_LIMIT"), abi.const("VRDMA_SRQ_MAX_WR")

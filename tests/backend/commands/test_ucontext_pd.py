@@ -10,7 +10,7 @@ from vrdma.device import abi
 from vrdma.device.objects import OBJECT_KINDS
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.device.status import Status
-from vrdma.testing.verbs import SimVerbs
+from vrdma.testing.simulated_guest import SimVerbs
 
 pytestmark = pytest.mark.backend
 

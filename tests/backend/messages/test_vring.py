@@ -14,7 +14,7 @@ from vrdma.device import abi
 from vrdma.device.objects import OBJECT_KINDS
 from vrdma.device.status import Status
 from vrdma.testing.frontend import USER_BASE, Frontend
-from vrdma.testing.verbs import SimVerbs
+from vrdma.testing.simulated_guest import SimVerbs
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 

@@ -33,7 +33,7 @@ from pvrdma_helpers import (
     make_side,
 )
 
-from vrdma.testing.verbs import SimVerbs
+from vrdma.testing.simulated_guest import SimVerbs
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from polling import wait_until
 from vrdma.device import abi
 from vrdma.device.rings import CQE, RECV_WQE, SEND_WQE
 from vrdma.testing.frontend import Frontend
-from vrdma.testing.verbs import PAGE, PBL, SGE, CommandError, SimCq, SimQp, SimVerbs
-from vrdma.testing.verbs import sge_bytes as sges
+from vrdma.testing.simulated_guest import PAGE, PBL, SGE, CommandError, SimCq, SimQp, SimVerbs
+from vrdma.testing.simulated_guest import sge_bytes as sges
 
 __all__ = [  # what the lesson files take with `from pvrdma_helpers import *`
     "CQ",

@@ -16,7 +16,7 @@ from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 from vrdma.device import abi
 from vrdma.device.constants import CommandOpcode
 from vrdma.testing.frontend import VHOST_USER_F_PROTOCOL_FEATURES, VIRTIO_F_VERSION_1, Frontend, Virtqueue
-from vrdma.testing.verbs import PAGE, SimVerbs
+from vrdma.testing.simulated_guest import PAGE, SimVerbs
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 

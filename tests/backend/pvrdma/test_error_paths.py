@@ -13,7 +13,7 @@ from backend_process import BackendProcess
 from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.device import abi
-from vrdma.testing.verbs import PAGE, PBL, SimVerbs
+from vrdma.testing.simulated_guest import PAGE, PBL, SimVerbs
 from vrdma.vhost_user.protocol import Request
 
 pytestmark = pytest.mark.backend

@@ -10,7 +10,7 @@ from backend_process import BackendProcess
 from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
 from vrdma.device import abi
-from vrdma.testing.verbs import PAGE
+from vrdma.testing.simulated_guest import PAGE
 
 pytestmark = pytest.mark.backend
 

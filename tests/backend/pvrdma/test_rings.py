@@ -9,7 +9,7 @@ import pytest
 from backend_process import BackendProcess
 from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
-from vrdma.testing.verbs import PAGE, PBL, SimVerbs
+from vrdma.testing.simulated_guest import PAGE, PBL, SimVerbs
 
 pytestmark = pytest.mark.backend
 

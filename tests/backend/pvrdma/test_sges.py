@@ -7,7 +7,7 @@ import pytest
 from backend_process import BackendProcess
 from pvrdma_helpers import *  # the lessons' shared helpers (its __all__)
 
-from vrdma.testing.verbs import SGE
+from vrdma.testing.simulated_guest import SGE
 
 pytestmark = pytest.mark.backend
 

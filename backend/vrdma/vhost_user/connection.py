@@ -1,11 +1,12 @@
-"""One vhost-user device served over one connection, through libvhost-user (cffi binding).
+"""One vhost-user connection: the frontend (QEMU) of one VM's device, served through libvhost-user (cffi binding).
 
 The rest of the backend sees only this module's small API: a ``DeviceModel`` supplies features and config space
-and handles queue kicks; ``VhostUserDevice`` owns the connection, the memory table and the vrings, and offers
+and handles queue kicks; ``VhostUserConnection`` owns the connection, the memory table and the vrings, and offers
 guest-memory translation and virtqueue pop/push/notify. No RDMA knowledge lives here.
 
 Every message is framed and validated by ``protocol`` before libvhost-user processes it. libvhost-user's panic
-callback and any protocol error mark only this device broken and close only its connection.
+callback and any protocol error mark only this connection broken and close only it. (The device is the RDMA
+device behind the ``DeviceModel``; this is the vhost-user side of it, named for what it is.)
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vrdma.faultguard import FaultGuard
+from vrdma.loop import EventLoop
 from vrdma.vhost_user import protocol
-from vrdma.vhost_user.loop import EventLoop
 
 try:
     from vrdma.vhost_user._libvhost_user import ffi, lib
@@ -61,10 +62,10 @@ class DeviceModel(Protocol):
     def protocol_features(self) -> int: ...
     def features_negotiated(self, features: int) -> None: ...
     def config_space(self) -> bytes: ...
-    def queue_started(self, device: VhostUserDevice, index: int, started: bool) -> None: ...
-    def queue_kicked(self, device: VhostUserDevice, index: int) -> None: ...
-    def memory_changed(self, device: VhostUserDevice) -> None: ...
-    def disconnected(self, device: VhostUserDevice, reason: str) -> None: ...
+    def queue_started(self, device: VhostUserConnection, index: int, started: bool) -> None: ...
+    def queue_kicked(self, device: VhostUserConnection, index: int) -> None: ...
+    def memory_changed(self, device: VhostUserConnection) -> None: ...
+    def disconnected(self, device: VhostUserConnection, reason: str) -> None: ...
 
 
 class CloseCause(enum.Enum):
@@ -97,7 +98,7 @@ class Element:
         return sum(length for _, length in self.in_sg)
 
 
-class VhostUserDevice:
+class VhostUserConnection:
     def __init__(self, name: str, sock: socket.socket, loop: EventLoop, model: DeviceModel,
                  guard: FaultGuard | None = None,
                  on_closed: Callable[[CloseCause, str], None] | None = None) -> None:
@@ -311,10 +312,10 @@ class VhostUserDevice:
             self.on_closed(cause, reason)
 
 
-_DEVICES: dict[int, VhostUserDevice] = {}
+_DEVICES: dict[int, VhostUserConnection] = {}
 
 
-def _device(dev: Any) -> VhostUserDevice:
+def _device(dev: Any) -> VhostUserConnection:
     return _DEVICES[int(ffi.cast("uintptr_t", dev))]
 
 
@@ -340,57 +341,57 @@ def _guarded(default: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 @_guarded(None)
-def _panic_cb(device: VhostUserDevice, err: Any) -> None:
+def _panic_cb(device: VhostUserConnection, err: Any) -> None:
     device._panic(ffi.string(err).decode(errors="replace").strip())
 
 
 @_guarded(None)
-def _set_watch_cb(device: VhostUserDevice, fd: int, condition: int, cb: Any, data: Any) -> None:
+def _set_watch_cb(device: VhostUserConnection, fd: int, condition: int, cb: Any, data: Any) -> None:
     device._set_watch(fd, condition, cb, data)
 
 
 @_guarded(None)
-def _remove_watch_cb(device: VhostUserDevice, fd: int) -> None:
+def _remove_watch_cb(device: VhostUserConnection, fd: int) -> None:
     device._remove_watch(fd)
 
 
 @_guarded(0)
-def _get_features_cb(device: VhostUserDevice) -> int:
+def _get_features_cb(device: VhostUserConnection) -> int:
     return device.model.device_features() | VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
 
 
 @_guarded(None)
-def _set_features_cb(device: VhostUserDevice, features: int) -> None:
+def _set_features_cb(device: VhostUserConnection, features: int) -> None:
     log.info("%s: negotiated features %#x", device.name, features)
     device.negotiated_features = int(features)
     device.model.features_negotiated(features)
 
 
 @_guarded(0)
-def _get_protocol_features_cb(device: VhostUserDevice) -> int:
+def _get_protocol_features_cb(device: VhostUserConnection) -> int:
     return device.model.protocol_features()
 
 
 @_guarded(None)
-def _set_protocol_features_cb(device: VhostUserDevice, features: int) -> None:
+def _set_protocol_features_cb(device: VhostUserConnection, features: int) -> None:
     log.info("%s: negotiated protocol features %#x", device.name, features)
     device.negotiated_protocol_features = int(features)
 
 
 @_guarded(None)
-def _queue_set_started_cb(device: VhostUserDevice, index: int, started: bool) -> None:
+def _queue_set_started_cb(device: VhostUserConnection, index: int, started: bool) -> None:
     vq = lib.vu_get_queue(device._dev, index)
     lib.vu_set_queue_handler(device._dev, vq, lib.vrdma_queue_handler if started else ffi.NULL)
     device.model.queue_started(device, index, bool(started))
 
 
 @_guarded(None)
-def _queue_handler_cb(device: VhostUserDevice, index: int) -> None:
+def _queue_handler_cb(device: VhostUserConnection, index: int) -> None:
     device.model.queue_kicked(device, index)
 
 
 @_guarded(-1)
-def _get_config_cb(device: VhostUserDevice, config: Any, length: int) -> int:
+def _get_config_cb(device: VhostUserConnection, config: Any, length: int) -> int:
     space = device.model.config_space()
     device.config_reads += 1
     # QEMU fetches the whole space for every guest access: say it once per connection, then only in debug.

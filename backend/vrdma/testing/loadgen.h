@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
-/* The benchmark's native guest side (native.c); the text between the markers is also the cffi declaration. */
-#ifndef VRDMA_NATIVE_H
-#define VRDMA_NATIVE_H
+/* The benchmark's load generator (loadgen.c); the text between the markers is also the cffi declaration. */
+#ifndef VRDMA_TESTING_LOADGEN_H
+#define VRDMA_TESTING_LOADGEN_H
 
 #include <stdint.h>
 
-/* NATIVE-API-BEGIN */
+/* LOADGEN-API-BEGIN */
 struct nat_queue {
 	uint64_t base;            /* host address of the send queue's first WQE */
 	uint64_t ring_hdr;        /* host address of the QP's ring header page */
@@ -40,6 +40,6 @@ int nat_write_latency(struct nat_queue *q, struct nat_cq *cq, const struct nat_w
 int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint64_t count,
 			 uint32_t signal_every, int64_t timeout_ns);
 int64_t nat_memcpy(uint64_t dst, uint64_t src, uint64_t len, uint32_t iters);
-/* NATIVE-API-END */
+/* LOADGEN-API-END */
 
-#endif /* VRDMA_NATIVE_H */
+#endif /* VRDMA_TESTING_LOADGEN_H */

@@ -2,8 +2,8 @@
 
 - host memcpy bandwidth (C memcpy, with a 4 KiB..4 MiB sweep, and Python's memoryview copy);
 - the control-command round trip (QUERY_DEVICE) through the simulated frontend against a real `vrdma backend`;
-- the data path: the simulated frontend plays two VMs set up by vrdma.testing.verbs, and a C driver
-  (vrdma.testing.native) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE latency (8 B),
+- the data path: the simulated frontend plays two VMs set up by vrdma.testing.simulated_guest, and a C driver
+  (vrdma.testing.loadgen) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE latency (8 B),
   8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration.
 """
 
@@ -69,11 +69,11 @@ def _pct(samples: list[float], q: int) -> float:
 
 
 def native_backend() -> list[Metric]:
-    """The backend at native speed: the simulated frontend plays two VMs, and a C driver (vrdma.testing.native)
+    """The backend at native speed: the simulated frontend plays two VMs, and a C driver (vrdma.testing.loadgen)
     posts RDMA WRITEs and polls completions the way libvrdma does, so the figures are the backend's."""
-    from vrdma.testing._native import ffi as nffi  # built by `make backend`
-    from vrdma.testing._native import lib as nlib
-    from vrdma.testing.verbs import SimVerbs
+    from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
+    from vrdma.testing._loadgen import lib as nlib
+    from vrdma.testing.simulated_guest import SimVerbs
 
     guests = [GuestIdentity(0), GuestIdentity(1)]
     command = "vrdma bench (simulated frontend, native driver)"
@@ -149,8 +149,8 @@ def native_backend() -> list[Metric]:
 
 def memcpy_bandwidth() -> list[Metric]:
     """The physical reference: copying buffers in this process, in C (memcpy) and in Python (memoryview)."""
-    from vrdma.testing._native import ffi as nffi
-    from vrdma.testing._native import lib as nlib
+    from vrdma.testing._loadgen import ffi as nffi
+    from vrdma.testing._loadgen import lib as nlib
 
     results: list[Metric] = []
     src, dst = bytearray(os.urandom(4 * MIB)), bytearray(4 * MIB)

@@ -2,7 +2,7 @@
 /*
  * The benchmark's guest side at native speed: posts RDMA WRITEs into a simulated guest's send queue, rings its
  * doorbell and polls its CQ, in C, so that what is measured is the backend and not the Python test harness.
- * The rings, doorbell page and memory are the ones vrdma.testing.verbs set up through the control path; this
+ * The rings, doorbell page and memory are the ones vrdma.testing.simulated_guest set up through the control path; this
  * file only writes WQEs and reads CQEs, exactly as libvrdma does in a guest.
  */
 #ifndef _GNU_SOURCE
@@ -13,7 +13,7 @@
 #include <sys/eventfd.h>
 #include <time.h>
 
-#include "native.h"
+#include "loadgen.h"
 #include "vrdma_dev_api.h"
 
 static int64_t now_ns(void)

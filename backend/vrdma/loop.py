@@ -1,4 +1,9 @@
-"""A small selector-based event loop: file descriptor readiness callbacks, injected into every device."""
+"""The backend's event loop: a small selector over file descriptors with readiness callbacks.
+
+One loop per backend process, given to whatever watches descriptors: the vhost-user connections (vrdma.vhost_user),
+the fault guard's wake-ups (vrdma.faultguard), the admin socket and the RoCE sockets (vrdma.daemon). It sits below
+all of them and imports none (pyproject.toml's import contracts): before it had a package of its own it lived in
+vhost_user/, which made faultguard import vhost_user while vhost_user imported faultguard."""
 
 from __future__ import annotations
 
