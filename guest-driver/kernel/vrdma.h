@@ -99,10 +99,34 @@ struct vrdma_xrcd {
 	u32 handle;
 };
 
+struct ib_umem;
+
+/* A kernel consumer's ring: kernel pages the device reads and writes (vrdma_kqueue.c). */
+struct vrdma_kbuf {
+	void *va;
+	size_t size;
+};
+
+/*
+ * Guest memory an object hands the device, from one of two sources: a user process's pages, pinned (umem: a user
+ * object's ring, an MR's memory), or kernel pages (kbuf: a kernel consumer's ring, which vrdma_kqueue.c posts to
+ * and polls). Every create path takes one or the other and then runs the same command, publication and teardown.
+ */
+struct vrdma_buf {
+	struct ib_umem *umem;
+	struct vrdma_kbuf kbuf;
+};
+
+/* Whether an object's ring is the kernel's own (its work is posted and polled by the driver, not by libvrdma). */
+static inline bool vrdma_kernel_ring(const struct vrdma_buf *ring)
+{
+	return ring->kbuf.va;
+}
+
 struct vrdma_mr {
 	struct ib_mr ibmr;
 	u32 handle;
-	struct ib_umem *umem;
+	struct vrdma_buf mem;		/* its pinned pages (a user MR) */
 	bool dma;			/* get_dma_mr's: the local DMA lkey, no device object */
 	/* A fast-registration MR (alloc_mr): the page list ib_map_mr_sg fills and REG_MR work requests name. */
 	__le64 *pages;
@@ -117,18 +141,11 @@ struct vrdma_mw {
 	u32 handle;
 };
 
-/* A kernel consumer's ring: kernel pages the device reads and writes (vrdma_kqueue.c). */
-struct vrdma_kbuf {
-	void *va;
-	size_t size;
-};
-
 struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 handle;
-	struct ib_umem *umem;		/* the CQE ring, in user memory (a user CQ) */
-	/* A kernel CQ: its ring in kernel memory, polled and armed by the driver. */
-	struct vrdma_kbuf kbuf;
+	/* The CQE ring: in user memory (libvrdma polls it), or the kernel's (polled and armed by the driver). */
+	struct vrdma_buf ring;
 	spinlock_t lock;
 	u32 entries;
 	u32 cons;
@@ -152,9 +169,7 @@ struct vrdma_srq {
 	u32 handle;
 	u32 depth;
 	u32 max_sge;
-	struct ib_umem *umem;		/* the ring, in user memory (a user SRQ) */
-	/* A kernel SRQ: its ring in kernel memory, posted to by the driver. */
-	struct vrdma_kbuf kbuf;
+	struct vrdma_buf ring;		/* in user memory, or the kernel's (posted to by the driver) */
 	struct vrdma_kqueue rq;
 };
 
@@ -172,9 +187,8 @@ struct vrdma_qp {
 	int init_mask;
 	struct vrdma_qp_attr init_attr;
 	struct ib_qp_cap cap;
-	struct ib_umem *umem;		/* header page, send queue, receive queue (a user QP) */
-	/* A kernel QP: its rings in kernel memory, posted to by the driver. */
-	struct vrdma_kbuf kbuf;
+	/* Header page, send queue, receive queue: in user memory, or the kernel's (posted to by the driver). */
+	struct vrdma_buf ring;
 	struct vrdma_kqueue sq;
 	struct vrdma_kqueue rq;
 	/* Bound to a QP counter (ibqp.counter): its place there and its counters at binding (vrdma_counter.c). */
@@ -208,9 +222,7 @@ int vrdma_register_ib(struct vrdma_dev *dev);
 void vrdma_unregister_ib(struct vrdma_dev *dev);
 int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 handle);
 
-struct ib_umem;
-
-/* vrdma_umem.c: what the objects of a user context share. */
+/* vrdma_umem.c: what every object's create and destroy share, whichever its memory's source. */
 struct vrdma_pbl {               /* the guest-physical pages of a pinned buffer, in page-list pages */
 	struct vrdma_page_list desc;
 	__le64 *dir;
@@ -219,20 +231,20 @@ struct vrdma_pbl {               /* the guest-physical pages of a pinned buffer,
 };
 void vrdma_pbl_free(struct vrdma_pbl *pbl);
 int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl);
-int vrdma_kbuf_alloc(struct vrdma_kbuf *buf, size_t size, struct vrdma_pbl *pbl);
-void vrdma_kbuf_free(struct vrdma_kbuf *buf);
-int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
+int vrdma_kbuf_alloc(struct vrdma_buf *buf, size_t size, struct vrdma_pbl *pbl);
+int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct vrdma_buf *buf,
 	      struct vrdma_pbl *pbl);
+void vrdma_buf_release(struct vrdma_buf *buf);
 u32 vrdma_ucontext_handle(struct ib_udata *udata);
 int vrdma_udata_in(struct ib_udata *udata, void *ucmd, size_t ucmd_len, size_t uresp_len);
-int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
-		      struct vrdma_pbl *pbl, struct ib_umem *umem);
+int vrdma_exec_create(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
+		      struct vrdma_pbl *pbl, struct vrdma_buf *buf);
 int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
-		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct ib_umem *umem);
-int vrdma_unmake(struct vrdma_dev *dev, u16 destroy_opcode, u32 handle, struct ib_umem *umem, int err);
+		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct vrdma_buf *buf);
+int vrdma_unmake(struct vrdma_dev *dev, u16 destroy_opcode, u32 handle, struct vrdma_buf *buf, int err);
 int vrdma_udata_db(struct ib_udata *udata, __le32 index, __u32 *uindex, __u64 *offset);
 int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
-		    struct ib_umem *umem);
+		    struct vrdma_buf *buf);
 
 /* data-path verbs (vrdma_mr.c, vrdma_cq.c, vrdma_srq.c, vrdma_qp.c, vrdma_ah.c) and events (vrdma_event.c) */
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 virt, int access,
@@ -284,18 +296,19 @@ struct vrdma_qp_layout {
 void vrdma_create_qp_cmd(struct vrdma_cmd_create_qp *cmd, struct ib_qp *ibqp, const struct ib_qp_init_attr *attr,
 			 u32 ucontext, const struct vrdma_qp_layout *layout);
 
-/* the kernel's own data path (vrdma_kqueue.c): kernel CQs, QPs and SRQs, posted and polled with no command */
-int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr);
-int vrdma_kcq_destroy(struct vrdma_cq *cq);
+/*
+ * The kernel's own data path (vrdma_kqueue.c): kernel CQs, QPs and SRQs (made by the objects' one create path with
+ * a kernel ring), posted and polled with no command, flushed when the device is lost.
+ */
+bool vrdma_kdb_ok(struct vrdma_dev *dev, u32 index);
+int vrdma_kqueue_size(struct vrdma_kqueue *q, u32 wr, u32 sge, u32 inline_len, u32 header, u32 min_stride,
+		      u32 max_wr);
+void vrdma_kcq_init(struct vrdma_cq *cq, u32 entries, u32 db_index);
 int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc);
 int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags);
-int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr);
-int vrdma_kqp_destroy(struct vrdma_qp *qp);
 int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr);
 int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
 void vrdma_kflush(struct work_struct *work);
-int vrdma_ksrq_create(struct vrdma_srq *srq, struct ib_srq_init_attr *attr);
-int vrdma_ksrq_destroy(struct vrdma_srq *srq);
 int vrdma_ksrq_post_recv(struct vrdma_srq *srq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr);
 
 #endif /* VRDMA_H */

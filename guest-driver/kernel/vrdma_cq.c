@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Completion queues: the ring lives in the process's memory (libvrdma polls it); the kernel pins it, creates the CQ
- * with the device and tells the provider its doorbell slot for arming.
+ * Completion queues: a user CQ's ring lives in the process's memory (libvrdma polls it; the kernel pins it and tells
+ * the provider its doorbell slot for arming), a kernel consumer's in kernel pages (vrdma_kqueue.c polls and arms it).
  */
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
@@ -10,47 +10,66 @@
 
 #include "vrdma.h"
 
+/*
+ * One create path for both kinds of CQ: the ring comes from the process (libvrdma sized it in its own memory; the
+ * kernel pins it) or, for a kernel consumer, from kernel pages sized here; then the same command, doorbell check
+ * and publication.
+ */
 int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibcq->device);
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
-	struct vrdma_cmd_create_cq cmd = {};
+	struct vrdma_cmd_create_cq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_CQ) };
 	struct vrdma_resp_create_cq resp;
 	struct vrdma_create_cq_resp uresp = {};
 	struct vrdma_create_cq_cmd ucmd;
+	u32 max_cqe = le32_to_cpu(dev->attr.max_cqe), entries;
 	struct vrdma_pbl pbl;
 	int ret;
 
 	if (attr->flags || attr->comp_vector >= ibcq->device->num_comp_vectors)
 		return -EOPNOTSUPP;
-	if (!udata)
-		return vrdma_kcq_create(cq, attr);  /* a kernel consumer's */
-	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
+	if (udata) {
+		ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
+		if (ret)
+			return ret;
+		if (!PAGE_ALIGNED(ucmd.buf_addr) || !is_power_of_2(ucmd.entries) || ucmd.entries < attr->cqe ||
+		    ucmd.entries > max_cqe || ucmd.buf_size < PAGE_SIZE + (u64)ucmd.entries * sizeof(struct vrdma_cqe) ||
+		    ucmd.reserved)
+			return -EINVAL;
+		entries = ucmd.entries;
+		ret = vrdma_pin(dev, ucmd.buf_addr, ucmd.buf_size, IB_ACCESS_LOCAL_WRITE, &cq->ring, &pbl);
+	} else {
+		if (!attr->cqe || attr->cqe > max_cqe || roundup_pow_of_two(attr->cqe) > max_cqe)
+			return -EINVAL;
+		entries = roundup_pow_of_two(attr->cqe);
+		ret = vrdma_kbuf_alloc(&cq->ring, PAGE_SIZE + (size_t)entries * sizeof(struct vrdma_cqe), &pbl);
+	}
 	if (ret)
 		return ret;
-	if (!PAGE_ALIGNED(ucmd.buf_addr) || !is_power_of_2(ucmd.entries) || ucmd.entries < attr->cqe ||
-	    ucmd.entries > le32_to_cpu(dev->attr.max_cqe) ||
-	    ucmd.buf_size < PAGE_SIZE + (u64)ucmd.entries * sizeof(struct vrdma_cqe) || ucmd.reserved)
-		return -EINVAL;
-	ret = vrdma_pin(dev, ucmd.buf_addr, ucmd.buf_size, IB_ACCESS_LOCAL_WRITE, &cq->umem, &pbl);
-	if (ret)
-		return ret;
-	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_CQ);
-	cmd.ucontext = cpu_to_le32(vrdma_ucontext_handle(udata));
-	cmd.entries = cpu_to_le32(ucmd.entries);
+	cmd.ucontext = cpu_to_le32(udata ? vrdma_ucontext_handle(udata) : 0);  /* 0: the kernel's */
+	cmd.entries = cpu_to_le32(entries);
 	cmd.ring = pbl.desc;
-	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(PAGE_SIZE + ucmd.entries * sizeof(struct vrdma_cqe), PAGE_SIZE));
-	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, cq->umem);
+	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(PAGE_SIZE + entries * sizeof(struct vrdma_cqe), PAGE_SIZE));
+	ret = vrdma_exec_create(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, &cq->ring);
 	if (ret)
 		return ret;
 	cq->handle = le32_to_cpu(resp.handle);
-	ibcq->cqe = ucmd.entries;
-	uresp.cq_handle = cq->handle;
-	ret = vrdma_udata_db(udata, resp.db_index, &uresp.db_index, &uresp.db_offset);
+	ibcq->cqe = entries;
+	if (udata) {
+		uresp.cq_handle = cq->handle;
+		ret = vrdma_udata_db(udata, resp.db_index, &uresp.db_index, &uresp.db_offset);
+	} else if (vrdma_kdb_ok(dev, le32_to_cpu(resp.db_index))) {
+		vrdma_kcq_init(cq, entries, le32_to_cpu(resp.db_index));
+	} else {
+		dev_err(&dev->vdev->dev, "device gave CQ %#x doorbell index %u\n", cq->handle,
+			le32_to_cpu(resp.db_index));
+		ret = -EIO;
+	}
 	if (ret)
-		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_CQ, cq->handle, cq->umem, ret);
+		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_CQ, cq->handle, &cq->ring, ret);
 	return vrdma_publish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, udata, &uresp,
-			     sizeof(uresp), cq->umem);
+			     sizeof(uresp), &cq->ring);
 }
 
 int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
@@ -58,9 +77,7 @@ int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	struct vrdma_dev *dev = to_vdev(ibcq->device);
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
 
-	if (cq->kbuf.va)
-		return vrdma_kcq_destroy(cq);
-	return vrdma_unpublish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, cq->umem);
+	return vrdma_unpublish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, &cq->ring);
 }
 
 int vrdma_modify_cq(struct ib_cq *ibcq, u16 cq_count, u16 cq_period)
@@ -79,12 +96,12 @@ int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 {
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
 
-	return cq->kbuf.va ? vrdma_kcq_poll(cq, num_entries, wc) : -EOPNOTSUPP;
+	return vrdma_kernel_ring(&cq->ring) ? vrdma_kcq_poll(cq, num_entries, wc) : -EOPNOTSUPP;
 }
 
 int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 {
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
 
-	return cq->kbuf.va ? vrdma_kcq_notify(cq, flags) : -EOPNOTSUPP;
+	return vrdma_kernel_ring(&cq->ring) ? vrdma_kcq_notify(cq, flags) : -EOPNOTSUPP;
 }

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * The kernel's own data path: CQs, QPs and SRQs of the guest kernel's RDMA users (context 0), what libvrdma is for a
- * user process. Their rings are kernel pages the device reads and writes; work requests are written into them and the
+ * user process. They are created by the same path as a process's (vrdma_cq.c, vrdma_qp.c, vrdma_srq.c), with kernel
+ * pages for their rings where a process's are pinned; this file posts to them, polls them and flushes them. Their
+ * rings are kernel pages the device reads and writes; work requests are written into them and the
  * producer index into the queue's slot of the kernel's doorbell page (VRDMA_KERNEL_DOORBELL_PAGE), with no command
  * and no exit; completions are read out of the CQ's ring. SGEs carry DMA addresses with the local DMA lkey: the
  * device is a virtio device without VIRTIO_F_ACCESS_PLATFORM, so a DMA address is the guest-physical address the
@@ -47,7 +49,7 @@ static void __iomem *vrdma_kdb_parked(struct vrdma_dev *dev, u32 index)
  * A doorbell index the device handed out must be a queue's slot (not a parked or alive slot) of a page past the
  * header, inside the region.
  */
-static bool vrdma_kdb_ok(struct vrdma_dev *dev, u32 index)
+bool vrdma_kdb_ok(struct vrdma_dev *dev, u32 index)
 {
 	u32 slot = VRDMA_DB_SLOT(index);
 
@@ -57,62 +59,14 @@ static bool vrdma_kdb_ok(struct vrdma_dev *dev, u32 index)
 
 /* -- CQs ------------------------------------------------------------------------------------------------------ */
 
-int vrdma_kcq_create(struct vrdma_cq *cq, const struct ib_cq_init_attr *attr)
+/* A kernel CQ the device made (vrdma_create_cq): polled and armed from here. */
+void vrdma_kcq_init(struct vrdma_cq *cq, u32 entries, u32 db_index)
 {
-	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
-	struct vrdma_cmd_create_cq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_CQ) };
-	struct vrdma_resp_create_cq resp;
-	struct vrdma_pbl pbl;
-	u32 entries;
-	int ret;
-
-	if (!attr->cqe || attr->cqe > le32_to_cpu(dev->attr.max_cqe))
-		return -EINVAL;
-	entries = roundup_pow_of_two(attr->cqe);
-	if (entries > le32_to_cpu(dev->attr.max_cqe))
-		return -EINVAL;
-	ret = vrdma_kbuf_alloc(&cq->kbuf, PAGE_SIZE + (size_t)entries * sizeof(struct vrdma_cqe), &pbl);
-	if (ret)
-		return ret;
-	cmd.ucontext = 0;  /* the kernel's */
-	cmd.entries = cpu_to_le32(entries);
-	cmd.ring = pbl.desc;
-	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
-	vrdma_pbl_free(&pbl);
-	if (ret)
-		goto err_free;
-	cq->handle = le32_to_cpu(resp.handle);
-	cq->db_index = le32_to_cpu(resp.db_index);
-	if (!vrdma_kdb_ok(dev, cq->db_index)) {
-		dev_err(&dev->vdev->dev, "device gave CQ %#x doorbell index %u\n", cq->handle, cq->db_index);
-		vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->handle);
-		ret = -EIO;
-		goto err_free;
-	}
 	spin_lock_init(&cq->lock);
 	cq->entries = entries;
 	cq->cons = 0;
 	cq->arm_seq = 0;
-	cq->ibcq.cqe = entries;
-	ret = vrdma_publish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, NULL, NULL, 0, NULL);
-	if (ret)
-		goto err_free;
-	return 0;
-
-err_free:
-	vrdma_kbuf_free(&cq->kbuf);
-	return ret;
-}
-
-int vrdma_kcq_destroy(struct vrdma_cq *cq)
-{
-	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
-	int ret = vrdma_unpublish(dev, &dev->cqs, cq->handle, cq, VRDMA_CMD_DESTROY_CQ, NULL);
-
-	/* A ring the device may still write is never freed: a destroy the device refused leaks it instead. */
-	if (!ret)
-		vrdma_kbuf_free(&cq->kbuf);
-	return ret;
+	cq->db_index = db_index;
 }
 
 static struct ib_qp *vrdma_kqp_by_qpn(struct vrdma_dev *dev, u32 qpn)
@@ -151,8 +105,8 @@ static int vrdma_kcq_flush(struct vrdma_dev *dev, struct vrdma_cq *cq, int num_e
 int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
 {
 	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
-	struct vrdma_cq_ring_hdr *hdr = cq->kbuf.va;
-	const struct vrdma_cqe *ring = cq->kbuf.va + PAGE_SIZE;
+	struct vrdma_cq_ring_hdr *hdr = cq->ring.kbuf.va;
+	const struct vrdma_cqe *ring = cq->ring.kbuf.va + PAGE_SIZE;
 	unsigned long flags;
 	int n = 0;
 	u32 prod;
@@ -174,7 +128,7 @@ int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
 int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags)
 {
 	struct vrdma_dev *dev = to_vdev(cq->ibcq.device);
-	struct vrdma_cq_ring_hdr *hdr = cq->kbuf.va;
+	struct vrdma_cq_ring_hdr *hdr = cq->ring.kbuf.va;
 	u32 kind = (flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED ? VRDMA_CQ_ARM_SOLICITED : VRDMA_CQ_ARM_NEXT;
 	unsigned long irqflags;
 	int missed = 0;
@@ -193,8 +147,8 @@ int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags)
 /* -- QPs ------------------------------------------------------------------------------------------------------ */
 
 /* Size one work queue for @wr requests of @sge SGEs (and @inline bytes): a power-of-two depth and stride. */
-static int vrdma_kqueue_size(struct vrdma_kqueue *q, u32 wr, u32 sge, u32 inline_len, u32 header, u32 min_stride,
-			     u32 max_wr)
+int vrdma_kqueue_size(struct vrdma_kqueue *q, u32 wr, u32 sge, u32 inline_len, u32 header, u32 min_stride,
+		      u32 max_wr)
 {
 	q->depth = roundup_pow_of_two(max(wr, 1u));
 	q->max_sge = max(sge, 1u);
@@ -203,102 +157,6 @@ static int vrdma_kqueue_size(struct vrdma_kqueue *q, u32 wr, u32 sge, u32 inline
 	spin_lock_init(&q->lock);
 	q->prod = 0;
 	return q->depth > max_wr || q->stride > PAGE_SIZE ? -EINVAL : 0;
-}
-
-int vrdma_kqp_create(struct vrdma_qp *qp, struct ib_qp_init_attr *attr)
-{
-	struct ib_qp *ibqp = &qp->ibqp;
-	struct vrdma_dev *dev = to_vdev(ibqp->device);
-	u32 max_sge = le32_to_cpu(dev->attr.max_sge), max_wr = le32_to_cpu(dev->attr.max_qp_wr);
-	struct vrdma_cmd_create_qp cmd;
-	struct vrdma_resp_create_qp resp;
-	struct ib_qp_cap *cap = &attr->cap;
-	struct vrdma_pbl pbl;
-	size_t size;
-	int ret;
-
-	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
-	     attr->qp_type != IB_QPT_GSI) || attr->create_flags || (attr->srq && attr->qp_type == IB_QPT_GSI))
-		return -EOPNOTSUPP;  /* kernel RC, UC, UD and GSI QPs, with a receive queue of their own or an SRQ */
-	if (cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
-	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
-		return -EINVAL;
-	ret = vrdma_kqueue_size(&qp->sq, cap->max_send_wr, cap->max_send_sge, cap->max_inline_data,
-				sizeof(struct vrdma_send_wqe), 64, max_wr) ?:
-	      vrdma_kqueue_size(&qp->rq, cap->max_recv_wr, cap->max_recv_sge, 0, sizeof(struct vrdma_recv_wqe), 32,
-				max_wr);
-	if (ret)
-		return ret;
-	if (attr->srq)
-		qp->rq.depth = qp->rq.stride = qp->rq.max_sge = 0;  /* its receives are the SRQ's */
-	qp->sq.offset = PAGE_SIZE;
-	qp->rq.offset = attr->srq ? 0 : qp->sq.offset + PAGE_ALIGN(qp->sq.depth * qp->sq.stride);
-	size = PAGE_SIZE + PAGE_ALIGN(qp->sq.depth * qp->sq.stride) + PAGE_ALIGN(qp->rq.depth * qp->rq.stride);
-	ret = vrdma_kbuf_alloc(&qp->kbuf, size, &pbl);
-	if (ret)
-		return ret;
-	vrdma_create_qp_cmd(&cmd, ibqp, attr, 0 /* the kernel's */, &(struct vrdma_qp_layout){
-		.sq_depth = qp->sq.depth, .sq_stride = qp->sq.stride, .sq_offset = qp->sq.offset,
-		.max_send_sge = qp->sq.max_sge,
-		.rq_depth = qp->rq.depth, .rq_stride = qp->rq.stride, .rq_offset = qp->rq.offset,
-		.max_recv_sge = qp->rq.max_sge });
-	cmd.ring = pbl.desc;
-	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
-	vrdma_pbl_free(&pbl);
-	if (ret)
-		goto err_free;
-	qp->handle = le32_to_cpu(resp.handle);
-	qp->sq.db_index = le32_to_cpu(resp.sq_db_index);
-	qp->rq.db_index = le32_to_cpu(resp.rq_db_index);
-	if (!vrdma_kdb_ok(dev, qp->sq.db_index) || (!attr->srq && !vrdma_kdb_ok(dev, qp->rq.db_index))) {
-		dev_err(&dev->vdev->dev, "device gave QP %#x doorbell indexes %u and %u\n", qp->handle,
-			qp->sq.db_index, qp->rq.db_index);
-		ret = -EIO;
-		goto err_destroy;
-	}
-	ibqp->qp_num = le32_to_cpu(resp.qpn);
-	qp->state = IB_QPS_RESET;
-	mutex_init(&qp->modify_lock);
-	qp->sq_sig_all = cmd.sq_sig_all;
-	/* What the QP can hold, as created (at least what was asked). */
-	cap->max_send_wr = qp->sq.depth;
-	cap->max_recv_wr = qp->rq.depth;
-	cap->max_send_sge = qp->sq.max_sge;
-	cap->max_recv_sge = qp->rq.max_sge;
-	qp->cap = *cap;
-	ret = xa_insert_irq(&dev->kqps, ibqp->qp_num, qp, GFP_KERNEL);
-	if (ret)
-		goto err_destroy;
-	ret = vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL, NULL, 0, NULL);
-	if (ret) {
-		xa_erase_irq(&dev->kqps, ibqp->qp_num);
-		goto err_free;  /* vrdma_publish destroyed it in the device */
-	}
-	return 0;
-
-err_destroy:
-	vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_QP, qp->handle);
-err_free:
-	vrdma_kbuf_free(&qp->kbuf);
-	return ret;
-}
-
-int vrdma_kqp_destroy(struct vrdma_qp *qp)
-{
-	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
-	int ret;
-
-	xa_erase_irq(&dev->kqps, qp->ibqp.qp_num);  /* under the lock vrdma_kcq_flush holds: it is done with it */
-	ret = vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL);
-	if (ret) {
-		/* The device keeps it: so does the driver (its completions name it again once it is back). */
-		if (xa_insert_irq(&dev->kqps, qp->ibqp.qp_num, qp, GFP_KERNEL))
-			dev_warn(&dev->vdev->dev, "QP %#x kept, but its completions no longer name it\n",
-				 qp->ibqp.qp_num);
-		return ret;
-	}
-	vrdma_kbuf_free(&qp->kbuf);
-	return 0;
 }
 
 /* The WQE of free-running index @index in queue @q of ring @kbuf. */
@@ -419,7 +277,7 @@ static int vrdma_kqp_write_send(struct vrdma_qp *qp, const struct ib_send_wr *wr
 int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const struct ib_send_wr **bad_wr)
 {
 	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
-	struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+	struct vrdma_qp_ring_hdr *hdr = qp->ring.kbuf.va;
 	struct vrdma_kqueue *q = &qp->sq;
 	unsigned long flags;
 	u32 posted;
@@ -432,7 +290,7 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr, const 
 			ret = -ENOMEM;
 			break;
 		}
-		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_at(&qp->kbuf, q, q->prod));
+		ret = vrdma_kqp_write_send(qp, wr, vrdma_kqueue_at(&qp->ring.kbuf, q, q->prod));
 		if (ret)
 			break;
 		q->prod++;
@@ -487,89 +345,22 @@ static int vrdma_kqueue_post_recv(struct vrdma_dev *dev, struct vrdma_kbuf *kbuf
 
 int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
 {
-	struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+	struct vrdma_qp_ring_hdr *hdr = qp->ring.kbuf.va;
 
 	if (qp->ibqp.srq) {
 		*bad_wr = wr;
 		return -EINVAL;  /* its receives are the SRQ's */
 	}
-	return vrdma_kqueue_post_recv(to_vdev(qp->ibqp.device), &qp->kbuf, &qp->rq, &hdr->rq_cons, wr, bad_wr);
+	return vrdma_kqueue_post_recv(to_vdev(qp->ibqp.device), &qp->ring.kbuf, &qp->rq, &hdr->rq_cons, wr, bad_wr);
 }
 
 /* -- SRQs ----------------------------------------------------------------------------------------------------- */
 
-/* A basic SRQ of the kernel: a header page (the device's consumer index) and the ring, in kernel memory. */
-int vrdma_ksrq_create(struct vrdma_srq *srq, struct ib_srq_init_attr *attr)
-{
-	struct vrdma_dev *dev = to_vdev(srq->ibsrq.device);
-	struct vrdma_pd *pd = container_of(srq->ibsrq.pd, struct vrdma_pd, ibpd);
-	struct vrdma_cmd_create_srq cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_CREATE_SRQ) };
-	struct vrdma_resp_create_srq resp;
-	struct vrdma_kqueue *q = &srq->rq;
-	struct vrdma_pbl pbl;
-	int ret;
-
-	if (attr->srq_type != IB_SRQT_BASIC)
-		return -EOPNOTSUPP;  /* XRC SRQs are user processes' (through their XRC domains) */
-	if (!attr->attr.max_wr || attr->attr.max_sge > le32_to_cpu(dev->attr.max_srq_sge))
-		return -EINVAL;
-	/* The limit must stay below the depth: one more slot than asked when they meet. */
-	ret = vrdma_kqueue_size(q, max(attr->attr.max_wr, attr->attr.srq_limit + 1), attr->attr.max_sge, 0,
-				sizeof(struct vrdma_recv_wqe), 32, le32_to_cpu(dev->attr.max_srq_wr));
-	if (ret)
-		return ret;
-	q->offset = PAGE_SIZE;
-	ret = vrdma_kbuf_alloc(&srq->kbuf, PAGE_SIZE + (size_t)q->depth * q->stride, &pbl);
-	if (ret)
-		return ret;
-	cmd.ucontext = 0;  /* the kernel's */
-	cmd.pd = cpu_to_le32(pd->handle);
-	cmd.depth = cpu_to_le32(q->depth);
-	cmd.stride = cpu_to_le32(q->stride);
-	cmd.max_sge = cpu_to_le32(q->max_sge);
-	cmd.srq_limit = cpu_to_le32(attr->attr.srq_limit);
-	cmd.ring = pbl.desc;
-	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
-	vrdma_pbl_free(&pbl);
-	if (ret)
-		goto err_free;
-	srq->handle = le32_to_cpu(resp.handle);
-	q->db_index = le32_to_cpu(resp.db_index);
-	if (!vrdma_kdb_ok(dev, q->db_index)) {
-		dev_err(&dev->vdev->dev, "device gave SRQ %#x doorbell index %u\n", srq->handle, q->db_index);
-		vrdma_destroy_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->handle);
-		ret = -EIO;
-		goto err_free;
-	}
-	srq->depth = q->depth;
-	srq->max_sge = q->max_sge;
-	attr->attr.max_wr = q->depth;
-	attr->attr.max_sge = q->max_sge;
-	ret = vrdma_publish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, NULL, NULL, 0, NULL);
-	if (ret)
-		goto err_free;
-	return 0;
-
-err_free:
-	vrdma_kbuf_free(&srq->kbuf);
-	return ret;
-}
-
-int vrdma_ksrq_destroy(struct vrdma_srq *srq)
-{
-	struct vrdma_dev *dev = to_vdev(srq->ibsrq.device);
-	int ret = vrdma_unpublish(dev, &dev->srqs, srq->handle, srq, VRDMA_CMD_DESTROY_SRQ, NULL);
-
-	if (!ret)
-		vrdma_kbuf_free(&srq->kbuf);  /* a ring the device may still read is never freed */
-	return ret;
-}
-
 int vrdma_ksrq_post_recv(struct vrdma_srq *srq, const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
 {
-	struct vrdma_srq_ring_hdr *hdr = srq->kbuf.va;
+	struct vrdma_srq_ring_hdr *hdr = srq->ring.kbuf.va;
 
-	return vrdma_kqueue_post_recv(to_vdev(srq->ibsrq.device), &srq->kbuf, &srq->rq, &hdr->cons, wr, bad_wr);
+	return vrdma_kqueue_post_recv(to_vdev(srq->ibsrq.device), &srq->ring.kbuf, &srq->rq, &hdr->cons, wr, bad_wr);
 }
 
 /* -- device loss ---------------------------------------------------------------------------------------------- */
@@ -590,7 +381,7 @@ static int vrdma_kqueue_flush(struct vrdma_qp *qp, struct vrdma_kqueue *q, __le3
 	if (q->prod - at > q->depth)
 		at = q->prod - q->depth;  /* not an index the device could have left: flush what the ring holds */
 	for (; n < num_entries && at != q->prod; n++, at++) {
-		const __le64 *wr_id = vrdma_kqueue_at(&qp->kbuf, q, at);  /* the first field of both WQE kinds */
+		const __le64 *wr_id = vrdma_kqueue_at(&qp->ring.kbuf, q, at);  /* the first field of both WQE kinds */
 
 		memset(&wc[n], 0, sizeof(wc[n]));
 		wc[n].wr_id = le64_to_cpu(*wr_id);
@@ -618,7 +409,7 @@ static int vrdma_kcq_flush(struct vrdma_dev *dev, struct vrdma_cq *cq, int num_e
 
 	xa_lock_irqsave(&dev->kqps, flags);  /* a QP being destroyed is erased under it first */
 	xa_for_each(&dev->kqps, index, qp) {
-		struct vrdma_qp_ring_hdr *hdr = qp->kbuf.va;
+		struct vrdma_qp_ring_hdr *hdr = qp->ring.kbuf.va;
 
 		if (n == num_entries)
 			break;
@@ -644,7 +435,7 @@ void vrdma_kflush(struct work_struct *work)
 
 	xa_lock_irqsave(&dev->cqs, flags);
 	xa_for_each(&dev->cqs, index, cq)
-		if (cq->kbuf.va && cq->ibcq.comp_handler)
+		if (cq->ring.kbuf.va && cq->ibcq.comp_handler)
 			cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
 	xa_unlock_irqrestore(&dev->cqs, flags);
 }

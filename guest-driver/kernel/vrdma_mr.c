@@ -36,7 +36,7 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 v
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return ERR_PTR(-ENOMEM);
-	ret = vrdma_pin(dev, start, length, access, &mr->umem, &pbl);
+	ret = vrdma_pin(dev, start, length, access, &mr->mem, &pbl);
 	if (ret)
 		goto err_free;
 	cmd.hdr.opcode = cpu_to_le16(VRDMA_CMD_REG_MR);
@@ -44,9 +44,9 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 v
 	cmd.access = cpu_to_le32(access);
 	cmd.iova = cpu_to_le64(virt);
 	cmd.length = cpu_to_le64(length);
-	cmd.page_offset = cpu_to_le32(ib_umem_offset(mr->umem));
+	cmd.page_offset = cpu_to_le32(ib_umem_offset(mr->mem.umem));
 	cmd.pages = pbl.desc;
-	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, mr->umem);
+	ret = vrdma_exec_create(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, &mr->mem);
 	if (ret)
 		goto err_free;
 	mr->handle = le32_to_cpu(resp.handle);
@@ -72,7 +72,7 @@ int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	ret = vrdma_destroy_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, mr->handle);
 	if (ret)
 		return ret;
-	ib_umem_release(mr->umem);  /* (none for a fast-registration MR) */
+	vrdma_buf_release(&mr->mem);  /* (none for a fast-registration MR) */
 	kfree(mr->pages);
 	kfree(mr);
 	return 0;
@@ -89,11 +89,11 @@ struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start, u64 
 	struct vrdma_dev *dev = to_vdev(ibmr->device);
 	struct vrdma_cmd_rereg_mr cmd = {};
 	struct vrdma_resp_reg_mr resp;
-	struct ib_umem *umem = NULL;
+	struct vrdma_buf fresh = {};
 	struct vrdma_pbl pbl;
 	int ret;
 
-	if (!mr->umem)
+	if (!mr->mem.umem)
 		return ERR_PTR(-EOPNOTSUPP);  /* the DMA MR and fast-registration MRs are the kernel's */
 	if (flags & IB_MR_REREG_ACCESS) {
 		access &= ~IB_ACCESS_OPTIONAL;
@@ -108,22 +108,22 @@ struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start, u64 
 	cmd.pd = cpu_to_le32(container_of(ibpd, struct vrdma_pd, ibpd)->handle);
 	cmd.access = cpu_to_le32(access);
 	if (flags & IB_MR_REREG_TRANS) {
-		ret = vrdma_pin(dev, start, length, access, &umem, &pbl);
+		ret = vrdma_pin(dev, start, length, access, &fresh, &pbl);
 		if (ret)
 			return ERR_PTR(ret);
 		cmd.iova = cpu_to_le64(virt);
 		cmd.length = cpu_to_le64(length);
-		cmd.page_offset = cpu_to_le32(ib_umem_offset(umem));
+		cmd.page_offset = cpu_to_le32(ib_umem_offset(fresh.umem));
 		cmd.pages = pbl.desc;
-		ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, umem);
+		ret = vrdma_exec_create(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, &fresh);
 	} else {
 		ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
 	}
 	if (ret)
 		return ERR_PTR(ret);
-	if (umem) {
-		ib_umem_release(mr->umem);  /* the device reads the new pages now */
-		mr->umem = umem;
+	if (fresh.umem) {
+		vrdma_buf_release(&mr->mem);  /* the device reads the new pages now */
+		mr->mem = fresh;
 	}
 	mr->access = access;
 	return NULL;  /* changed in place: the core keeps the ib_mr (and updates its PD, iova and length) */

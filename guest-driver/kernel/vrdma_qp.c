@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Queue pairs: the send and receive rings in the process's memory, pinned and described to the device; state
- * changes through MODIFY_QP; the only data-path call that reaches the kernel is the wake-up (a post_send with no
+ * Queue pairs: the send and receive rings in the process's memory, pinned and described to the device, or in kernel
+ * pages for a kernel consumer's QP (vrdma_kqueue.c posts to it); state changes through MODIFY_QP; for a user QP the only data-path call that reaches the kernel is the wake-up (a post_send with no
  * work requests, sent when the device's engine is parked), which kicks the wake virtqueue.
  */
 #include <linux/scatterlist.h>
@@ -73,6 +73,97 @@ static int vrdma_create_xrc_tgt(struct vrdma_qp *qp, struct ib_qp_init_attr *att
 	return vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, NULL, NULL, 0, NULL);
 }
 
+/*
+ * A user QP's rings: laid out by libvrdma in its own memory (ucmd), checked against what the QP asks for and pinned.
+ * @no_rq: its receives come from an SRQ, or never (an XRC initiator).
+ */
+static int vrdma_user_rings(struct vrdma_qp *qp, struct ib_qp_init_attr *attr, struct ib_udata *udata,
+			    struct vrdma_create_qp_cmd *ucmd, bool no_rq, struct vrdma_qp_layout *layout,
+			    struct vrdma_pbl *pbl, u64 *bytes)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	struct ib_qp_cap *cap = &attr->cap;
+	int ret;
+
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
+	     attr->qp_type != IB_QPT_XRC_INI) || attr->create_flags)
+		return -EOPNOTSUPP;  /* the GSI QP is the kernel's */
+	ret = vrdma_udata_in(udata, ucmd, sizeof(*ucmd), sizeof(struct vrdma_create_qp_resp));
+	if (ret)
+		return ret;
+	if (cap->max_send_wr > ucmd->sq_depth || (!no_rq && cap->max_recv_wr > ucmd->rq_depth) ||
+	    cap->max_send_sge > le32_to_cpu(dev->attr.max_sge) || cap->max_recv_sge > le32_to_cpu(dev->attr.max_sge) ||
+	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
+		return -EINVAL;
+	if (no_rq)
+		ucmd->rq_depth = ucmd->rq_stride = ucmd->rq_offset = 0;
+	if (!PAGE_ALIGNED(ucmd->buf_addr))
+		return -EINVAL;
+	*bytes = max((u64)ucmd->sq_offset + (u64)ucmd->sq_depth * ucmd->sq_stride,
+		     (u64)ucmd->rq_offset + (u64)ucmd->rq_depth * ucmd->rq_stride);
+	if (*bytes > ucmd->buf_size)
+		return -EINVAL;
+	*layout = (struct vrdma_qp_layout){
+		.sq_depth = ucmd->sq_depth, .sq_stride = ucmd->sq_stride, .sq_offset = ucmd->sq_offset,
+		.max_send_sge = cap->max_send_sge,
+		.rq_depth = ucmd->rq_depth, .rq_stride = ucmd->rq_stride, .rq_offset = ucmd->rq_offset,
+		.max_recv_sge = no_rq ? 0 : cap->max_recv_sge };
+	return vrdma_pin(dev, ucmd->buf_addr, ucmd->buf_size, IB_ACCESS_LOCAL_WRITE, &qp->ring, pbl);
+}
+
+/* A kernel QP's rings: sized here for what it asks for (its queues, vrdma_kqueue.c posts to), in kernel pages. */
+static int vrdma_kernel_rings(struct vrdma_qp *qp, struct ib_qp_init_attr *attr, struct vrdma_qp_layout *layout,
+			      struct vrdma_pbl *pbl, u64 *bytes)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	u32 max_sge = le32_to_cpu(dev->attr.max_sge), max_wr = le32_to_cpu(dev->attr.max_qp_wr);
+	struct ib_qp_cap *cap = &attr->cap;
+	int ret;
+
+	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
+	     attr->qp_type != IB_QPT_GSI) || attr->create_flags || (attr->srq && attr->qp_type == IB_QPT_GSI))
+		return -EOPNOTSUPP;  /* kernel RC, UC, UD and GSI QPs, with a receive queue of their own or an SRQ */
+	if (cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
+	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
+		return -EINVAL;
+	ret = vrdma_kqueue_size(&qp->sq, cap->max_send_wr, cap->max_send_sge, cap->max_inline_data,
+				sizeof(struct vrdma_send_wqe), 64, max_wr) ?:
+	      vrdma_kqueue_size(&qp->rq, cap->max_recv_wr, cap->max_recv_sge, 0, sizeof(struct vrdma_recv_wqe), 32,
+				max_wr);
+	if (ret)
+		return ret;
+	if (attr->srq)
+		qp->rq.depth = qp->rq.stride = qp->rq.max_sge = 0;  /* its receives are the SRQ's */
+	qp->sq.offset = PAGE_SIZE;
+	qp->rq.offset = attr->srq ? 0 : qp->sq.offset + PAGE_ALIGN(qp->sq.depth * qp->sq.stride);
+	*bytes = PAGE_SIZE + PAGE_ALIGN(qp->sq.depth * qp->sq.stride) + PAGE_ALIGN(qp->rq.depth * qp->rq.stride);
+	*layout = (struct vrdma_qp_layout){
+		.sq_depth = qp->sq.depth, .sq_stride = qp->sq.stride, .sq_offset = qp->sq.offset,
+		.max_send_sge = qp->sq.max_sge,
+		.rq_depth = qp->rq.depth, .rq_stride = qp->rq.stride, .rq_offset = qp->rq.offset,
+		.max_recv_sge = qp->rq.max_sge };
+	return vrdma_kbuf_alloc(&qp->ring, *bytes, pbl);
+}
+
+/* A kernel QP's doorbells (checked: the driver writes them) and its place among the QPs its CQEs name. */
+static int vrdma_kernel_qp_ready(struct vrdma_qp *qp, const struct vrdma_resp_create_qp *resp, bool has_rq)
+{
+	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+
+	qp->sq.db_index = le32_to_cpu(resp->sq_db_index);
+	qp->rq.db_index = le32_to_cpu(resp->rq_db_index);
+	if (!vrdma_kdb_ok(dev, qp->sq.db_index) || (has_rq && !vrdma_kdb_ok(dev, qp->rq.db_index))) {
+		dev_err(&dev->vdev->dev, "device gave QP %#x doorbell indexes %u and %u\n", qp->handle,
+			qp->sq.db_index, qp->rq.db_index);
+		return -EIO;
+	}
+	return xa_insert_irq(&dev->kqps, qp->ibqp.qp_num, qp, GFP_KERNEL);
+}
+
+/*
+ * One create path for both kinds of QP (an XRC target aside, which has no rings): the rings come from the process
+ * (vrdma_user_rings) or are the kernel's (vrdma_kernel_rings); then the same command, doorbells and publication.
+ */
 int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
@@ -82,45 +173,22 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	struct vrdma_create_qp_resp uresp = {};
 	struct vrdma_create_qp_cmd ucmd;
 	struct ib_qp_cap *cap = &attr->cap;
+	struct vrdma_qp_layout layout;
 	struct vrdma_pbl pbl;
-	bool no_rq;
-	u64 end;
+	bool no_rq = attr->srq || attr->qp_type == IB_QPT_XRC_INI;  /* receives come from the SRQ, or never */
+	u64 bytes;
 	int ret;
 
 	if (attr->qp_type == IB_QPT_XRC_TGT)
 		return vrdma_create_xrc_tgt(qp, attr);
-	if (!udata)
-		return vrdma_kqp_create(qp, attr);  /* a kernel consumer's */
-	if ((attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UC && attr->qp_type != IB_QPT_UD &&
-	     attr->qp_type != IB_QPT_XRC_INI) || attr->create_flags)
-		return -EOPNOTSUPP;  /* the GSI QP is the kernel's */
-	no_rq = attr->srq || attr->qp_type == IB_QPT_XRC_INI;  /* receives come from the SRQ, or never */
-	ret = vrdma_udata_in(udata, &ucmd, sizeof(ucmd), sizeof(uresp));
+	ret = udata ? vrdma_user_rings(qp, attr, udata, &ucmd, no_rq, &layout, &pbl, &bytes) :
+		      vrdma_kernel_rings(qp, attr, &layout, &pbl, &bytes);
 	if (ret)
 		return ret;
-	if (cap->max_send_wr > ucmd.sq_depth || (!no_rq && cap->max_recv_wr > ucmd.rq_depth) ||
-	    cap->max_send_sge > le32_to_cpu(dev->attr.max_sge) || cap->max_recv_sge > le32_to_cpu(dev->attr.max_sge) ||
-	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
-		return -EINVAL;
-	if (no_rq)
-		ucmd.rq_depth = ucmd.rq_stride = ucmd.rq_offset = 0;
-	if (!PAGE_ALIGNED(ucmd.buf_addr))
-		return -EINVAL;
-	end = max((u64)ucmd.sq_offset + (u64)ucmd.sq_depth * ucmd.sq_stride,
-		  (u64)ucmd.rq_offset + (u64)ucmd.rq_depth * ucmd.rq_stride);
-	if (end > ucmd.buf_size)
-		return -EINVAL;
-	ret = vrdma_pin(dev, ucmd.buf_addr, ucmd.buf_size, IB_ACCESS_LOCAL_WRITE, &qp->umem, &pbl);
-	if (ret)
-		return ret;
-	vrdma_create_qp_cmd(&cmd, ibqp, attr, vrdma_ucontext_handle(udata), &(struct vrdma_qp_layout){
-		.sq_depth = ucmd.sq_depth, .sq_stride = ucmd.sq_stride, .sq_offset = ucmd.sq_offset,
-		.max_send_sge = cap->max_send_sge,
-		.rq_depth = ucmd.rq_depth, .rq_stride = ucmd.rq_stride, .rq_offset = ucmd.rq_offset,
-		.max_recv_sge = no_rq ? 0 : cap->max_recv_sge });
+	vrdma_create_qp_cmd(&cmd, ibqp, attr, udata ? vrdma_ucontext_handle(udata) : 0 /* the kernel's */, &layout);
 	cmd.ring = pbl.desc;
-	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(end, PAGE_SIZE));
-	ret = vrdma_exec_pinned(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, qp->umem);
+	cmd.ring.npages = cpu_to_le32(DIV_ROUND_UP(bytes, PAGE_SIZE));
+	ret = vrdma_exec_create(dev, &cmd, sizeof(cmd), &resp, sizeof(resp), &pbl, &qp->ring);
 	if (ret)
 		return ret;
 	qp->handle = le32_to_cpu(resp.handle);
@@ -128,19 +196,30 @@ int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr, struct ib_
 	mutex_init(&qp->modify_lock);
 	qp->sq_sig_all = cmd.sq_sig_all;
 	ibqp->qp_num = le32_to_cpu(resp.qpn);
-	/* What the QP can hold, as created (the provider sized the rings). */
-	cap->max_send_wr = ucmd.sq_depth;
-	cap->max_recv_wr = ucmd.rq_depth;
+	/* What the QP can hold, as created (at least what was asked; a user QP's rings as the provider sized them). */
+	cap->max_send_wr = layout.sq_depth;
+	cap->max_recv_wr = layout.rq_depth;
+	if (!udata) {
+		cap->max_send_sge = layout.max_send_sge;
+		cap->max_recv_sge = layout.max_recv_sge;
+	}
 	qp->cap = *cap;
-	uresp.qpn = ibqp->qp_num;
-	ret = vrdma_udata_db(udata, resp.sq_db_index, &uresp.sq_db_index, &uresp.sq_db_offset);
-	if (!ret && !no_rq)
-		ret = vrdma_udata_db(udata, resp.rq_db_index, &uresp.rq_db_index, &uresp.rq_db_offset);
+	if (udata) {
+		uresp.qpn = ibqp->qp_num;
+		uresp.max_inline_data = cap->max_inline_data;
+		ret = vrdma_udata_db(udata, resp.sq_db_index, &uresp.sq_db_index, &uresp.sq_db_offset);
+		if (!ret && !no_rq)
+			ret = vrdma_udata_db(udata, resp.rq_db_index, &uresp.rq_db_index, &uresp.rq_db_offset);
+	} else {
+		ret = vrdma_kernel_qp_ready(qp, &resp, !attr->srq);
+	}
 	if (ret)
-		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_QP, qp->handle, qp->umem, ret);
-	uresp.max_inline_data = cap->max_inline_data;
-	return vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, udata, &uresp,
-			     sizeof(uresp), qp->umem);
+		return vrdma_unmake(dev, VRDMA_CMD_DESTROY_QP, qp->handle, &qp->ring, ret);
+	ret = vrdma_publish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, udata, &uresp, sizeof(uresp),
+			    &qp->ring);
+	if (ret && !udata)
+		xa_erase_irq(&dev->kqps, ibqp->qp_num);  /* vrdma_publish destroyed it in the device */
+	return ret;
 }
 
 /* The attributes of RESET -> INIT (the QP's port, P_Key, access rights or Q_Key). */
@@ -238,7 +317,7 @@ static int vrdma_modify_qp_locked(struct vrdma_qp *qp, struct ib_qp_attr *attr, 
 		 * completes flushed (vrdma_kcq_flush), which is what ib_drain_qp waits for.
 		 */
 		qp->state = next;
-		if (qp->kbuf.va && READ_ONCE(to_vdev(ibqp->device)->quiesced))
+		if (vrdma_kernel_ring(&qp->ring) && READ_ONCE(to_vdev(ibqp->device)->quiesced))
 			schedule_work(&to_vdev(ibqp->device)->kflush_work);
 		return 0;
 	}
@@ -339,9 +418,16 @@ int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 
-	if (qp->kbuf.va)
-		return vrdma_kqp_destroy(qp);
-	return vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, qp->umem);
+	bool kernel = vrdma_kernel_ring(&qp->ring);
+	int ret;
+
+	if (kernel)
+		xa_erase_irq(&dev->kqps, ibqp->qp_num);  /* under the lock vrdma_kcq_flush holds: it is done with it */
+	ret = vrdma_unpublish(dev, &dev->qps, qp->handle, qp, VRDMA_CMD_DESTROY_QP, &qp->ring);
+	/* The device kept it: so does the driver (its completions name it again once it is back). */
+	if (ret && kernel && xa_insert_irq(&dev->kqps, ibqp->qp_num, qp, GFP_KERNEL))
+		dev_warn(&dev->vdev->dev, "QP %#x kept, but its completions no longer name it\n", ibqp->qp_num);
+	return ret;
 }
 
 /*
@@ -353,7 +439,7 @@ int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr, const struc
 {
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 
-	if (qp->kbuf.va)
+	if (vrdma_kernel_ring(&qp->ring))
 		return vrdma_kqp_post_send(qp, wr, bad_wr);
 	if (wr) {
 		*bad_wr = wr;
@@ -367,7 +453,7 @@ int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr, const struc
 {
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 
-	if (qp->kbuf.va)
+	if (vrdma_kernel_ring(&qp->ring))
 		return vrdma_kqp_post_recv(qp, wr, bad_wr);
 	if (wr) {
 		*bad_wr = wr;

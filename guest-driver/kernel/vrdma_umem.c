@@ -108,35 +108,39 @@ int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl)
  * A kernel consumer's ring: zeroed pages of vmalloc space (page-aligned, no contiguous allocation however large the
  * ring), described by a page list the caller frees once the device has read it.
  */
-int vrdma_kbuf_alloc(struct vrdma_kbuf *buf, size_t size, struct vrdma_pbl *pbl)
+int vrdma_kbuf_alloc(struct vrdma_buf *buf, size_t size, struct vrdma_pbl *pbl)
 {
+	struct vrdma_kbuf *kbuf = &buf->kbuf;
 	size_t n, npages = DIV_ROUND_UP(size, PAGE_SIZE);
 	int ret;
 
-	buf->size = npages * PAGE_SIZE;
-	buf->va = vzalloc(buf->size);
-	if (!buf->va)
+	kbuf->size = npages * PAGE_SIZE;
+	kbuf->va = vzalloc(kbuf->size);
+	if (!kbuf->va)
 		return -ENOMEM;
 	ret = vrdma_pbl_alloc(pbl, npages);
 	if (ret)
 		goto err_free;
 	for (n = 0; n < npages; n++)
-		vrdma_pbl_set(pbl, n, vmalloc_to_page(buf->va + n * PAGE_SIZE));
+		vrdma_pbl_set(pbl, n, vmalloc_to_page(kbuf->va + n * PAGE_SIZE));
 	ret = vrdma_pbl_finish(pbl);
 	if (ret)
 		goto err_free;
 	return 0;
 
 err_free:
-	vfree(buf->va);
-	buf->va = NULL;
+	vfree(kbuf->va);
+	kbuf->va = NULL;
 	return ret;
 }
 
-void vrdma_kbuf_free(struct vrdma_kbuf *buf)
+/* The device let go of an object's memory (or never had it): unpin a user's pages, free a kernel ring. */
+void vrdma_buf_release(struct vrdma_buf *buf)
 {
-	vfree(buf->va);  /* nothing for a user object's (NULL) */
-	buf->va = NULL;
+	ib_umem_release(buf->umem);  /* both accept nothing: at most one of the two is set */
+	buf->umem = NULL;
+	vfree(buf->kbuf.va);
+	buf->kbuf.va = NULL;
 }
 
 /* A create's udata: the provider's request (exactly the user ABI's struct) copied in, room for the answer checked. */
@@ -147,21 +151,22 @@ int vrdma_udata_in(struct ib_udata *udata, void *ucmd, size_t ucmd_len, size_t u
 	return ib_copy_from_udata(ucmd, udata, ucmd_len);
 }
 
-/* Pin a user buffer and describe it; on success the caller owns *umem and must free the page list. */
-int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct ib_umem **umem,
+/* Pin a user buffer and describe it; on success the caller owns buf->umem and must free the page list. */
+int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct vrdma_buf *buf,
 	      struct vrdma_pbl *pbl)
 {
+	struct ib_umem *umem = ib_umem_get(&dev->ib_dev, addr, size, access);
 	int ret;
 
-	*umem = ib_umem_get(&dev->ib_dev, addr, size, access);
-	if (IS_ERR(*umem))
-		return PTR_ERR(*umem);
-	ret = vrdma_pbl_build(*umem, pbl);
+	if (IS_ERR(umem))
+		return PTR_ERR(umem);
+	ret = vrdma_pbl_build(umem, pbl);
 	if (ret) {
-		ib_umem_release(*umem);
-		*umem = NULL;
+		ib_umem_release(umem);
+		return ret;
 	}
-	return ret;
+	buf->umem = umem;
+	return 0;
 }
 
 u32 vrdma_ucontext_handle(struct ib_udata *udata)
@@ -172,17 +177,17 @@ u32 vrdma_ucontext_handle(struct ib_udata *udata)
 }
 
 /*
- * Run the create command of an object whose ring is the pinned buffer @pbl describes: the page list is only needed
- * while the device reads it, so it goes either way; the pinning goes too if the device refused.
+ * Run the create command of an object whose memory is @buf, described by @pbl: the page list is only needed while
+ * the device reads it, so it goes either way; the memory goes too if the device refused.
  */
-int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
-		      struct vrdma_pbl *pbl, struct ib_umem *umem)
+int vrdma_exec_create(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *resp, size_t resp_len,
+		      struct vrdma_pbl *pbl, struct vrdma_buf *buf)
 {
 	int ret = vrdma_cmd_exec(dev, cmd, cmd_len, resp, resp_len);
 
 	vrdma_pbl_free(pbl);
 	if (ret)
-		ib_umem_release(umem);
+		vrdma_buf_release(buf);
 	return ret;
 }
 
@@ -191,7 +196,7 @@ int vrdma_exec_pinned(struct vrdma_dev *dev, void *cmd, size_t cmd_len, void *re
  * on failure undo both, destroy it in the device and release its pinned ring.
  */
 int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
-		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct ib_umem *umem)
+		  struct ib_udata *udata, void *uresp, size_t uresp_len, struct vrdma_buf *buf)
 {
 	int ret;
 
@@ -206,23 +211,24 @@ int vrdma_publish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *ob
 err_erase:
 	xa_erase_irq(xa, handle);
 err_destroy:
-	return vrdma_unmake(dev, destroy_opcode, handle, umem, ret);
+	return vrdma_unmake(dev, destroy_opcode, handle, buf, ret);
 }
 
-/* An object made in the device that cannot be handed out after all: destroyed, its ring unpinned; returns err. */
-int vrdma_unmake(struct vrdma_dev *dev, u16 destroy_opcode, u32 handle, struct ib_umem *umem, int err)
+/* An object made in the device that cannot be handed out after all: destroyed, its memory released; returns err. */
+int vrdma_unmake(struct vrdma_dev *dev, u16 destroy_opcode, u32 handle, struct vrdma_buf *buf, int err)
 {
 	vrdma_destroy_handle(dev, destroy_opcode, handle);
-	ib_umem_release(umem);
+	vrdma_buf_release(buf);
 	return err;
 }
 
 /*
  * Destroy an object the device knows by handle: unreachable by events first (the dispatcher holds the xarray's
- * lock), then destroyed in the device, then its pinned ring released; if the device refuses, it is put back.
+ * lock), then destroyed in the device, then its memory released; if the device refuses, it is put back (and a
+ * ring it may still write is never freed).
  */
 int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *obj, u16 destroy_opcode,
-		    struct ib_umem *umem)
+		    struct vrdma_buf *buf)
 {
 	int ret;
 
@@ -232,6 +238,6 @@ int vrdma_unpublish(struct vrdma_dev *dev, struct xarray *xa, u32 handle, void *
 		xa_store_irq(xa, handle, obj, GFP_KERNEL);
 		return ret;
 	}
-	ib_umem_release(umem);  /* the device let go of the ring: unpin it */
+	vrdma_buf_release(buf);  /* the device let go of it */
 	return 0;
 }
