@@ -322,13 +322,14 @@ int vre_roce_parse(const uint8_t *udp_payload, uint32_t len, const struct vre_ro
 int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr, const struct vre_roce_pkt *pkt,
 		   const uint8_t *payload, uint32_t payload_len);
 /*
- * RoCE v2 to other hosts (net.c, rreq.c, rresp.c; the sockets in sockio.c). The daemon opens the sockets, with
- * the privileges they need, and hands them over: `rx_fd` a raw IPv4 socket of protocol UDP (it sees each packet's
- * IP header, whose identification the ICRC covers), `tx_fd` a UDP socket bound to port 4791 that may send from
- * addresses that are not the host's (IP_TRANSPARENT) with don't-fragment set; `udp6_fd` (-1: no IPv6) an IPv6 UDP
- * socket bound to port 4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, IPV6_RECVPKTINFO) that sends and receives IPv6 RoCE,
- * whose ICRC covers nothing a UDP socket does not show. -1, -1, -1: no network (connected QPs with a destination
- * no device here holds wait and time out, as before). The engine reads and writes them from vre_poll and vre_spin.
+ * RoCE v2 to other hosts (net.c, rreq.c, rcomp.c, rresp.c; the transmit ring in tx.c, the sockets in sockio.c).
+ * The daemon opens the sockets, with the privileges they need, and hands them over: `rx_fd` a raw IPv4 socket of
+ * protocol UDP (it sees each packet's IP header, whose identification the ICRC covers), `tx_fd` a UDP socket bound
+ * to port 4791 that may send from addresses that are not the host's (IP_TRANSPARENT) with don't-fragment set;
+ * `udp6_fd` (-1: no IPv6) an IPv6 UDP socket bound to port 4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, IPV6_RECVPKTINFO)
+ * that sends and receives IPv6 RoCE, whose ICRC covers nothing a UDP socket does not show. -1, -1, -1: no network
+ * (connected QPs with a destination no device here holds wait and time out, as before). The engine reads and
+ * writes them from vre_poll and vre_spin.
  */
 int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd);
 /* One UDP payload that arrived for port 4791 between `addr`: parsed, checked and executed, or dropped and
@@ -348,7 +349,7 @@ uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct 
  * fixed time in ns that only the caller moves, so that a test or a fuzzer steps timers without waiting for them.
  * Under a fixed clock vre_spin polls once. */
 void vre_clock_set(struct vre_engine *e, int64_t now_ns);
-/* The invariants of every QP's transport state (net.c, net_check): 0, or -EPROTO and the first that does not hold
+/* The invariants of every QP's transport state (remote.c, net_check): 0, or -EPROTO and the first that does not hold
  * (vre_error names the QP). Cheap enough for tests and fuzzers to call after every step. */
 int vre_check(struct vre_engine *e);
 void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out);

@@ -2,9 +2,10 @@
 /*
  * What each work request opcode does, as a table (the way rxe's opcode table drives its requester and responder):
  * whether it names remote memory and with which access right, whether it reads into its local SGEs, consumes a
- * receive WQE, carries immediate data, is an atomic, and which opcode its completion reports; a local operation
- * (fast registration, local invalidation, binding a memory window) names the function that does it. req.c and
- * resp.c consult the row instead of comparing opcodes; an opcode with no row is refused.
+ * receive WQE, carries immediate data, is an atomic, and which opcode its completion reports, and the RC wire
+ * opcodes of its packets (wire.h); a local operation (fast registration, local invalidation, binding a memory
+ * window) names the function that does it. wqe.c, req.c, resp.c, rreq.c and ud.c consult the row instead of
+ * comparing opcodes; an opcode with no row is refused.
  */
 #include "vre.h"
 

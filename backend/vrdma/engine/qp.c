@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * Queue pairs: creation with their rings and doorbell slots, the state the model sets (it checked the transition),
- * the error state and its events, lookups by QP number, destruction. req.c runs their send queues.
+ * the error state and its events, lookups by QP number, destruction. poll.c schedules them; req.c (a peer here) or
+ * rreq.c (a peer on another host) runs their send queues.
  */
 #include <errno.h>
 #include <stdlib.h>

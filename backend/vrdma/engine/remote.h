@@ -158,7 +158,7 @@ VRE_FN void remote_request(struct vre_engine *e, struct vre_device *d, struct vr
 			   const struct vre_roce_pkt *pkt, const uint8_t *payload);
 VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 VRE_FN void responder_flush(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp);
-/* The transport state's invariants (net.c): NULL, or the first one a QP breaks. */
+/* The transport state's invariants (remote.c): NULL, or the first one a QP breaks. */
 VRE_FN const char *net_check(const struct vre_qp *qp);
 /* With VRE_CHECK_INVARIANTS (the fuzz and sanitizer builds): vre_check, and abort naming what broke. */
 VRE_FN void net_assert(struct vre_engine *e);

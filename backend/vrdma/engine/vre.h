@@ -196,7 +196,7 @@ struct vre_engine {
 	bool parked;
 	int64_t now;
 	char error[256];
-	/* The network (net.c): sockets the daemon gave (-1: none), packets waiting to go [tx_head, tx_tail). */
+	/* The network (tx.c, sockio.c): the daemon's sockets (-1: none), packets waiting to go [tx_head, tx_tail). */
 	int rx_fd, tx_fd, udp6_fd;
 	bool capture;             /* vre_net_capture: no sockets, the caller takes what is sent */
 	int64_t clock;            /* vre_clock_set: a fixed time (ns), 0: CLOCK_MONOTONIC */
@@ -445,7 +445,7 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 			   struct recv_wqe *out, uint32_t *max_sge);
 VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
-/* -- req.c and resp.c ------------------------------------------------------------------------------------------ */
+/* -- a request: what a requester hands the responder ------------------------------------------------------------ */
 
 /* What a request brings to its destination: the requester's checked local data. */
 struct vre_request {
