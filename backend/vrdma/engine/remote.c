@@ -94,15 +94,7 @@ VRE_FN bool net_busy(const struct vre_qp *qp)
 		return false;
 	if (n->sq_cur != n->sq_next && qp->attr.state == VRDMA_QPS_RTS)
 		return true;
-	if (n->ack_owed)
-		return true;
-	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
-		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
-
-		if (job->sent < job->npkts)
-			return true;
-	}
-	return false;
+	return n->ack_owed || answers_owed(n);
 }
 
 /* -- invariants ---------------------------------------------------------------------------------------------- */

@@ -116,6 +116,18 @@ static inline int32_t psn_diff(uint32_t a, uint32_t b)
 	return (int32_t)((a - b) << 8) >> 8;
 }
 
+/* Whether the responder still owes READ responses or atomic acknowledgements (net_busy, rresp.c's ordering). */
+static inline bool answers_owed(const struct vre_remote *n)
+{
+	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
+		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
+
+		if (job->sent < job->npkts)
+			return true;
+	}
+	return false;
+}
+
 /* The started WQE in send ring slot `index` of a remote QP, and the last PSN it takes. */
 static inline struct vre_sent *sent_of(struct vre_qp *qp, uint32_t index)
 {

@@ -34,18 +34,6 @@ static void send_response(struct vre_engine *e, struct vre_device *d, struct vre
 		e->net.tx_dropped++;
 }
 
-/* Whether READ responses or atomic acknowledgements are still to be sent. */
-static bool answers_owed(const struct vre_remote *n)
-{
-	for (uint32_t i = n->rd_head; i != n->rd_tail; i++) {
-		const struct vre_rd_job *job = &n->rd[i % VRE_MAX_RD];
-
-		if (job->sent < job->npkts)
-			return true;
-	}
-	return false;
-}
-
 static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t aeth, uint32_t psn)
 {
 	struct vre_roce_pkt pkt = { .opcode = ROCE_RC_ACKNOWLEDGE, .pkey = ROCE_DEFAULT_PKEY,
