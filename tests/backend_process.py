@@ -59,8 +59,9 @@ class BackendProcess:
     started: ClassVar[weakref.WeakSet[BackendProcess]] = weakref.WeakSet()
 
     def __init__(self, directory: Path, names: tuple[str, ...] = ("vm0", "vm1"), test_hooks: bool = False,
-                 host: Host | None = None) -> None:
-        """``host``: run it in that host's network namespace, speaking RoCE v2 to the others (`--roce`)."""
+                 host: Host | None = None, options: list[str] | None = None) -> None:
+        """``host``: run it in that host's network namespace, speaking RoCE v2 to the others (`--roce`);
+        ``options``: further `vrdma backend` options (``--max-vms``, ``--config``)."""
         self.directory = directory
         self.sockets = {name: directory / f"{name}.sock" for name in names}
         self.log = directory / "backend.log"
@@ -71,7 +72,8 @@ class BackendProcess:
         vms = [Served(name, path, "52:54:00:76:72:00" if name == "vm0" else None)
                for name, path in self.sockets.items()]
         self.daemon = DaemonProcess(vms, log_file=self.log, admin_socket=self.admin, test_hooks=test_hooks,
-                                    verbose=True, launcher=launcher, env=env, roce=host is not None)
+                                    verbose=True, launcher=launcher, env=env, roce=host is not None,
+                                    options=options)
         self.log.unlink(missing_ok=True)  # a backend restarted in the same directory writes a log of its own
         try:
             self.daemon.start()
@@ -86,6 +88,25 @@ class BackendProcess:
 
     def frontend(self, name: str) -> Frontend:
         return Frontend(str(self.sockets[name]))
+
+    def admin_ask(self, command: str, **fields: Any) -> dict[str, Any]:
+        """One admin request; the reply as it came (``ok`` false with ``error`` when refused)."""
+        from vrdma.daemon.admin import ask
+
+        return ask(self.admin, {"command": command, **fields})
+
+    def add_vm(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Serve one more VM (vm-add), its socket in the test's directory; the backend's description of it."""
+        path = self.directory / f"{name}.sock"
+        reply = self.admin_ask("vm-add", name=name, **{"socket-path": str(path), **fields})
+        assert reply["ok"], reply
+        self.sockets[name] = path
+        return reply["vm"]  # type: ignore[no-any-return]
+
+    def remove_vm(self, name: str) -> None:
+        reply = self.admin_ask("vm-remove", name=name)
+        assert reply["ok"], reply
+        self.sockets.pop(name, None)
 
     def stop(self) -> int:
         try:

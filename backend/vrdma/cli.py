@@ -96,13 +96,38 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     request: dict[str, object] = {"command": args.admin_command}
     if args.admin_command == "inject":
         request.update(vm=args.vm, fault=args.fault)
+    elif args.admin_command == "vm":
+        request["command"] = f"vm-{args.vm_action}"
+        if args.vm_action in ("add", "remove"):
+            request["name"] = args.name
+        if args.vm_action == "add":
+            # Paths are the caller's: the backend runs elsewhere, so they travel absolute.
+            request["socket-path"] = str(Path(args.socket_path).absolute())
+            if args.mac:
+                request["mac"] = args.mac
+            if args.doorbell:
+                request["doorbell"] = str(Path(args.doorbell).absolute())
     try:
-        reply = ask(Path(args.socket), request)
+        reply = ask(Path(args.admin_socket), request)
     except OSError as err:
-        raise VrdmaError(f"cannot reach the backend's admin socket {args.socket}: {err}") from err
+        raise VrdmaError(f"cannot reach the backend's admin socket {args.admin_socket}: {err} (is the backend "
+                         "running with --admin-socket there?)") from err
     if not reply.get("ok"):
         raise VrdmaError(f"the backend refused: {reply.get('error')}")
-    print(json.dumps(reply.get("vms", reply), indent=2, sort_keys=True))
+    if args.admin_command != "vm" or args.json:
+        print(json.dumps(reply.get("vms", reply.get("vm", reply)), indent=2, sort_keys=True))
+    elif args.vm_action == "list":
+        rows = [("NAME", "STATE", "MAC", "SOCKET", "DOORBELL")]
+        rows += [(vm["name"], vm["state"], vm["mac"], vm["socket-path"] or f"fd {vm['fd']}", vm["doorbell"])
+                 for vm in reply["vms"]]
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
+        for *cells, last in rows:
+            print("  ".join(str(cell).ljust(width) for cell, width in zip(cells, widths, strict=True)) + f"  {last}")
+    elif args.vm_action == "add":
+        vm = reply["vm"]
+        print(f"{vm['name']}: listening on {vm['socket-path']} (doorbell region {vm['doorbell']}, MAC {vm['mac']})")
+    else:
+        print(f"{args.name}: removed")
     return 0
 
 
@@ -161,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=_cmd_vm_cmdline)
 
     from vrdma.daemon import options as daemon_options
+    from vrdma.daemon.config import DEFAULT_ADMIN_SOCKET
 
     backend = sub.add_parser(
         "backend", help="run the vrdma device backend (vhost-user) for one or more VMs (also `vrdma-backend`)",
@@ -171,10 +197,26 @@ def build_parser() -> argparse.ArgumentParser:
                               "vrdma.testing.faults)")
     backend.set_defaults(func=_cmd_backend)
 
-    admin = sub.add_parser("admin", help="ask a running backend through its admin socket")
-    admin.add_argument("--socket", required=True, metavar="PATH", help="the backend's --admin-socket")
+    admin = sub.add_parser("admin", help="ask a running backend through its admin socket: VMs, counters")
+    admin.add_argument("--admin-socket", "--socket", default=DEFAULT_ADMIN_SOCKET, metavar="PATH",
+                       help=f"the backend's --admin-socket (default {DEFAULT_ADMIN_SOCKET}, the service's)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
     admin_sub.add_parser("counters", help="per-VM counters as JSON")
+    admin_vm = admin_sub.add_parser("vm", help="add, list and remove the VMs the backend serves, while it runs")
+    admin_vm.add_argument("--json", action="store_true", help="print the backend's reply as JSON")
+    vm_actions = admin_vm.add_subparsers(dest="vm_action", required=True, metavar="ACTION")
+    vm_add = vm_actions.add_parser("add", help="serve one more VM: its socket listens when this returns")
+    vm_add.add_argument("name", help="the VM's name (letters, digits, '_', '.', '-'; up to 64)")
+    vm_add.add_argument("--socket-path", required=True, metavar="PATH",
+                        help="the unix socket the VM's QEMU connects to (its chardev's path)")
+    vm_add.add_argument("--mac", metavar="MAC", help="MAC of the VM's virtio-net netdev paired with the device")
+    vm_add.add_argument("--doorbell", metavar="PATH",
+                        help="the VM's doorbell region file (default: NAME.doorbell in the backend's "
+                             "--doorbell-dir, or beside the socket)")
+    vm_actions.add_parser("list", help="the VMs served: name, state, MAC, socket, doorbell region")
+    vm_remove = vm_actions.add_parser(
+        "remove", help="stop serving a VM: its device and objects are freed, its QEMU sees the backend go")
+    vm_remove.add_argument("name")
     inject = admin_sub.add_parser("inject", help="spoil a VM's next command response (backend --test-hooks)")
     inject.add_argument("vm")
     inject.add_argument("fault", choices=["wrong-opcode", "wrong-seq", "short-response", "bad-status",

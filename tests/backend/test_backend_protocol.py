@@ -127,11 +127,12 @@ def test_backend_flags_and_paths_fail_in_one_line(tmp_path: Path) -> None:
     assert bad_flag.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad_flag.stderr
     for args, message in [
         (["--socket-path", str(tmp_path / "missing" / "vm0.sock")], "directory"),
-        (["--socket-path", str(tmp_path / ("x" * 120) / "vm0.sock")], "cannot listen on"),
+        (["--socket-path", str(tmp_path / ("x" * 120) / "vm0.sock")], "longer than a unix socket path may be"),
         (["--socket-path", str(tmp_path)], "it exists and is not a socket"),
-        (["--socket-path", f"vm0={tmp_path}/a.sock", "--mac", "vm0=nope"], "expected NAME=xx:xx:xx:xx:xx:xx"),
+        (["--socket-path", f"vm0={tmp_path}/a.sock", "--mac", "vm0=nope"], "'nope' is not a MAC address"),
         (["--socket-path", f"vm0={tmp_path}/a.sock", "--mac", "vm9=52:54:00:00:00:01"], "unknown VM"),
-        (["--socket-path", f"vm0={tmp_path}/a.sock", "--socket-path", f"vm0={tmp_path}/b.sock"], "unique"),
+        (["--socket-path", f"vm0={tmp_path}/a.sock", "--socket-path", f"vm0={tmp_path}/b.sock"],
+         "declared twice"),
         (["--fd", "999"], "not a socket"),
         ([], "nothing to serve"),
     ]:

@@ -1,14 +1,20 @@
-"""The backend's admin socket: counters a person can read, and the commands a caller adds (test hooks).
+"""The backend's admin socket: the VMs it serves (listed, added, removed at run time), their counters, and the
+commands a caller adds (test hooks).
 
 One JSON object per line in each direction over a unix stream socket; each connection asks one question:
 
     {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}, "network": {...}}
+    {"command": "vm-list"}                         -> {"ok": true, "vms": [{"name": "vm0", "socket-path": ...}, ...]}
+    {"command": "vm-add", "name": "vm2", "socket-path": "/run/vrdma/vm2.sock", "mac": "52:54:00:..",
+     "doorbell": "/dev/shm/vm2.doorbell"}          -> {"ok": true, "vm": {"name": "vm2", ...}}
+    {"command": "vm-remove", "name": "vm2"}        -> {"ok": true}
 
-("network": what arrived from other hosts that no QP took, and what went out; null without --roce.)
+("network": what arrived from other hosts that no QP took, and what went out; null without --roce. In vm-add,
+"mac" and "doorbell" may be left out; paths are absolute.) A refused request is {"ok": false, "error": "..."} with
+the reason, and changes nothing.
 
-The daemon answers "counters" only. Whoever starts it may add commands (``extensions``): `vrdma backend
---test-hooks` adds "inject" from vrdma.testing.faults, so the daemon itself carries no test code.
-`vrdma admin --socket PATH counters` is the command-line client.
+Whoever starts the daemon may add commands (``extensions``): `vrdma backend --test-hooks` adds "inject" from
+vrdma.testing.faults, so the daemon itself carries no test code. `vrdma admin` is the command-line client.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
+from vrdma.daemon.config import EndpointSpec, vm_spec
 from vrdma.device.device import RdmaDevice
+from vrdma.errors import VrdmaError
 from vrdma.loop import EventLoop
 
 log = logging.getLogger(__name__)
@@ -36,22 +44,33 @@ class Served(Protocol):
     @property
     def rdma(self) -> RdmaDevice: ...
     def counters_snapshot(self) -> dict[str, object]: ...
+    def describe(self) -> dict[str, object]: ...
+
+
+class VmRegistry(Protocol):
+    """The backend, as the admin socket sees it: the VMs it serves, and adding or removing one."""
+
+    @property
+    def doorbell_dir(self) -> Path | None: ...
+    def served(self) -> Mapping[str, Served]: ...
+    def add_vm(self, spec: EndpointSpec) -> Served: ...
+    def remove_vm(self, name: str) -> None: ...
 
 
 # An added admin command: (the request, the VMs served by name) -> the reply.
-AdminCommand = Callable[[dict[str, Any], dict[str, Served]], dict[str, Any]]
+AdminCommand = Callable[[dict[str, Any], Mapping[str, Served]], dict[str, Any]]
 
 TIMEOUT = 2.0
 
 
 class AdminSocket:
-    def __init__(self, path: Path, loop: EventLoop, devices: Callable[[], dict[str, Served]],
+    def __init__(self, path: Path, loop: EventLoop, backend: VmRegistry,
                  extensions: dict[str, AdminCommand] | None = None,
                  network: Callable[[], dict[str, int]] | None = None) -> None:
         self.path = path
         self.network = network
         self.loop = loop
-        self.devices = devices
+        self.backend = backend
         self.extensions = dict(extensions or {})
         path.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -80,22 +99,64 @@ class AdminSocket:
         if not isinstance(request, dict):
             return {"ok": False, "error": "a request is a JSON object"}
         command = request.get("command")
-        devices = self.devices()
-        if command == "counters":
-            return {"ok": True, "vms": {name: dev.counters_snapshot() for name, dev in devices.items()},
-                    "network": self.network() if self.network is not None else None}
-        extension = self.extensions.get(command) if isinstance(command, str) else None
-        if extension is not None:
-            return extension(request, devices)
+        own = self.COMMANDS.get(command) if isinstance(command, str) else None
+        try:
+            if own is not None:
+                return own(self, request)
+            extension = self.extensions.get(command) if isinstance(command, str) else None
+            if extension is not None:
+                return extension(request, self.backend.served())
+        except VrdmaError as err:
+            return {"ok": False, "error": str(err)}
         if command == "inject":
             return {"ok": False, "error": "fault injection needs `vrdma backend --test-hooks`"}
-        known = ", ".join(["counters", *sorted(self.extensions)])
+        known = ", ".join(sorted([*self.COMMANDS, *self.extensions]))
         return {"ok": False, "error": f"unknown command {command!r} (known: {known})"}
+
+    def _counters(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, set())
+        return {"ok": True, "vms": {name: vm.counters_snapshot() for name, vm in self.backend.served().items()},
+                "network": self.network() if self.network is not None else None}
+
+    def _vm_list(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, set())
+        return {"ok": True, "vms": [vm.describe() for _, vm in sorted(self.backend.served().items())]}
+
+    def _vm_add(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, {"name", "socket-path", "mac", "doorbell"}, required={"name", "socket-path"})
+        spec = vm_spec(request["name"], request["socket-path"], mac=request.get("mac"),
+                       doorbell=request.get("doorbell"), doorbell_dir=self.backend.doorbell_dir, what="vm-add")
+        return {"ok": True, "vm": self.backend.add_vm(spec).describe()}
+
+    def _vm_remove(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, {"name"}, required={"name"})
+        if not isinstance(request["name"], str):
+            return {"ok": False, "error": f"vm-remove: name must be a string, not {request['name']!r}"}
+        self.backend.remove_vm(request["name"])
+        return {"ok": True}
+
+    COMMANDS: ClassVar[dict[str, Callable[[AdminSocket, dict[str, Any]], dict[str, Any]]]] = {
+        "counters": _counters, "vm-add": _vm_add, "vm-list": _vm_list, "vm-remove": _vm_remove}
 
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
         self.path.unlink(missing_ok=True)
+
+
+class RequestError(VrdmaError):
+    """A request with fields the command does not take, or without those it needs."""
+
+
+def _fields(request: dict[str, Any], allowed: set[str], required: frozenset[str] | set[str] = frozenset()) -> None:
+    command = request["command"]
+    extra = sorted(set(request) - allowed - {"command"})
+    if extra:
+        raise RequestError(f"{command}: unknown field(s) {', '.join(extra)}"
+                           + (f" (it takes {', '.join(sorted(allowed))})" if allowed else " (it takes none)"))
+    missing = sorted(required - set(request))
+    if missing:
+        raise RequestError(f"{command}: missing field(s) {', '.join(missing)}")
 
 
 def _read_line(conn: socket.socket, limit: int = MAX_REQUEST, what: str = "request") -> bytes:

@@ -10,41 +10,61 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vrdma.daemon import config as backend_config
 from vrdma.daemon.admin import AdminCommand
+from vrdma.daemon.config import BackendConfig, EndpointSpec, parse_mac, vm_spec
 from vrdma.daemon.options import DESCRIPTION, LOG_FORMAT, add_arguments
-from vrdma.daemon.server import Backend, BackendError, EndpointSpec, capabilities
+from vrdma.daemon.server import Backend, BackendError, capabilities
 from vrdma.errors import VrdmaError
 
 log = logging.getLogger("vrdma")
 
-def endpoint_specs(args: argparse.Namespace) -> list[EndpointSpec]:
+
+def configuration(args: argparse.Namespace) -> BackendConfig:
+    """The configuration file (--config), then the command line on top: its flags override the file's values and
+    its VMs join the file's."""
+    config = backend_config.load(Path(args.config)) if args.config else BackendConfig()
+    if args.admin_socket:
+        config.admin_socket = Path(args.admin_socket).absolute()
+    if args.doorbell_dir:
+        config.doorbell_dir = Path(args.doorbell_dir).absolute()
+    if args.max_vms is not None:
+        config.max_vms = args.max_vms
+    if args.metrics is not None:
+        config.metrics = backend_config.check_listen_address(args.metrics, "--metrics")
+    config.roce = config.roce or args.roce
+    config.vms += endpoint_specs(args, config.doorbell_dir)
+    names = [vm.name for vm in config.vms]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # found before anything listens: a start refused leaves nothing behind
+        raise BackendError(f"VM(s) declared twice (in --config and the flags, or twice in the flags): "
+                           f"{', '.join(twice)}")
+    return config
+
+
+def endpoint_specs(args: argparse.Namespace, doorbell_dir: Path | None) -> list[EndpointSpec]:
+    """The VMs the command line declares (--socket-path, --fd, --mac)."""
     macs: dict[str, bytes] = {}
     for item in args.mac:
-        name, _, text = item.partition("=")
-        try:
-            mac = bytes.fromhex(text.replace(":", ""))
-        except ValueError:
-            mac = b""
-        if not name or len(mac) != 6:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
             raise BackendError(f"--mac {item!r}: expected NAME=xx:xx:xx:xx:xx:xx")
-        macs[name] = mac
+        macs[name] = parse_mac(text, f"--mac {item!r}")
     specs = []
     for item in args.socket_path:
         name, sep, path_text = item.partition("=")
         if not sep or "/" in name:
             name, path_text = Path(item).stem, item
-        path = Path(path_text).absolute()
-        doorbell_dir = Path(args.doorbell_dir) if args.doorbell_dir else path.parent
-        specs.append(EndpointSpec(name=name, socket_path=path, mac=macs.pop(name, bytes(6)),
-                                  doorbell_path=doorbell_dir / f"{name}.doorbell"))
+        spec = vm_spec(name, path_text, doorbell_dir=doorbell_dir, base=Path.cwd(), what="--socket-path")
+        spec.mac = macs.pop(spec.name, bytes(6))
+        specs.append(spec)
     for fd in args.fd:
         name = f"fd{fd}"
-        doorbell = Path(args.doorbell_dir) / f"{name}.doorbell" if args.doorbell_dir else None
+        doorbell = doorbell_dir / f"{name}.doorbell" if doorbell_dir else None
         specs.append(EndpointSpec(name=name, fd=fd, mac=macs.pop(name, bytes(6)), doorbell_path=doorbell))
     if macs:
         raise BackendError(f"--mac for unknown VM(s): {', '.join(macs)}")
@@ -56,19 +76,16 @@ def run(args: argparse.Namespace, admin_extensions: dict[str, AdminCommand] | No
     if args.print_capabilities:
         print(json.dumps(capabilities(), indent=2))
         return 0
-    specs = endpoint_specs(args)
-    if not specs:
-        raise BackendError("nothing to serve: give --socket-path PATH or --fd N (see --help)")
-    admin_socket = Path(args.admin_socket) if args.admin_socket else None
-    if admin_extensions and admin_socket is None:
+    config = configuration(args)
+    if not config.vms and config.admin_socket is None:
+        raise BackendError("nothing to serve: give --socket-path PATH, --fd N, VMs in --config FILE, or an "
+                           "--admin-socket to add them through (see --help)")
+    if admin_extensions and config.admin_socket is None:
         raise BackendError("--test-hooks needs --admin-socket (the hooks are reached through it)")
-    with Backend(specs, admin_socket=admin_socket, admin_extensions=admin_extensions, roce=args.roce) as backend:
-        if args.ready_fd is not None:
-            try:
-                os.write(args.ready_fd, b"READY\n")
-                os.close(args.ready_fd)
-            except OSError as err:
-                raise BackendError(f"--ready-fd {args.ready_fd}: {err}") from err
+    with Backend(config.vms, admin_socket=config.admin_socket, admin_extensions=admin_extensions,
+                 roce=config.roce, max_vms=config.max_vms, doorbell_dir=config.doorbell_dir,
+                 metrics=config.metrics) as backend:
+        backend.announce_ready(args.ready_fd)
         backend.run()
     return 0
 

@@ -3,6 +3,10 @@
 Each VM has its own socket, its own RDMA device state and its own doorbell region. A listening socket takes one
 frontend connection at a time; when that connection ends (or breaks), everything the VM owned is freed and the
 socket waits for QEMU to reconnect. Nothing one VM sends can reach another VM's state.
+
+VMs come and go while the backend runs (`add_vm`, `remove_vm`: the admin socket's vm-add and vm-remove): the
+engine is made with a slot per VM it may ever serve at once (max_vms) and a VM takes a free one; adding or
+removing a VM touches no other VM's device, objects or connection.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vrdma.daemon.admin import AdminCommand, AdminSocket
+from vrdma.daemon.config import DEFAULT_MAX_VMS, EndpointSpec
 from vrdma.daemon.doorbell import DoorbellRegion
+from vrdma.daemon.notify import Notifier
 from vrdma.daemon.roce import ROCE_PORT, RoceSockets, open_sockets
 from vrdma.daemon.transport import QUEUE_NAMES, VirtioRdmaTransport
 from vrdma.device import abi
@@ -31,20 +38,14 @@ from vrdma.faultguard import FaultGuard
 from vrdma.loop import EventLoop
 from vrdma.vhost_user.connection import CloseCause, State, VhostUserConnection
 
+if TYPE_CHECKING:
+    from vrdma.daemon.metrics import MetricsEndpoint, Snapshot
+
 log = logging.getLogger(__name__)
 
 
 class BackendError(VrdmaError):
-    """The backend cannot start as asked (a socket path it cannot use, a bad option value)."""
-
-
-@dataclass
-class EndpointSpec:
-    name: str
-    socket_path: Path | None = None   # listen here
-    fd: int | None = None             # or use this already connected socket
-    mac: bytes = bytes(6)
-    doorbell_path: Path | None = None
+    """The backend cannot start or serve a VM as asked (a socket path it cannot use, a name taken, no free slot)."""
 
 
 @dataclass
@@ -148,6 +149,14 @@ class VmEndpoint:
         self.doorbell.write_header(self.rdma.doorbell_header())
         log.warning("%s: doorbell region restored in place (pairing id %#018x)", self.name, self.rdma.pairing_id)
 
+    def describe(self) -> dict[str, object]:
+        """What `vrdma admin vm list` shows of this VM."""
+        conn = self.connection
+        return {"name": self.name, "socket-path": str(self.spec.socket_path) if self.spec.socket_path else None,
+                "fd": self.spec.fd, "mac": ":".join(f"{b:02x}" for b in self.spec.mac),
+                "doorbell": str(self.doorbell.path),
+                "state": "connected" if conn is not None and conn.state is State.CONNECTED else "waiting"}
+
     def counters_snapshot(self) -> dict[str, object]:
         c = self.counters
         conn = self.connection
@@ -164,9 +173,9 @@ class VmEndpoint:
                                "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
                                "device_resets": self.transport.device_resets}}
 
-    def close(self) -> None:
+    def close(self, reason: str) -> None:
         if self.connection is not None:
-            self.connection.close("the backend is stopping", CloseCause.STOPPING)
+            self.connection.close(reason, CloseCause.STOPPING)
         if self.listener is not None:
             self.loop.remove_reader(self.listener.fileno())
             self.listener.close()
@@ -210,20 +219,28 @@ class Backend:
     """``with Backend(specs) as backend: backend.run()`` until SIGTERM/SIGINT or ``stop()``."""
 
     def __init__(self, specs: list[EndpointSpec], admin_socket: Path | None = None,
-                 admin_extensions: dict[str, AdminCommand] | None = None, roce: bool = False) -> None:
-        """``admin_extensions``: commands the admin socket answers besides "counters" (test hooks); ``roce``: speak
-        RoCE v2 to other hosts for destinations no VM here holds (vrdma.daemon.roce)."""
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            raise BackendError(f"VM names must be unique: {', '.join(names)}")
+                 admin_extensions: dict[str, AdminCommand] | None = None, roce: bool = False,
+                 max_vms: int = DEFAULT_MAX_VMS, doorbell_dir: Path | None = None,
+                 metrics: str | None = None) -> None:
+        """``admin_extensions``: commands the admin socket answers besides its own (test hooks); ``roce``: speak
+        RoCE v2 to other hosts for destinations no VM here holds (vrdma.daemon.roce); ``max_vms``: how many VMs it
+        may serve at once (``specs`` and those added later); ``doorbell_dir``: where the doorbell regions of VMs
+        added through the admin socket without one go (default: beside their socket); ``metrics``: serve
+        Prometheus metrics on this [HOST:]PORT (vrdma.daemon.metrics)."""
+        if len(specs) > max_vms:
+            raise BackendError(f"{len(specs)} VMs declared but --max-vms is {max_vms}")
+        self.max_vms = max_vms
+        self.doorbell_dir = doorbell_dir
         self.loop = EventLoop()
         self.guard: FaultGuard | None = FaultGuard(self.loop)
-        self.engine = Engine(max(1, len(specs)))
-        self.fabric = Fabric(self.engine, max(1, len(specs)))
-        self.endpoints: list[VmEndpoint] = []
+        self.engine = Engine(max_vms)
+        self.fabric = Fabric(self.engine, max_vms)
+        self.endpoints: dict[str, VmEndpoint] = {}
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
+        self.notifier = Notifier()  # systemd's, when it started us (Type=notify); otherwise silent
         self.admin: AdminSocket | None = None
+        self.metrics: MetricsEndpoint | None = None
         self.roce: RoceSockets | None = None
         try:
             if roce:
@@ -237,19 +254,83 @@ class Backend:
                 log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
                          ROCE_PORT)
             for spec in specs:
-                self.endpoints.append(VmEndpoint(spec, self.loop, self.fabric, self.guard))
+                self.add_vm(spec)
             if admin_socket is not None:
                 try:
-                    self.admin = AdminSocket(admin_socket, self.loop,
-                                             lambda: {e.name: e for e in self.endpoints}, admin_extensions,
+                    self.admin = AdminSocket(admin_socket, self.loop, self, admin_extensions,
                                              self.engine.net_counters if roce else None)
                 except OSError as err:  # (an over-long path raises with no errno: its text says it)
                     raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror or err}") \
                         from err
+            if metrics is not None:
+                # Imported only when asked for: prometheus_client costs a backend's start tens of milliseconds.
+                from vrdma.daemon.metrics import MetricsEndpoint
+
+                try:
+                    self.metrics = MetricsEndpoint(metrics, self.loop, self.snapshot)
+                except OSError as err:
+                    raise BackendError(f"--metrics {metrics}: {err.strerror}") from err
         except BaseException:
             self.close()
             raise
         self.loop.add_reader(self._stop_r, self._drain_stop)
+
+    # -- VMs, at start and at run time --------------------------------------------------------------------------
+
+    def served(self) -> dict[str, VmEndpoint]:
+        return dict(self.endpoints)
+
+    def snapshot(self) -> Snapshot:
+        """What the metrics report, taken now (on the loop's thread)."""
+        from vrdma.daemon.metrics import Snapshot
+
+        return Snapshot(vms={name: vm.counters_snapshot() for name, vm in self.endpoints.items()},
+                        network=self.engine.net_counters() if self.roce is not None else None,
+                        vm_slots=self.max_vms, engine_seconds=self.fabric.engine_ns / 1e9,
+                        engine_work=self.fabric.engine_work)
+
+    def add_vm(self, spec: EndpointSpec) -> VmEndpoint:
+        """Serve one more VM: its socket listens (or its fd is served) when this returns. Refused, with the reason,
+        when its name or socket is taken or every slot is; nothing else changes then."""
+        if spec.name in self.endpoints:
+            raise BackendError(f"a VM named {spec.name} is already served")
+        for other in self.endpoints.values():
+            if spec.socket_path is not None and other.spec.socket_path == spec.socket_path:
+                raise BackendError(f"{spec.name}: socket {spec.socket_path} is VM {other.name}'s")
+            if other.doorbell.path == spec.doorbell_path:
+                raise BackendError(f"{spec.name}: doorbell region {spec.doorbell_path} is VM {other.name}'s")
+        if len(self.endpoints) >= self.max_vms:
+            raise BackendError(f"cannot serve {spec.name}: all {self.max_vms} VM slots are in use (--max-vms)")
+        endpoint = VmEndpoint(spec, self.loop, self.fabric, self.guard)
+        self.endpoints[spec.name] = endpoint
+        self.notifier.status(self.status_line())
+        return endpoint
+
+    def remove_vm(self, name: str) -> None:
+        """Stop serving a VM: its connection closes (its QEMU sees the backend go), its device and every object in
+        it are freed, its socket is removed. The other VMs are not touched."""
+        endpoint = self.endpoints.pop(name, None)
+        if endpoint is None:
+            served = ", ".join(sorted(self.endpoints)) or "none"
+            raise BackendError(f"no VM named {name!r} is served (served: {served})")
+        endpoint.close("removed through the admin socket")
+        log.info("%s: removed", name)
+        self.notifier.status(self.status_line())
+
+    def status_line(self) -> str:
+        """What `systemctl status` shows of the backend."""
+        return f"serving {len(self.endpoints)} of at most {self.max_vms} VMs" + (
+            f": {', '.join(sorted(self.endpoints))}" if 0 < len(self.endpoints) <= 8 else "")
+
+    def announce_ready(self, ready_fd: int | None = None) -> None:
+        """Every socket listens: tell whoever started us (``ready_fd``: the harness's pipe; systemd: READY=1)."""
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, b"READY\n")
+                os.close(ready_fd)
+            except OSError as err:
+                raise BackendError(f"--ready-fd {ready_fd}: {err}") from err
+        self.notifier.ready(self.status_line())
 
     def __enter__(self) -> Backend:
         return self
@@ -283,23 +364,31 @@ class Backend:
             while not self.stopping:
                 self.run_once()
         finally:
+            self.notifier.stopping()
             faulthandler.unregister(signal.SIGUSR1)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         log.info("stopping")
 
     def run_once(self) -> None:
-        """One turn: wait for descriptors (not at all while the data engine is busy), then run the engine."""
-        self.loop.run_once(self.fabric.timeout())
+        """One turn: wait for descriptors (not at all while the data engine is busy), then run the engine; ping
+        systemd's watchdog when due (a loop that stops turning stops pinging)."""
+        timeout = self.fabric.timeout()
+        due = self.notifier.due()
+        self.loop.run_once(timeout if due is None else min(timeout, due))
         self.fabric.run()
+        self.notifier.ping_if_due()
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.admin is not None:
             self.admin.close()
             self.admin = None
-        for endpoint in self.endpoints:
-            endpoint.close()
-        self.endpoints = []
+        for endpoint in self.endpoints.values():
+            endpoint.close("the backend is stopping")
+        self.endpoints = {}
         if self.roce is not None:
             self.loop.remove_reader(self.roce.rx.fileno())
             if self.roce.udp6 is not None:
@@ -310,6 +399,7 @@ class Backend:
         if self.guard is not None:
             self.guard.close()
             self.guard = None
+        self.notifier.close()
         for fd in (self._stop_r, self._stop_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

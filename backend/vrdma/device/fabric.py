@@ -41,6 +41,9 @@ class Fabric:
         self.parked = False
         self.last_work = time.monotonic()
         self.park_after = limits.park_after_idle_us / 1e6
+        # What the engine did, for the backend's metrics: time in its C, and the WQEs and packets it handled.
+        self.engine_ns = 0
+        self.engine_work = 0
 
     def attach(self, device: FabricMember) -> int:
         """Give a device its engine index."""
@@ -64,6 +67,7 @@ class Fabric:
 
     def run(self) -> int:
         """Poll once and deliver the events; park when idle long enough. Returns the work done."""
+        started = time.perf_counter_ns()
         if self.parked:
             work = self.engine.poll(self.limits.poll_budget)  # woken by a descriptor: look once
         else:
@@ -72,6 +76,8 @@ class Fabric:
             idle_left = self.park_after - (time.monotonic() - self.last_work)
             spin_ns = int(max(0.0, min(self.limits.spin_us / 1e6, idle_left)) * 1e9)
             work = self.engine.spin(self.limits.poll_budget, spin_ns)
+        self.engine_ns += time.perf_counter_ns() - started
+        self.engine_work += work
         events = self.engine.take_events()
         for event in events:
             device = self.devices[event.device] if event.device < len(self.devices) else None

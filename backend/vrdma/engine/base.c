@@ -81,7 +81,7 @@ VRE_FN volatile uint32_t *vre_db_claim(struct vre_engine *e, struct vre_device *
 
 VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
 {
-	for (uint32_t i = 0; i < e->ndevices; i++) {
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
 		for (uint32_t w = 0; d->open && w < DIV_ROUND_UP(d->lim.doorbell_pages, 64); w++) {

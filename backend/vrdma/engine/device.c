@@ -87,6 +87,8 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	}
 	d->gsi = -1;
 	d->open = true;
+	if (dev >= e->devices_hi)
+		e->devices_hi = dev + 1;
 	if (e->parked)
 		vre_set_parked_flags(e, 1);
 	return 0;
@@ -108,6 +110,8 @@ void vre_device_close(struct vre_engine *e, uint32_t dev)
 	for (uint32_t i = 0; i < d->lim.max_mr; i++)
 		vre_mr_destroy(e, dev, i);
 	free_tables(d);
+	while (e->devices_hi && !e->devices[e->devices_hi - 1].open)
+		e->devices_hi--;
 }
 
 /* Objects keep their guest-physical pages: translate them again; what no longer maps is unusable. */

@@ -60,7 +60,7 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 	e->now = engine_clock(e);
 	if (net_on(e) && !e->capture)
 		work += sock_recv(e, budget, vre_roce_input);
-	for (uint32_t i = 0; i < e->ndevices; i++) {
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
 		if (!d->open)
@@ -98,7 +98,7 @@ int64_t vre_next_deadline(struct vre_engine *e)
 {
 	int64_t next = -1;
 
-	for (uint32_t i = 0; i < e->ndevices; i++) {
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
@@ -125,7 +125,7 @@ int vre_park(struct vre_engine *e)
 	vre_set_parked_flags(e, 1);
 	e->parked = true;
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	for (uint32_t i = 0; i < e->ndevices; i++) {
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {

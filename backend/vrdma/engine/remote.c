@@ -185,7 +185,7 @@ VRE_FN void net_assert(struct vre_engine *e)
 
 int vre_check(struct vre_engine *e)
 {
-	for (uint32_t i = 0; i < e->ndevices; i++) {
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {

@@ -187,7 +187,8 @@ struct vre_gid_slot {
 };
 
 struct vre_engine {
-	uint32_t ndevices;
+	uint32_t ndevices;                /* device slots, made once: VMs added later take a free one */
+	uint32_t devices_hi;              /* one past the highest open device: the loops over devices stop here */
 	struct vre_device *devices;
 	struct vre_gid_slot *gid_slots;   /* every open device's GIDs (gid.c), gid_mask + 1 slots */
 	uint32_t gid_mask;

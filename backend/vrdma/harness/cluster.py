@@ -8,6 +8,7 @@ import logging
 import subprocess
 from pathlib import Path
 
+from vrdma.errors import VrdmaError
 from vrdma.harness import accel as accel_probe
 from vrdma.harness import daemon, linkhub
 from vrdma.harness.daemon import DaemonProcess
@@ -87,6 +88,45 @@ class Cluster(Managed):
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise first
+
+    def add(self, index: int) -> Vm:
+        """Boot one more guest while the others run: the running backend is asked to serve its device first
+        (vm-add, as an operator's hook does before QEMU starts), then its QEMU starts. It has a network link of its
+        own that reaches no other guest (the cluster's links were made at start)."""
+        if self.backend is None:
+            raise ValueError("guests are added to a cluster with the vrdma device (and so a backend)")
+        products = self.products or Products.load()
+        ident = GuestIdentity(index)
+        if any(vm.name == ident.name for vm in self.vms):
+            raise ValueError(f"{ident.name} is already in the cluster")
+        directory = self.directory / ident.name
+        directory.mkdir(parents=True, exist_ok=True)
+        reply = daemon.admin(self.backend, {"command": "vm-add", "name": ident.name, "mac": ident.mac,
+                                            "socket-path": str(daemon.socket_path(self.directory, ident))})
+        if not reply.get("ok"):
+            raise VrdmaError(f"the backend refused to serve {ident.name}: {reply.get('error')}")
+        vm = Vm(ident, directory, accel=self.accel, products=products,
+                link_remote=str(directory / "unlinked.sock"), memory_mib=self.memory_mib,
+                boot_timeout=self.boot_timeout, detach=self.detach)
+        self.vms.append(vm)
+        vm.launch()
+        vm.wait_ready()
+        return vm
+
+    def remove(self, name: str, *, shut_down_first: bool = True) -> None:
+        """Stop serving a guest's device (vm-remove) and stop the guest; ``shut_down_first`` False: the device is
+        removed while its QEMU is still connected (its driver sees the backend go), then the guest is stopped."""
+        vm = self[name]
+        if self.backend is None:
+            raise ValueError("this cluster has no backend")
+        if shut_down_first:
+            vm.shutdown()
+        reply = daemon.admin(self.backend, {"command": "vm-remove", "name": name})
+        if not reply.get("ok"):
+            raise VrdmaError(f"the backend refused to remove {name}: {reply.get('error')}")
+        if not shut_down_first:
+            vm.shutdown()
+        self.vms.remove(vm)
 
     def stop(self) -> None:
         for vm in self.vms:

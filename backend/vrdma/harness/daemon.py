@@ -57,13 +57,16 @@ class DaemonProcess(Managed):
     ``doorbell_dir``: where each VM's doorbell region goes (default: next to its socket). ``launcher`` and
     ``env``: the command that runs `vrdma` and its environment (the sanitizer tier runs another build; a host of
     vrdma.harness.hosts runs it in its network namespace). ``detach``: the daemon outlives this process (`vrdma vm
-    up`); otherwise it dies with it. ``roce``: `--roce`, RoCE v2 to other hosts.
+    up`); otherwise it dies with it. ``roce``: `--roce`, RoCE v2 to other hosts. ``options``: further `vrdma
+    backend` options (``--config FILE``, ``--max-vms N``).
     """
 
     def __init__(self, vms: list[Served], *, log_file: Path, admin_socket: Path, doorbell_dir: Path | None = None,
                  test_hooks: bool = False, verbose: bool = False, detach: bool = False,
-                 launcher: list[str] | None = None, env: dict[str, str] | None = None, roce: bool = False) -> None:
+                 launcher: list[str] | None = None, env: dict[str, str] | None = None, roce: bool = False,
+                 options: list[str] | None = None) -> None:
         self.vms = vms
+        self.options = list(options or [])
         self.log_file = log_file
         self.admin_socket = admin_socket
         self.doorbell_dir = doorbell_dir
@@ -85,6 +88,7 @@ class DaemonProcess(Managed):
             argv.append("--test-hooks")
         if self.roce:
             argv.append("--roce")
+        argv += self.options
         for vm in self.vms:
             argv += ["--socket-path", f"{vm.name}={vm.socket_path}"]
             if vm.mac is not None:

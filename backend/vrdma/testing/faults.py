@@ -13,6 +13,7 @@ no body), "bad-status".
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from vrdma.daemon.admin import AdminCommand, Served
@@ -67,7 +68,7 @@ def inject(device: RdmaDevice, fault: str) -> None:
     device.response_filter = ResponseSpoiler(device, fault)
 
 
-def _inject_command(request: dict[str, Any], devices: dict[str, Served]) -> dict[str, Any]:
+def _inject_command(request: dict[str, Any], devices: Mapping[str, Served]) -> dict[str, Any]:
     vm, fault = request.get("vm"), request.get("fault")
     if not isinstance(vm, str) or vm not in devices:
         return {"ok": False, "error": f"unknown VM {vm!r}"}
