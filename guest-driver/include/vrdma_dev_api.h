@@ -32,11 +32,14 @@
 #define VRDMA_NUM_QUEUES 3
 
 /*
- * Doorbell region (ivshmem-plain BAR2): page 0 is the header, page 1 the first of the kernel's (the queues of
+ * Doorbell region: the device's VIRTIO shared memory region VRDMA_SHM_DOORBELL (QEMU's vhost-user-rdma-pci: BAR 2,
+ * the backend maps it over vhost-user), or, with the generic vhost-user-device-pci, an ivshmem-plain device's BAR 2
+ * paired by the header's pairing identifier. Page 0 is the header, page 1 the first of the kernel's (the queues of
  * context 0, the guest kernel's own consumers; mapped into the kernel only), then the user contexts' pages. Every
  * context starts with one page and is given more as its queues fill them; a page stays with its context until the
  * context goes (so no process ever maps a page that another context's queues use).
  */
+#define VRDMA_SHM_DOORBELL 0      /* the region's VIRTIO shared memory region id (vhost-user-rdma-pci: BAR 2) */
 #define VRDMA_DOORBELL_MAGIC 0x4c4c4542524f4456
 #define VRDMA_DOORBELL_PAGE_SIZE 4096
 #define VRDMA_KERNEL_DOORBELL_PAGE 1

@@ -61,7 +61,9 @@ struct vrdma_dev {
 	u8 mac[6];
 
 	/* The paired ivshmem device holding the doorbell region (BAR2). */
-	struct pci_dev *db_pdev;
+	struct pci_dev *db_pdev;	/* the ivshmem device of the region, or NULL (the device's shared memory) */
+	u64 db_shm_size;		/* the region's bytes, when it is the device's shared memory region */
+	phys_addr_t db_phys;		/* the region's guest-physical address: user mappings of its pages */
 	void __iomem *db_header;
 	void __iomem *db_region;	/* the whole region: the kernel's queues' slots are in pages the device names */
 	struct xarray kqps;		/* the kernel's QPs by QPN: what a kernel CQE names (irq-safe lock) */

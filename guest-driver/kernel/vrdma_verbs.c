@@ -169,7 +169,7 @@ int vrdma_uctx_db_offset(struct vrdma_ucontext *uc, u32 index, u64 *offset)
 	entry = kzalloc(sizeof(*entry), GFP_KERNEL);
 	if (!entry)
 		return -ENOMEM;
-	entry->address = pci_resource_start(dev->db_pdev, 2) + (phys_addr_t)page * PAGE_SIZE;
+	entry->address = dev->db_phys + (phys_addr_t)page * PAGE_SIZE;
 	ret = rdma_user_mmap_entry_insert(&uc->ibuc, &entry->rdma_entry, PAGE_SIZE);
 	if (ret) {
 		kfree(entry);

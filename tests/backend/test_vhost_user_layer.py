@@ -16,6 +16,7 @@ from vrdma.vhost_user.connection import (
     VIRTIO_F_VERSION_1,
     CloseCause,
     MemoryRegion,
+    SharedMemoryMap,
     State,
     VhostUserConnection,
 )
@@ -55,6 +56,9 @@ class FakeModel:
 
     def memory_changed(self, device: VhostUserConnection) -> None:
         self.memory = device.memory_regions()
+
+    def shared_memory(self) -> list[SharedMemoryMap]:
+        return []
 
     def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.disconnect_reason = reason

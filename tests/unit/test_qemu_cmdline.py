@@ -71,3 +71,21 @@ def test_kernel_command_line_carries_the_guest_parameters() -> None:
     assert "console=ttyS0" in line and "panic=-1" in line
     assert "vrdma_guest.name=vm1" in line and "vrdma_guest.addr=169.254.100.2/24" in line
     assert line.endswith("extra=1")
+
+
+def test_the_vrdma_device_is_one_named_device_or_the_generic_pair() -> None:
+    """The default: `vhost-user-rdma-pci` on the backend's socket, nothing else; the generic form for QEMUs without
+    it: the generic vhost-user device with ID 42 and the doorbell file as an ivshmem device."""
+    products = {"qemu": {"firmware_dirs": ["/q", "/b"]}, "kernel": {"vmlinuz_path": "/k"},
+                "image": {"initrd_path": "/i"}}
+    fields = qemu_cmdline.standard_fields(GuestIdentity(0), **products, accel="tcg", memory_mib=512,
+                                          directory=Path("/run/vm0"), link_remote="/run/vm1/link.sock")
+    fields.update(console="fd=3", qmp="fd=4", agent="fd=5")
+    base = qemu_cmdline.render_guest(fields, with_device=False)
+    named = qemu_cmdline.render_guest(fields, with_device=True)[len(base):]
+    assert named == ["-chardev", "socket,id=vrdma,path=/run/vm0/vrdma.sock,reconnect-ms=1000",
+                     "-device", "vhost-user-rdma-pci,id=vrdma0,chardev=vrdma"]
+    generic = qemu_cmdline.render_guest(fields, with_device=True, device="generic")[len(base):]
+    assert "vhost-user-device-pci,id=vrdma0,chardev=vrdma,virtio-id=42,num_vqs=3,config_size=96" in generic
+    assert "memory-backend-file,id=vrdma-doorbell,mem-path=/run/backend/vm0.doorbell,size=4194304,share=on" \
+        in generic

@@ -36,7 +36,7 @@ from vrdma.engine.native import Engine
 from vrdma.errors import VrdmaError
 from vrdma.faultguard import FaultGuard
 from vrdma.loop import EventLoop
-from vrdma.vhost_user.connection import CloseCause, State, VhostUserConnection
+from vrdma.vhost_user.connection import CloseCause, SharedMemoryMap, State, VhostUserConnection
 
 if TYPE_CHECKING:
     from vrdma.daemon.metrics import MetricsEndpoint, Snapshot
@@ -89,7 +89,8 @@ class VmEndpoint:
         if guard is not None:
             self.doorbell_guard = guard.owner(f"{self.name} doorbell region", self._doorbell_fault)
             self.doorbell_guard.guard_ranges([(self.doorbell.address, self.doorbell.size)])
-        self.transport = VirtioRdmaTransport(self.rdma)
+        self.transport = VirtioRdmaTransport(self.rdma, SharedMemoryMap(
+            abi.const("VRDMA_SHM_DOORBELL"), self.doorbell.fd, self.doorbell.size))
         if self.listener is not None:
             loop.add_reader(self.listener.fileno(), self._accept)
             log.info("%s: listening on %s (doorbell region %s, %s, pairing id %#018x)", self.name,
@@ -170,6 +171,7 @@ class VmEndpoint:
                                "features": conn.negotiated_features if conn is not None else None,
                                "protocol_features": conn.negotiated_protocol_features if conn is not None else None,
                                "config_reads": conn.config_reads if conn is not None else 0,
+                               "shared_memory_maps": conn.shared_memory_maps if conn is not None else 0,
                                "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
                                "device_resets": self.transport.device_resets}}
 

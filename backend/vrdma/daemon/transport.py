@@ -14,7 +14,7 @@ from vrdma.device.constants import EventType
 from vrdma.device.device import RdmaDevice
 from vrdma.device.status import ResponseTooSmall
 from vrdma.vhost_user import protocol
-from vrdma.vhost_user.connection import Element, VhostUserConnection
+from vrdma.vhost_user.connection import Element, SharedMemoryMap, VhostUserConnection
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,12 @@ class VirtioRdmaTransport:
 
     num_queues = abi.const("VRDMA_NUM_QUEUES")
 
-    def __init__(self, rdma: RdmaDevice) -> None:
+    def __init__(self, rdma: RdmaDevice, doorbell: SharedMemoryMap | None = None) -> None:
+        """``doorbell``: the VM's doorbell region, mapped into the device's shared memory region
+        VRDMA_SHM_DOORBELL of a frontend that has one (QEMU's vhost-user-rdma-pci; the generic
+        vhost-user-device-pci instead maps the same file as an ivshmem device)."""
         self.rdma = rdma
+        self.doorbell = doorbell
         self.device: VhostUserConnection | None = None
         self.started: set[int] = set()
         self.device_resets = 0  # every queue stopped while connected: the driver reset the device
@@ -69,7 +73,11 @@ class VirtioRdmaTransport:
 
     def protocol_features(self) -> int:
         return (protocol.ProtocolFeature.MQ | protocol.ProtocolFeature.REPLY_ACK | protocol.ProtocolFeature.CONFIG
-                | protocol.ProtocolFeature.CONFIGURE_MEM_SLOTS)
+                | protocol.ProtocolFeature.CONFIGURE_MEM_SLOTS | protocol.ProtocolFeature.BACKEND_REQ
+                | protocol.ProtocolFeature.BACKEND_SEND_FD | protocol.ProtocolFeature.SHMEM)
+
+    def shared_memory(self) -> list[SharedMemoryMap]:
+        return [self.doorbell] if self.doorbell is not None else []
 
     def features_negotiated(self, features: int) -> None:
         pass

@@ -25,7 +25,8 @@ class Cluster(Managed):
     def __init__(self, count: int, directory: Path, *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, detach: bool = False, products: Products | None = None,
                  append_extra: dict[int, str] | None = None, with_device: bool = True,
-                 test_hooks: bool = False) -> None:
+                 test_hooks: bool = False, device: str = "rdma") -> None:
+        """``device``: how QEMU gives each guest its vrdma device (qemu_cmdline.DEVICE_TEMPLATES)."""
         if count < 1:
             raise ValueError(f"a cluster needs at least one guest, not {count}")
         self.count = count
@@ -38,6 +39,7 @@ class Cluster(Managed):
         self.append_extra = append_extra or {}
         self.with_device = with_device
         self.test_hooks = test_hooks
+        self.device = device
         self.vms: list[Vm] = []
         self.hub: subprocess.Popen[bytes] | None = None
         self.backend: DaemonProcess | None = None
@@ -79,7 +81,7 @@ class Cluster(Managed):
                                link_remote=self.link_paths(ident.index), memory_mib=self.memory_mib,
                                boot_timeout=self.boot_timeout, detach=self.detach,
                                append_extra=self.append_extra.get(ident.index, ""),
-                               with_device=self.with_device))
+                               with_device=self.with_device, device=self.device))
         for vm in self.vms:
             vm.launch()  # from this thread: QEMU's parent-death signal follows the launching thread
         with concurrent.futures.ThreadPoolExecutor(len(self.vms)) as pool:
@@ -89,10 +91,11 @@ class Cluster(Managed):
         if first is not None:
             raise first
 
-    def add(self, index: int) -> Vm:
+    def add(self, index: int, device: str | None = None) -> Vm:
         """Boot one more guest while the others run: the running backend is asked to serve its device first
         (vm-add, as an operator's hook does before QEMU starts), then its QEMU starts. It has a network link of its
-        own that reaches no other guest (the cluster's links were made at start)."""
+        own that reaches no other guest (the cluster's links were made at start). ``device``: how QEMU gives it its
+        vrdma device (default: as the cluster's guests)."""
         if self.backend is None:
             raise ValueError("guests are added to a cluster with the vrdma device (and so a backend)")
         products = self.products or Products.load()
@@ -107,7 +110,7 @@ class Cluster(Managed):
             raise VrdmaError(f"the backend refused to serve {ident.name}: {reply.get('error')}")
         vm = Vm(ident, directory, accel=self.accel, products=products,
                 link_remote=str(directory / "unlinked.sock"), memory_mib=self.memory_mib,
-                boot_timeout=self.boot_timeout, detach=self.detach)
+                boot_timeout=self.boot_timeout, detach=self.detach, device=device or self.device)
         self.vms.append(vm)
         vm.launch()
         vm.wait_ready()

@@ -19,7 +19,10 @@ from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.errors import VrdmaError
 
 TEMPLATE_NAME = "guest.args"
-DEVICE_TEMPLATE_NAME = "vrdma-device.args"  # appended for guests with a vrdma device
+# Appended for guests with a vrdma device: the named device (the default), or the generic vhost-user device with
+# an ivshmem device for the doorbell region (how a QEMU without vhost-user-rdma-pci gives it).
+DEVICE_TEMPLATES = {"rdma": "vrdma-device.args", "generic": "vrdma-device-generic.args"}
+DEVICE_TEMPLATE_NAME = DEVICE_TEMPLATES["rdma"]
 LINK_NET = "169.254.100"  # the guests' private link: vm0 is .1, vm1 is .2, ...
 LINK_PREFIX = 24
 DOORBELL_SIZE = DEFAULT_LIMITS.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
@@ -100,11 +103,12 @@ def render(fields: Mapping[str, str], template: Path | None = None) -> list[str]
             for arg in ((option,) if value is None else (option, value))]
 
 
-def render_guest(fields: Mapping[str, str], with_device: bool) -> list[str]:
-    """A guest's arguments: guest.args, then vrdma-device.args when it has a vrdma device."""
+def render_guest(fields: Mapping[str, str], with_device: bool, device: str = "rdma") -> list[str]:
+    """A guest's arguments: guest.args, then its vrdma device's template (``device``: a key of DEVICE_TEMPLATES)
+    when it has one."""
     argv = render(fields)
     if with_device:
-        argv += render(fields, paths.qemu_configs_dir() / DEVICE_TEMPLATE_NAME)
+        argv += render(fields, paths.qemu_configs_dir() / DEVICE_TEMPLATES[device])
     return argv
 
 

@@ -77,9 +77,13 @@ class Vm(Managed):
     def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
                  products: Products, link_remote: str, memory_mib: int = 1024, boot_timeout: float = 120.0,
                  detach: bool = False, append_extra: str = "", with_device: bool = True, tap: str | None = None,
-                 wrapper: list[str] | None = None) -> None:
+                 wrapper: list[str] | None = None, device: str = "rdma") -> None:
         """``tap``: the guest's netdev is this tap device instead of the private link; ``wrapper``: the command QEMU
-        runs under (a host of vrdma.harness.hosts: its network namespace, where the tap is)."""
+        runs under (a host of vrdma.harness.hosts: its network namespace, where the tap is); ``device``: how QEMU
+        gives the vrdma device (qemu_cmdline.DEVICE_TEMPLATES: the named device, or the generic one)."""
+        if device not in qemu_cmdline.DEVICE_TEMPLATES:
+            raise ValueError(f"device {device!r}: one of {', '.join(qemu_cmdline.DEVICE_TEMPLATES)}")
+        self.device = device
         self.identity = identity
         self.tap = tap
         self.wrapper = wrapper or []
@@ -143,7 +147,7 @@ class Vm(Managed):
                 link_remote=self.link_remote, append_extra=self.append_extra, tap=self.tap)
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
             self.cmdline = [*self.wrapper, str(self.products.qemu["binary_path"]),
-                            *qemu_cmdline.render_guest(fields, self.with_device)]
+                            *qemu_cmdline.render_guest(fields, self.with_device, self.device)]
             log.debug("%s: %s", self.name, " ".join(self.cmdline))
             with self.qemu_log.open("wb") as qemu_out:
                 self._popen = subprocess.Popen(

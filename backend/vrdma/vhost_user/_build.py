@@ -75,6 +75,8 @@ struct VuDev {
 bool vrdma_vu_init(VrdmaVu *vu, uint16_t max_queues, int sock, void *handle, const VuDevIface *iface);
 int vrdma_vu_dispatch(VrdmaVu *vu, uint32_t request, uint32_t flags, const uint8_t *payload, uint32_t size,
                       const int *fds, int nfds);
+int vrdma_vu_shmem_map(VrdmaVu *vu, uint8_t shmid, uint64_t fd_offset, uint64_t shm_offset, uint64_t len,
+                       uint64_t flags, int fd);
 void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data);
 size_t vrdma_payload_size(void);
 int vrdma_max_fds(void);

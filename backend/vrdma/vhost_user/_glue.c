@@ -51,6 +51,17 @@ int vrdma_vu_dispatch(VrdmaVu *vu, uint32_t request, uint32_t flags, const uint8
     return vu_dispatch(&vu->dev) ? 0 : -1;
 }
 
+/*
+ * Ask the frontend to map `len` bytes of `fd` (from `fd_offset`) into the device's shared memory region `shmid` at
+ * `shm_offset` (VHOST_USER_BACKEND_SHMEM_MAP, no reply asked: see vu_shmem_map). Returns 0 when sent, -1 when the
+ * protocol features or the backend channel it needs are missing.
+ */
+int vrdma_vu_shmem_map(VrdmaVu *vu, uint8_t shmid, uint64_t fd_offset, uint64_t shm_offset, uint64_t len,
+                       uint64_t flags, int fd)
+{
+    return vu_shmem_map(&vu->dev, shmid, fd_offset, shm_offset, len, flags, fd) ? 0 : -1;
+}
+
 /* Call a watch callback that libvhost-user registered through set_watch. */
 void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data)
 {

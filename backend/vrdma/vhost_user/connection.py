@@ -39,6 +39,20 @@ MEMORY_TABLE_REQUESTS = frozenset({protocol.Request.SET_MEM_TABLE, protocol.Requ
 
 
 @dataclass(frozen=True)
+class SharedMemoryMap:
+    """A range of a file the device maps into one of its VIRTIO shared memory regions (shmid) in the guest: sent
+    to the frontend (VHOST_USER_BACKEND_SHMEM_MAP) once it has given the backend channel. The fd stays the
+    model's."""
+
+    shmid: int
+    fd: int
+    length: int
+    fd_offset: int = 0
+    shm_offset: int = 0
+    writable: bool = True
+
+
+@dataclass(frozen=True)
 class MemoryRegion:
     """One region of the guest's memory table: guest-physical start and size, and its address in this process
     (``mapping``: the whole mmap behind it, from its page-aligned start, for the fault guard)."""
@@ -62,6 +76,7 @@ class DeviceModel(Protocol):
     def protocol_features(self) -> int: ...
     def features_negotiated(self, features: int) -> None: ...
     def config_space(self) -> bytes: ...
+    def shared_memory(self) -> list[SharedMemoryMap]: ...
     def queue_started(self, device: VhostUserConnection, index: int, started: bool) -> None: ...
     def queue_kicked(self, device: VhostUserConnection, index: int) -> None: ...
     def memory_changed(self, device: VhostUserConnection) -> None: ...
@@ -112,6 +127,7 @@ class VhostUserConnection:
         self.state = State.CONNECTED
         self.broken_reason = ""
         self.config_reads = 0
+        self.shared_memory_maps = 0  # VHOST_USER_BACKEND_SHMEM_MAP requests sent
         self.negotiated_features: int | None = None           # what SET_FEATURES negotiated (None: not yet)
         self.negotiated_protocol_features: int | None = None  # what SET_PROTOCOL_FEATURES negotiated
         self.sock.setblocking(False)
@@ -196,6 +212,8 @@ class VhostUserConnection:
             self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}",
                        CloseCause.PROTOCOL_ERROR)
             return
+        if message.request == protocol.Request.SET_BACKEND_REQ_FD:
+            self._map_shared_memory()
         if message.request in MEMORY_TABLE_REQUESTS:
             try:
                 if self._guard is not None:
@@ -204,6 +222,25 @@ class VhostUserConnection:
             except Exception as err:  # the model's failure ends this VM's connection, never the process
                 log.exception("%s: the device model failed on the new memory table", self.name)
                 self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
+
+    def _map_shared_memory(self) -> None:
+        """The backend channel is up: map what the model shares (a frontend without shared memory regions, e.g.
+        the generic vhost-user-device, refuses and says so in its log; the model's memory stays reachable the
+        way it was before, e.g. a doorbell file the frontend maps by path)."""
+        features = self.negotiated_protocol_features or 0
+        needed = protocol.ProtocolFeature.SHMEM | protocol.ProtocolFeature.BACKEND_SEND_FD
+        if features & needed != needed:
+            return
+        for region in self.model.shared_memory():
+            flags = protocol.SHMEM_MAP_RW if region.writable else 0
+            if lib.vrdma_vu_shmem_map(self._vu, region.shmid, region.fd_offset, region.shm_offset, region.length,
+                                      flags, region.fd) != 0:
+                log.warning("%s: could not ask the frontend to map shared memory region %d", self.name,
+                            region.shmid)
+                continue
+            self.shared_memory_maps += 1
+            log.info("%s: shared memory region %d: %d bytes mapped (fd %d)", self.name, region.shmid,
+                     region.length, region.fd)
 
     @property
     def offered_protocol_features(self) -> int:

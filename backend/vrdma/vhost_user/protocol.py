@@ -40,6 +40,7 @@ MAX_PAYLOAD = 272           # sizeof(VhostUserMsg.payload) in libvhost-user (che
 MAX_CONFIG_SIZE = 256       # VHOST_USER_MAX_CONFIG_SIZE
 VRING_IDX_MASK = 0xFF
 VRING_NOFD = 0x1 << 8
+SHMEM_MAP_RW = 0x1       # VHOST_USER_FLAG_MAP_RW: a writable shared memory mapping
 
 
 class ProtocolFeature(enum.IntFlag):
@@ -48,12 +49,15 @@ class ProtocolFeature(enum.IntFlag):
     REPLY_ACK = 1 << 3
     BACKEND_REQ = 1 << 5
     CONFIG = 1 << 9
+    BACKEND_SEND_FD = 1 << 10
     CONFIGURE_MEM_SLOTS = 1 << 15
+    SHMEM = 1 << 20              # VHOST_USER_BACKEND_SHMEM_MAP (docs/qemu.md)
 
 
 # What the message table below implements; a device may offer less, never more.
 SUPPORTED_PROTOCOL_FEATURES = (ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG
-                               | ProtocolFeature.CONFIGURE_MEM_SLOTS)
+                               | ProtocolFeature.CONFIGURE_MEM_SLOTS | ProtocolFeature.BACKEND_REQ
+                               | ProtocolFeature.BACKEND_SEND_FD | ProtocolFeature.SHMEM)
 
 
 class Request(enum.IntEnum):
@@ -300,6 +304,7 @@ RULES: dict[Request, tuple[SizeRule, FdRule]] = {
     Request.GET_PROTOCOL_FEATURES: (_fixed(0), _no_fds),
     Request.SET_PROTOCOL_FEATURES: (_fixed(U64.size), _no_fds),
     Request.GET_QUEUE_NUM: (_fixed(0), _no_fds),
+    Request.SET_BACKEND_REQ_FD: (_fixed(0), _one_fd),
     Request.SET_VRING_ENABLE: (_fixed(VRING_STATE.size), _vring_state_fds),
     Request.GET_CONFIG: (_config_size, _no_fds),
     Request.SET_CONFIG: (_config_size, _no_fds),
