@@ -27,8 +27,9 @@ timed = TIMEFORMAT='[make] $(1): %1R s'; time
 # module toolchain, the image tools, the firmware QEMU loads at run time (-L /usr/share/qemu, seabios), and
 # clang with libFuzzer and the sanitizer runtimes (llvm-symbolizer for their reports) for the fuzzers, iproute2
 # for the harness's hosts (network namespaces) and iperf3 for the bench's UDP reference between them, and
-# systemd for systemd-analyze, which checks the backend's unit (the host need not run systemd as its init).
-APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev systemd \
+# systemd for systemd-analyze, which checks the backend's unit (the host need not run systemd as its init), and
+# libvirt-clients and libxml2-utils (xmllint) for virt-xml-validate, which checks packaging/libvirt's domain.
+APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev systemd libvirt-clients libxml2-utils \
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data \
 	cmake libnl-3-dev libnl-route-3-dev \

@@ -131,6 +131,12 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_libvirt_hook(args: argparse.Namespace) -> int:
+    from vrdma import libvirt_hook
+
+    return libvirt_hook.run(list(args.hook_args), sys.stdin.read(), Path(args.admin_socket))
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from vrdma import bench
 
@@ -222,6 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("fault", choices=["wrong-opcode", "wrong-seq", "short-response", "bad-status",
                                           "doorbell-page-out-of-range"])
     admin.set_defaults(func=_cmd_admin)
+
+    hook = sub.add_parser(
+        "libvirt-hook", help="libvirt's QEMU hook: add a domain's vrdma device to the backend before QEMU starts, "
+                             "remove it after (install packaging/libvirt/qemu-hook as /etc/libvirt/hooks/qemu)")
+    hook.add_argument("--admin-socket", default=DEFAULT_ADMIN_SOCKET, metavar="PATH",
+                      help=f"the backend's admin socket (default {DEFAULT_ADMIN_SOCKET})")
+    hook.add_argument("hook_args", nargs="+", metavar="ARG",
+                      help="what libvirt passes: GUEST OPERATION SUB-OPERATION EXTRA (the domain XML on stdin)")
+    hook.set_defaults(func=_cmd_libvirt_hook)
 
     bench = sub.add_parser("bench", help="run the benchmarks; results go to build/bench/results.json")
     bench.add_argument("--iterations", type=_positive_int, default=5000,  # vrdma.bench.methods.CONTROL_ITERATIONS

@@ -18,7 +18,7 @@ PACKAGING = ROOT / "packaging"
 
 def tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} is missing: `make deps` installs it (Debian package systemd)"
+    assert path, f"{name} is missing: `make deps` installs it (Debian packages systemd, libvirt-clients)"
     return path
 
 
@@ -73,3 +73,15 @@ def test_the_example_configuration_loads() -> None:
     loaded = config.load(PACKAGING / "backend.toml")
     assert loaded.admin_socket == Path(config.DEFAULT_ADMIN_SOCKET)
     assert loaded.metrics == "127.0.0.1:9717" and not loaded.roce and loaded.vms == []
+
+
+def test_the_libvirt_domain_validates() -> None:
+    """packaging/libvirt/vrdma-guest.xml against libvirt's own schema (virt-xml-validate)."""
+    domain = PACKAGING / "libvirt" / "vrdma-guest.xml"
+    result = subprocess.run([tool("virt-xml-validate"), str(domain), "domain"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0 and "validates" in result.stdout + result.stderr, result
+    broken = domain.read_text().replace("<memoryBacking>", "<memoryBacking><nonsense/>")
+    result = subprocess.run([tool("virt-xml-validate"), "-", "domain"], input=broken, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode != 0, "the validator accepts anything: the check above proves nothing"
