@@ -23,9 +23,15 @@ log = logging.getLogger("vrdma")
 def _cmd_build(args: argparse.Namespace) -> int:
     from vrdma.buildchain import driver, image, kernel, provider, qemu
 
-    builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "kernel": kernel.build, "image": image.build,
-                                                 "driver": driver.build, "provider": provider.build}
-    builders[args.product]()
+    builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "provider": provider.build}
+    per_kernel: dict[str, Callable[[str], object]] = {"kernel": kernel.build, "driver": driver.build,
+                                                      "image": image.build}
+    if args.product in builders:
+        builders[args.product]()
+        return 0
+    names = {"all": list(kernel.GUEST_KERNELS), "default": [kernel.DEFAULT_KERNEL]}.get(args.kernel, [args.kernel])
+    for name in names:
+        per_kernel[args.product](name)
     return 0
 
 
@@ -158,8 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from vrdma.buildchain.kernel import GUEST_KERNELS
+
     build = sub.add_parser("build", help="build one product of the build chain (make does this for you)")
     build.add_argument("product", choices=["qemu", "kernel", "driver", "provider", "image"])
+    build.add_argument("--kernel", choices=["default", "all", *GUEST_KERNELS], default="default",
+                       help="for kernel, driver and image: the guest kernel to build for (docs/build-chain.md): "
+                            "default (the one guests boot unless told otherwise), all, or one by name")
     build.set_defaults(func=_cmd_build)
 
     accel_help = "accelerator: auto (KVM when it can boot a guest, else TCG), kvm or tcg"

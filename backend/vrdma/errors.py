@@ -19,4 +19,6 @@ class MissingProductError(VrdmaError):
 
     def __init__(self, product: str, detail: str) -> None:
         self.product = product
-        super().__init__(f"missing build product '{product}': {detail}; run `make {product}` to build it")
+        kind, _, kernel = product.partition("/")  # per guest kernel: image/trixie
+        make = f"make {kind} GUEST_KERNELS={kernel}" if kernel else f"make {kind}"
+        super().__init__(f"missing build product '{product}': {detail}; run `{make}` to build it")

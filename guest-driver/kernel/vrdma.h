@@ -13,6 +13,7 @@
 
 #include <rdma/vrdma-abi.h>
 #include "vrdma_dev_api.h"
+#include "vrdma_compat.h"
 
 #define VRDMA_CMD_TIMEOUT_MS 5000
 #define VRDMA_EVENT_BUFFERS 16

@@ -29,8 +29,8 @@ static_assert(IB_WC_SUCCESS == VRDMA_WC_SUCCESS && IB_WC_WR_FLUSH_ERR == VRDMA_W
 static_assert(IB_WC_RECV == VRDMA_WC_OP_RECV && IB_WC_RECV_RDMA_WITH_IMM == VRDMA_WC_OP_RECV_RDMA_WITH_IMM &&
 	      IB_WC_FETCH_ADD == VRDMA_WC_OP_FETCH_ADD && IB_WC_WITH_IMM == VRDMA_WC_WITH_IMM &&
 	      IB_WC_GRH == VRDMA_WC_GRH && IB_WC_LOCAL_INV == VRDMA_WC_OP_LOCAL_INV &&
-	      IB_WC_REG_MR == VRDMA_WC_OP_REG_MR && IB_WC_WITH_INVALIDATE == VRDMA_WC_WITH_INV &&
-	      IB_WC_MW_BIND_ERR == VRDMA_WC_MW_BIND_ERR, "completion opcodes and flags are the IB values");
+	      IB_WC_WITH_INVALIDATE == VRDMA_WC_WITH_INV && IB_WC_MW_BIND_ERR == VRDMA_WC_MW_BIND_ERR,
+	      "completion opcodes and flags are the IB values, but for REG_MR (vrdma_wc_opcode)");
 static_assert(RDMA_NETWORK_ROCE_V1 == VRDMA_NETWORK_ROCE_V1 && RDMA_NETWORK_IPV4 == VRDMA_NETWORK_IPV4 &&
 	      RDMA_NETWORK_IPV6 == VRDMA_NETWORK_IPV6, "network header types are the kernel's");
 
@@ -76,13 +76,22 @@ static struct ib_qp *vrdma_kqp_by_qpn(struct vrdma_dev *dev, u32 qpn)
 	return qp ? &qp->ibqp : NULL;
 }
 
+/*
+ * The device's completion opcodes are fixed by its ABI; the kernel's enum ib_wc_opcode is not (6.2 put
+ * IB_WC_ATOMIC_WRITE ahead of IB_WC_REG_MR). Every other value is asserted equal above.
+ */
+static enum ib_wc_opcode vrdma_wc_opcode(u8 opcode)
+{
+	return opcode == VRDMA_WC_OP_REG_MR ? IB_WC_REG_MR : opcode;
+}
+
 static void vrdma_kcq_wc(struct vrdma_dev *dev, const struct vrdma_cqe *cqe, struct ib_wc *wc)
 {
 	memset(wc, 0, sizeof(*wc));
 	wc->wr_id = le64_to_cpu(cqe->wr_id);
 	wc->status = cqe->status;
 	wc->vendor_err = cqe->status;
-	wc->opcode = cqe->opcode;
+	wc->opcode = vrdma_wc_opcode(cqe->opcode);
 	wc->byte_len = le32_to_cpu(cqe->byte_len);
 	if (cqe->wc_flags & VRDMA_WC_WITH_INV)
 		wc->ex.invalidate_rkey = le32_to_cpu(cqe->imm_data);  /* the key the sender invalidated here */

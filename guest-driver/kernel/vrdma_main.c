@@ -165,8 +165,11 @@ static int vrdma_query(struct vrdma_dev *dev)
 
 static int vrdma_probe(struct virtio_device *vdev)
 {
-	static const char * const names[] = { "control", "event", "wake" };
-	vq_callback_t *callbacks[] = { vrdma_cmd_vq_done, vrdma_event_done, NULL };
+	struct virtqueue_info vqs_info[VRDMA_NUM_QUEUES] = {
+		[VRDMA_QUEUE_CONTROL] = { .name = "control", .callback = vrdma_cmd_vq_done },
+		[VRDMA_QUEUE_EVENT] = { .name = "event", .callback = vrdma_event_done },
+		[VRDMA_QUEUE_WAKE] = { .name = "wake" },
+	};
 	struct virtqueue *vqs[VRDMA_NUM_QUEUES];
 	struct vrdma_dev *dev;
 	int i, ret;
@@ -200,7 +203,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	ret = vrdma_doorbell_pair(dev);
 	if (ret)
 		goto err_events;
-	ret = virtio_find_vqs(vdev, VRDMA_NUM_QUEUES, vqs, callbacks, names, NULL);
+	ret = vrdma_find_vqs(vdev, VRDMA_NUM_QUEUES, vqs, vqs_info);
 	if (ret)
 		goto err_doorbell;
 	dev->ctrl_vq = vqs[VRDMA_QUEUE_CONTROL];

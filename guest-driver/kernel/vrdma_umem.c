@@ -95,7 +95,7 @@ int vrdma_pbl_build(struct ib_umem *umem, struct vrdma_pbl *pbl)
 		unsigned int off;
 
 		for (off = 0; off < sg->length && n < npages; off += PAGE_SIZE, n++)
-			vrdma_pbl_set(pbl, n, nth_page(sg_page(sg), off >> PAGE_SHIFT));
+			vrdma_pbl_set(pbl, n, vrdma_sg_page(sg, off >> PAGE_SHIFT));
 	}
 	if (n != npages) {
 		vrdma_pbl_free(pbl);
@@ -155,7 +155,7 @@ int vrdma_udata_in(struct ib_udata *udata, void *ucmd, size_t ucmd_len, size_t u
 int vrdma_pin(struct vrdma_dev *dev, u64 addr, u64 size, int access, struct vrdma_buf *buf,
 	      struct vrdma_pbl *pbl)
 {
-	struct ib_umem *umem = ib_umem_get(&dev->ib_dev, addr, size, access);
+	struct ib_umem *umem = vrdma_umem_get(&dev->ib_dev, addr, size, access);
 	int ret;
 
 	if (IS_ERR(umem))

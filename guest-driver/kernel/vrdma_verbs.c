@@ -20,7 +20,8 @@ static int vrdma_query_device(struct ib_device *ibdev, struct ib_device_attr *at
 	struct vrdma_dev *dev = to_vdev(ibdev);
 	const struct vrdma_resp_query_device *a = &dev->attr;
 
-	if (udata->inlen || udata->outlen)
+	/* the core asks with no udata at registration (7.x), a user with an empty one */
+	if (udata && (udata->inlen || udata->outlen))
 		return -EINVAL;
 	memset(attr, 0, sizeof(*attr));
 	attr->fw_ver = le64_to_cpu(a->fw_ver);
@@ -355,13 +356,13 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.alloc_xrcd = vrdma_alloc_xrcd,
 	.create_ah = vrdma_create_ah,
-	.create_cq = vrdma_create_cq,
+	.create_cq = vrdma_ib_create_cq,
 	.create_qp = vrdma_create_qp,
 	.create_srq = vrdma_create_srq,
 	.counter_alloc_stats = vrdma_counter_alloc_stats,
-	.counter_bind_qp = vrdma_counter_bind_qp,
+	.counter_bind_qp = vrdma_ib_counter_bind_qp,
 	.counter_dealloc = vrdma_counter_dealloc,
-	.counter_unbind_qp = vrdma_counter_unbind_qp,
+	.counter_unbind_qp = vrdma_ib_counter_unbind_qp,
 	.counter_update_stats = vrdma_counter_update_stats,
 	.create_user_ah = vrdma_create_ah,
 	.dealloc_mw = vrdma_dealloc_mw,
@@ -394,7 +395,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
-	.reg_user_mr = vrdma_reg_user_mr,
+	.reg_user_mr = vrdma_ib_reg_user_mr,
 	.rereg_user_mr = vrdma_rereg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 

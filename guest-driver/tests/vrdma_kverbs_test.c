@@ -545,6 +545,39 @@ static void kv_teardown(struct kv_test *t)
 	kvfree(t->recv_buf);
 }
 
+/*
+ * The device named by the module parameter, held (ib_device_put() releases it). Found as every kernel consumer
+ * finds devices, through an ib_client, whose add callback the core calls for each registered device;
+ * ib_device_get_by_name() left the kernel's public headers in 7.x.
+ */
+static struct ib_device *kv_found;
+
+static int kv_client_add(struct ib_device *ibdev)
+{
+	if (!kv_found && !strcmp(dev_name(&ibdev->dev), device) && ib_device_try_get(ibdev))
+		kv_found = ibdev;
+	return 0;
+}
+
+static void kv_client_remove(struct ib_device *ibdev, void *client_data)
+{
+}
+
+static struct ib_client kv_client = {
+	.name = "vrdma_kverbs_test",
+	.add = kv_client_add,
+	.remove = kv_client_remove,
+};
+
+static struct ib_device *kv_device_get(void)
+{
+	kv_found = NULL;
+	if (ib_register_client(&kv_client))
+		return NULL;
+	ib_unregister_client(&kv_client);
+	return kv_found;
+}
+
 static int __init kv_init(void)
 {
 	struct kv_test *t;
@@ -559,7 +592,7 @@ static int __init kv_init(void)
 		return -ENOMEM;
 	init_completion(&t->event);
 	init_completion(&t->limit_event);
-	t->ibdev = ib_device_get_by_name(device, RDMA_DRIVER_UNKNOWN);
+	t->ibdev = kv_device_get();
 	if (!t->ibdev) {
 		pr_err("vrdma_kverbs_test: no RDMA device %s\n", device);
 		kfree(t);

@@ -26,12 +26,15 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 # The guest's userland suite. Trixie, not the host's bookworm: the provider must be compiled in the source tree
 # of the guest's own rdma-core, and Debian's mirror no longer has bookworm's rdma-core 44 upstream tarball
-# (docs/guest-driver.md). The guest kernel stays bookworm's (its headers build with the host's gcc-12).
+# (docs/guest-driver.md). The guest kernels are several (buildchain.kernel.GUEST_KERNELS).
 GUEST_SUITE = "trixie"
 
 
 class PrivateArchive:
-    """apt with a private sources list for one Debian suite (with its -updates and -security suites).
+    """apt with a private sources list for one Debian suite (with its -updates, -backports and -security suites).
+
+    apt gives -backports a low priority: nothing comes from it unless asked by name (``release=``), as the
+    newest guest kernel is (buildchain.kernel).
 
     Binary and source entries both: the guest image's packages come from here (through mmdebstrap, given
     ``binary_sources``), and so do the sources built against them (QEMU, rdma-core).
@@ -72,16 +75,26 @@ class PrivateArchive:
         if not DEBIAN_KEYRING.exists():
             raise BuildError(f"{DEBIAN_KEYRING} is missing: install debian-archive-keyring (`make deps`)")
         signed = f"[signed-by={DEBIAN_KEYRING}]"
-        entries = [f"{signed} {self.mirror} {self.suite} {self.suite}-updates main",
+        # One suite per line: a second word after the suite would be read as a component.
+        entries = [*(f"{signed} {self.mirror} {suite} main"
+                     for suite in (self.suite, f"{self.suite}-updates", f"{self.suite}-backports")),
                    f"{signed} {self.security_mirror} {self.suite}-security main"]
         self.binary_sources.write_text("".join(f"deb {e}\n" for e in entries))
         (r / "sources.list").write_text("".join(f"{kind} {e}\n" for kind in ("deb", "deb-src") for e in entries))
         run(["apt-get", *self._options(), "update"])
 
-    def candidates(self, packages: list[str]) -> dict[str, Candidate]:
-        """What this suite would install for the named binary packages."""
-        return _parse_candidates(capture(["apt-cache", *self._options(), "show", "--no-all-versions",
+    def candidates(self, packages: list[str], release: str | None = None) -> dict[str, Candidate]:
+        """What this suite would install for the named binary packages (from ``release``, e.g. the backports
+        suite, first when given)."""
+        target = ["-o", f"APT::Default-Release={release}"] if release else []
+        return _parse_candidates(capture(["apt-cache", *self._options(), *target, "show", "--no-all-versions",
                                           *packages]), packages)
+
+    def download(self, packages: dict[str, str], dest: Path) -> list[Path]:
+        """Download the named binary packages, each at the given version, into ``dest``."""
+        dest.mkdir(parents=True, exist_ok=True)
+        run(["apt-get", *self._options(), "download", *(f"{p}={v}" for p, v in packages.items())], cwd=dest)
+        return sorted(dest.glob("*.deb"))
 
     def source_version(self, package: str) -> str:
         return max(self._source_stanzas(package), key=_DebVersionKey)

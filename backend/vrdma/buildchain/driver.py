@@ -1,5 +1,5 @@
-"""`make driver`: vrdma.ko and the kernel test modules built against the guest kernel's Debian headers, with W=1
-and no warning allowed.
+"""`make driver`: vrdma.ko and the kernel test modules built against each guest kernel's Debian headers (in its
+build root, with its release's compiler: buildchain.kernel), with W=1 and no warning allowed.
 
 The sources (guest-driver/kernel, guest-driver/tests and the headers in guest-driver/include) are copied into the
 product directory and built there, so the checkout stays free of build output. guest-driver/tests holds kernel
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from vrdma import paths
-from vrdma.buildchain.cache import CachedProduct, capture, product, record_product, run, step
+from vrdma.buildchain import kernel
+from vrdma.buildchain.cache import CachedProduct, step
 from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -42,31 +43,28 @@ def sources_digest(subdirs: tuple[str, ...] = SOURCE_DIRS) -> str:
     return digest.hexdigest()[:16]
 
 
-def build() -> dict[str, Any]:
-    kernel = product("kernel")
-    cached = CachedProduct("driver", {"kernel": kernel["version"], "release": kernel["release"],
+def build(kernel_name: str = kernel.DEFAULT_KERNEL) -> dict[str, Any]:
+    target = kernel.kernel_product("kernel", kernel_name)
+    cached = CachedProduct("driver", {"kernel": target["version"], "release": target["release"],
                                       "sources": sources_digest(), "recipe": RECIPE_VERSION})
     if not cached.complete:
-        with cached.building() as scratch, step("building vrdma.ko and its test modules against the guest kernel "
-                                                "headers (W=1)"):
+        with cached.building() as scratch, step(f"building vrdma.ko and its test modules against {kernel_name}'s "
+                                                f"kernel headers, {target['release']} (W=1)"):
             for sub in SOURCE_DIRS:
                 shutil.copytree(source_root() / sub, scratch / sub)
             for sub in MODULE_DIRS:
                 build_log = scratch / f"build-{sub}.log"
-                run(["make", "-C", kernel["headers_dir"], f"M={scratch / sub}", "W=1", "modules"],
-                    log_file=build_log)
+                kernel.kbuild(target, scratch, sub, build_log, "W=1")
                 warnings = [line for line in build_log.read_text().splitlines() if re.search(r"\bwarning:", line)]
                 if warnings:
-                    raise BuildError(f"guest-driver/{sub} must build without warnings (W=1):\n" +
-                                     "\n".join(warnings[:20]))
+                    raise BuildError(f"guest-driver/{sub} must build without warnings (W=1) for "
+                                     f"{target['release']}:\n" + "\n".join(warnings[:20]))
             for module in (scratch / "kernel" / "vrdma.ko",
                            *(scratch / "tests" / f"{name}.ko" for name in TEST_MODULES)):
-                vermagic = capture(["modinfo", "-F", "vermagic", module]).split()
-                if not vermagic or vermagic[0] != kernel["release"]:
-                    raise BuildError(f"{module.name} was built for {vermagic[:1]}, not {kernel['release']}")
+                kernel.check_vermagic(module, target["release"])
     info = {"module_path": str(cached.path / "kernel" / "vrdma.ko"),
             "test_modules": [str(cached.path / "tests" / f"{name}.ko") for name in TEST_MODULES],
-            "release": kernel["release"], "key": cached.key}
-    record_product("driver", info)
-    log.info("vrdma.ko for %s: %s", kernel["release"], info["module_path"])
+            "release": target["release"], "key": cached.key}
+    kernel.record_kernel_product("driver", kernel_name, info)
+    log.info("vrdma.ko for %s: %s", target["release"], info["module_path"])
     return info

@@ -13,11 +13,12 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vrdma.buildchain import apt
-from vrdma.buildchain.cache import CachedProduct, content_key, file_digest, product, record_product, run, step
+from vrdma.buildchain import apt, kernel
+from vrdma.buildchain.cache import CachedProduct, content_key, file_digest, product, run, step
 from vrdma.buildchain.provider import rdma_core_source
 from vrdma.errors import BuildError
 
@@ -50,13 +51,13 @@ PACKAGES = [
 # iSER).
 MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
            "ib_core", "ib_uverbs", "ib_umad", "rdma_ucm", "rdma_rxe",
-           "crc32_generic",  # rxe asks the crypto API for "crc32" by name: no modules.dep edge
            "nvme_rdma", "nvmet_rdma", "nvme_tcp", "nvmet_tcp",
            "nfsd", "nfsv4", "rpcrdma",  # NFS over RDMA, server and client
-           "ib_isert", "ib_iser", "sd_mod",  # iSER, target and initiator, and the disk its LUN becomes
-           "crc32c_generic",  # iSCSI asks the crypto API for "crc32c" by name at every login
-           # t10-pi asks the crypto API for these by name, too
-           "crc64_rocksoft_generic", "crct10dif_generic"]
+           "ib_isert", "ib_iser", "sd_mod"]  # iSER, target and initiator, and the disk its LUN becomes
+# Modules no modules.dep edge leads to, because their users ask the crypto API for an algorithm by name: rxe for
+# "crc32", iSCSI for "crc32c" at every login, t10-pi for the last two. Shipped where a kernel builds them as modules;
+# newer kernels (7.x) compute these checksums with library calls instead and have none of them.
+BY_NAME_MODULES = ["crc32_generic", "crc32c_generic", "crc64_rocksoft_generic", "crct10dif_generic"]
 # Paths dropped from the unpacked packages: documentation and data nothing in the guest reads, and what packages
 # drag in that the image never runs: systemd and udev (open-iscsi depends on udev, udev on systemd; the image boots
 # busybox init and loads modules itself, and iscsid needs only libsystemd.so), perl (debconf's), glibc's charset
@@ -72,9 +73,38 @@ KEEP = ["usr/share/doc/rdma-core/tests"]
 GUEST_FILES = Path(__file__).with_name("guest")
 
 
-def build() -> dict[str, Any]:
-    kernel = product("kernel")
-    driver = product("driver")
+def build(kernel_name: str = kernel.DEFAULT_KERNEL) -> dict[str, Any]:
+    """The image of one guest kernel: the root filesystem every kernel shares, then that kernel's modules, two
+    cpio archives one after the other (the kernel unpacks each archive of a concatenation in turn)."""
+    target = kernel.kernel_product("kernel", kernel_name)
+    driver = kernel.kernel_product("driver", kernel_name)
+    rootfs = _rootfs()
+    cached = CachedProduct("image", {"rootfs": rootfs.key, "kernel": target["version"],
+                                     "release": target["release"], "modules": MODULES, "by_name": BY_NAME_MODULES,
+                                     "driver": driver["key"], "recipe": file_digest(Path(__file__))})
+    if cached.complete:
+        log.info("guest image for %s is cached in %s", kernel_name, cached.path)
+    else:
+        with cached.building() as scratch, step(f"adding {kernel_name}'s kernel modules, {target['release']}"):
+            root = scratch / "modules"
+            _add_modules(root, Path(target["modules_dir"]), target["release"],
+                         [Path(driver["module_path"]), *map(Path, driver["test_modules"])])
+            _pack_cpio(root, scratch / "modules.cpio")
+            shutil.rmtree(root)
+            with (scratch / "initrd.cpio").open("wb") as out:
+                for part in (rootfs.path / "rootfs.cpio", scratch / "modules.cpio"):
+                    with part.open("rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+            (scratch / "modules.cpio").unlink()
+    initrd = cached.path / "initrd.cpio"
+    info = {"initrd_path": str(initrd), "kernel_release": target["release"],
+            "size_mib": round(initrd.stat().st_size / 2**20, 1)}
+    kernel.record_kernel_product("image", kernel_name, info)
+    return info
+
+
+def _rootfs() -> CachedProduct:
+    """The guest's root filesystem without kernel modules, packed: the same for every guest kernel."""
     provider = product("provider")
     archive = apt.PrivateArchive.for_suite(SUITE)
     with step(f"resolving the guest packages in Debian {SUITE}"):
@@ -86,24 +116,17 @@ def build() -> dict[str, Any]:
                          f"{rdma_core}: run `make provider` (or `make image`, which does)")
     recipe = {name: file_digest(GUEST_FILES / name) for name in sorted(os.listdir(GUEST_FILES))}
     recipe["image.py"] = file_digest(Path(__file__))
-    cached = CachedProduct("image", {"packages": versions, "kernel": kernel["version"],
-                                     "release": kernel["release"], "modules": MODULES,
-                                     "excludes": EXCLUDES, "keep": KEEP, "recipe": content_key(recipe),
-                                     "driver": driver["key"], "provider": provider["key"]})
+    cached = CachedProduct("rootfs", {"packages": versions, "excludes": EXCLUDES, "keep": KEEP,
+                                      "recipe": content_key(recipe), "provider": provider["key"]})
     if cached.complete:
-        log.info("guest image is cached in %s", cached.path)
+        log.info("guest root filesystem is cached in %s", cached.path)
     else:
         with cached.building() as scratch:
-            _build_into(scratch, archive, kernel, driver, provider)
-    initrd = cached.path / "initrd.cpio"
-    info = {"initrd_path": str(initrd), "kernel_release": kernel["release"],
-            "size_mib": round(initrd.stat().st_size / 2**20, 1)}
-    record_product("image", info)
-    return info
+            _build_rootfs(scratch, archive, provider)
+    return cached
 
 
-def _build_into(out: Path, archive: apt.PrivateArchive, kernel: dict[str, Any], driver: dict[str, Any],
-                provider: dict[str, Any]) -> None:
+def _build_rootfs(out: Path, archive: apt.PrivateArchive, provider: dict[str, Any]) -> None:
     tarball = out / "rootfs.tar"
     with step(f"unpacking {len(PACKAGES)} Debian {SUITE} packages and their dependencies (mmdebstrap)"):
         run(["mmdebstrap", "--variant=extract", "--include=" + ",".join(PACKAGES), "--format=tar",
@@ -115,13 +138,11 @@ def _build_into(out: Path, archive: apt.PrivateArchive, kernel: dict[str, Any], 
         run(["tar", "-C", root, "-xf", tarball, *(f"./{k}" for k in KEEP)])
         tarball.unlink()
         _add_base_files(root)
-        _add_modules(root, Path(kernel["modules_dir"]), kernel["release"],
-                     [Path(driver["module_path"]), *map(Path, driver["test_modules"])])
         _add_provider(root, provider)
         run(["ldconfig", "-r", root])
         _compile_python(root)
     with step("packing the initramfs"):
-        _pack_cpio(root, out / "initrd.cpio")
+        _pack_cpio(root, out / "rootfs.cpio")
         shutil.rmtree(root)
 
 
@@ -160,20 +181,26 @@ def _add_base_files(root: Path) -> None:
             target.symlink_to("/bin/busybox")
 
 
-def module_closure(modules_dir: Path, wanted: list[str]) -> list[str]:
-    """Relative paths of the wanted modules and everything they depend on, per modules.dep."""
+def _module_name(path: str) -> str:
+    return Path(path).name.split(".ko")[0].replace("-", "_")
+
+
+def module_closure(modules_dir: Path, wanted: list[str], optional: Sequence[str] = ()) -> list[str]:
+    """Relative paths of the wanted modules and everything they depend on, per modules.dep. A wanted module built
+    into the kernel (modules.builtin) needs nothing; an optional one the kernel lacks is left out."""
     deps: dict[str, list[str]] = {}
     by_name: dict[str, str] = {}
     for line in (modules_dir / "modules.dep").read_text().splitlines():
         path, _, rest = line.partition(":")
         deps[path] = rest.split()
-        name = Path(path).name.split(".ko")[0].replace("-", "_")
-        by_name[name] = path
-    missing = [m for m in wanted if m not in by_name]
+        by_name[_module_name(path)] = path
+    builtin_list = modules_dir / "modules.builtin"
+    builtin = {_module_name(p) for p in builtin_list.read_text().split()} if builtin_list.exists() else set()
+    missing = [m for m in wanted if m not in by_name and m not in builtin]
     if missing:
         raise BuildError(f"kernel modules not found in {modules_dir}: {', '.join(missing)}")
     closure: set[str] = set()
-    pending = [by_name[m] for m in wanted]
+    pending = [by_name[m] for m in [*wanted, *optional] if m in by_name]
     while pending:
         path = pending.pop()
         if path not in closure:
@@ -183,20 +210,25 @@ def module_closure(modules_dir: Path, wanted: list[str]) -> list[str]:
 
 
 def _add_modules(root: Path, modules_dir: Path, release: str, own_modules: list[Path]) -> None:
-    dest = root / "lib" / "modules" / release
+    """The modules the guest loads, in a tree of their own (``root``) packed after the root filesystem."""
+    dest = root / "usr" / "lib" / "modules" / release
     dest.mkdir(parents=True)
     (dest / "extra").mkdir()
     for module in own_modules:  # the project's driver and its tests, found by modprobe after depmod
         # without their debug information (vrdma.ko is 6.7 MiB with it, a tenth without): `make driver`'s
         # products keep it for whoever debugs them
         run(["strip", "--strip-debug", "-o", dest / "extra" / module.name, module])
-    for rel in module_closure(modules_dir, MODULES):
+    for rel in module_closure(modules_dir, MODULES, BY_NAME_MODULES):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(modules_dir / rel, dest / rel)
     for meta in ("modules.builtin", "modules.builtin.modinfo", "modules.order"):
         if (modules_dir / meta).exists():
             shutil.copy2(modules_dir / meta, dest / meta)
+    # The host's depmod looks under <root>/lib/modules; in the guest /lib is a link to usr/lib, which the archive
+    # must not carry (unpacked over the root filesystem, a directory or link of another type replaces what is there).
+    (root / "lib").symlink_to("usr/lib")
     run(["depmod", "-b", root, release])
+    (root / "lib").unlink()
 
 
 def _add_provider(root: Path, provider: dict[str, Any]) -> None:
@@ -229,3 +261,26 @@ def _pack_cpio(root: Path, dest: Path) -> None:
                               stdout=out, stderr=subprocess.PIPE, check=False)
     if proc.returncode != 0:
         raise BuildError(f"cpio failed: {proc.stderr.decode(errors='replace')}")
+
+
+def cpio_members(path: Path) -> list[str]:
+    """The member names of an initramfs made of one or more concatenated newc archives (cpio -t reads only the
+    first), in order."""
+    names: list[str] = []
+    data = path.read_bytes()
+    offset = 0
+    while offset + 110 <= len(data):
+        if data[offset:offset + 4] == b"\0\0\0\0":  # padding between archives
+            offset += 4
+            continue
+        header = data[offset:offset + 110]
+        if header[:6] != b"070701":
+            raise BuildError(f"{path}: no newc header at offset {offset}")
+        file_size, name_size = int(header[54:62], 16), int(header[94:102], 16)
+        name_start = offset + 110
+        name = data[name_start:name_start + name_size - 1].decode()
+        offset = (name_start + name_size + 3) & ~3
+        offset = (offset + file_size + 3) & ~3
+        if name != "TRAILER!!!":
+            names.append(name)
+    return names

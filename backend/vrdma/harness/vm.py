@@ -65,10 +65,14 @@ class Products:
     image: Mapping[str, Any]
 
     @classmethod
-    def load(cls) -> Products:
+    def load(cls, kernel: str | None = None) -> Products:
+        """The products of guests booting ``kernel`` (a name of buildchain.kernel.GUEST_KERNELS; None: the default
+        guest kernel)."""
         from vrdma.buildchain.cache import product
+        from vrdma.buildchain.kernel import kernel_product
 
-        return cls(qemu=product("qemu"), kernel=product("kernel"), image=product("image"))
+        return cls(qemu=product("qemu"), kernel=kernel_product("kernel", kernel),
+                   image=kernel_product("image", kernel))
 
 
 class Vm(Managed):
