@@ -40,6 +40,7 @@ KNOWN_LIMITS = [
     r"Multicast is not supported on this device",             # no multicast groups (ibv_attach_mcast)
     r"Extended QP is not supported on this device",           # no IBV_QP_EX_WITH_ATOMIC_WRITE (nor FLUSH)
     r"Create mr with IBV_ACCESS_FLUSH_GLOBAL access flag is not supported in kernel",  # FLUSH: Linux 6.2+
+    r"Create custom mr with additional access flags 258 is not supported",  # ... which vrdma.ko refuses there
     r"To Create RAW QP must be done by root on Ethernet link layer",
 ]
 SUMMARY = re.compile(r"^Ran (\d+) tests? in [\d.]+s\n\n(OK|FAILED)(?: \((.*)\))?$", flags=re.M)

@@ -9,18 +9,17 @@ version.
 A kernel's modules are built with its own release's compiler. Bookworm's kernel is the host's own release: its
 headers are unpacked and used with the host's gcc-12. A newer release's headers need that release's compiler
 (trixie's want gcc-14) and their kbuild tools link against its libc, so those kernels come with a build root: a
-chroot of their release (mmdebstrap) with the headers installed, in which ``kbuild()`` runs make.
+chroot of their release (buildchain.buildroot) with the headers installed, in which ``kbuild()`` runs make.
 """
 
 from __future__ import annotations
 
 import logging
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vrdma.buildchain import apt
+from vrdma.buildchain import apt, buildroot
 from vrdma.buildchain.cache import CachedProduct, capture, product, record_product, run, step
 from vrdma.errors import BuildError
 
@@ -34,8 +33,6 @@ RECIPE_VERSION = 3
 # headers name gcc-14-for-host, which does not bring the plain `as` gcc runs), and perl, whose
 # full library kernel-doc needs (W=1 runs it on every source file).
 BUILD_ROOT_PACKAGES = ["make", "perl", "binutils"]
-# Where a build root sees the directory being built (a bind mount in a private mount namespace).
-BUILD_ROOT_MOUNT = "/mnt/vrdma-build"
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ GUEST_KERNELS = {k.name: k for k in (
     GuestKernel("trixie-backports", "trixie", "trixie-backports", "the newest kernel Debian carries"),
 )}
 # The kernel the guest image boots unless a test asks for another.
-DEFAULT_KERNEL = "bookworm"
+DEFAULT_KERNEL = "trixie"
 
 
 def guest_kernel(name: str) -> GuestKernel:
@@ -174,10 +171,8 @@ def _build_into(scratch: Path, kernel: GuestKernel, archive: apt.PrivateArchive 
     if archive:
         with step(f"making a {archive.suite} build root with the kernel's headers and compiler (mmdebstrap)"):
             # The headers' own version: the exact kernel, whichever suite of the archive holds it.
-            includes = [*BUILD_ROOT_PACKAGES, f"{header_pkgs[0]}={version}"]
-            run(["mmdebstrap", "--variant=essential", "--include=" + ",".join(includes), archive.suite,
-                 scratch / "build-root", archive.binary_sources], log_file=scratch / "logs" / "mmdebstrap.log")
-            (scratch / "build-root" / BUILD_ROOT_MOUNT.lstrip("/")).mkdir(parents=True)
+            buildroot.make(archive, [*BUILD_ROOT_PACKAGES, f"{header_pkgs[0]}={version}"], scratch / "build-root",
+                           scratch / "logs" / "mmdebstrap.log")
         info["build_root_dir"] = str(scratch / "build-root")
         info["headers_dir"] = str(scratch / "build-root" / "usr" / "src" / f"linux-headers-{release}")
     else:
@@ -191,18 +186,14 @@ def _build_into(scratch: Path, kernel: GuestKernel, archive: apt.PrivateArchive 
 def kbuild(kernel: dict[str, Any], tree: Path, module_dir: str, log_file: Path, *extra: str) -> None:
     """``make -C <headers> M=<tree>/<module_dir> <extra> modules`` for the kernel product ``kernel``: on the
     host, or in the kernel's build root, which sees ``tree`` (the module's directory and the ones its Kbuild
-    includes from) through a bind mount in a mount namespace of its own (the mount never shows on the host; /proc
-    is mounted there for objtool)."""
+    includes from) through buildroot.run_in's bind mount."""
     build_root = kernel.get("build_root_dir")
     if not build_root:
         run(["make", "-C", kernel["headers_dir"], f"M={tree / module_dir}", *extra, "modules"], log_file=log_file)
         return
     headers = "/" + str(Path(kernel["headers_dir"]).relative_to(build_root))
-    make = shlex.join(["make", "-C", headers, f"M={BUILD_ROOT_MOUNT}/{module_dir}", *extra, "modules"])
-    script = (f'mount -t proc proc "$1/proc" && mount --bind "$2" "$1{BUILD_ROOT_MOUNT}" && '
-              f'exec chroot "$1" {make}')
-    run(["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script, "kbuild", build_root,
-         tree], log_file=log_file)
+    buildroot.run_in(Path(build_root), tree, ["make", "-C", headers, f"M={buildroot.MOUNT}/{module_dir}", *extra,
+                                              "modules"], log_file)
 
 
 def _relocate_headers(headers: Path) -> None:
