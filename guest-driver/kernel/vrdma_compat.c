@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+// SPDX-License-Identifier: GPL-2.0-only
 /*
  * The adapters vrdma_compat.h declares: the running kernel's signatures on one side, the driver's own functions,
  * written once, on the other.

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/* SPDX-License-Identifier: GPL-2.0-only */
 /*
  * The kernel interfaces vrdma.ko meets differently on the guest kernels it supports, from Debian 12's 6.1 to the
  * newest kernel Debian carries (docs/guest-driver.md lists the ones every test run builds and boots). Every kernel
