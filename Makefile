@@ -27,15 +27,18 @@ timed = TIMEFORMAT='[make] $(1): %1R s'; time
 # module toolchain, the image tools, the firmware QEMU loads at run time (-L /usr/share/qemu, seabios), and
 # clang with libFuzzer and the sanitizer runtimes (llvm-symbolizer for their reports) for the fuzzers, iproute2
 # for the harness's hosts (network namespaces) and iperf3 for the bench's UDP reference between them, and
-# systemd for systemd-analyze, which checks the backend's unit (the host need not run systemd as its init), and
-# libvirt-clients and libxml2-utils (xmllint) for virt-xml-validate, which checks packaging/libvirt's domain.
+# systemd for systemd-analyze, which checks the backend's unit (the host need not run systemd as its init),
+# libvirt-clients and libxml2-utils (xmllint) for virt-xml-validate, which checks packaging/libvirt's domain, lintian
+# for the packages (debhelper and the rest of their tools are in each release's build root, not on the host), and
+# e2fsprogs for the full Debian guest's disk (mke2fs -d).
 APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev systemd libvirt-clients libxml2-utils \
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data \
 	cmake libnl-3-dev libnl-route-3-dev \
-	clang-14 libclang-rt-14-dev llvm-14 iproute2 iperf3
+	clang-14 libclang-rt-14-dev llvm-14 iproute2 iperf3 lintian e2fsprogs
 
-.PHONY: all deps apt-deps venv qemu kernel driver provider image backend bench demo test lint fuzz clean distclean
+.PHONY: all deps apt-deps venv qemu kernel driver provider image backend bench demo test lint fuzz clean distclean \
+	packages debian-guest test-debian-guest
 
 all: image qemu backend
 
@@ -105,6 +108,20 @@ fuzz: image qemu backend
 
 test: image qemu backend lint
 	@$(call timed,pytest) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The Debian packages (docs/packaging.md): vrdma-dkms and vrdma-backend for bookworm and trixie, libvrdma for trixie,
+# each built with debhelper in a build root of its release and checked with lintian; copied to build/packages/.
+packages: qemu provider
+	@$(call timed,packages) $(VRDMA) build packages
+
+# A full Debian trixie guest (systemd, apt, Debian's kernel and headers) for the packages to be installed in.
+debian-guest: deps
+	@$(call timed,debian-guest) $(VRDMA) build debian-guest
+
+# The slow tier CI runs after `make test`: the packages installed with apt in two full Debian guests, DKMS, a
+# reboot, RDMA programs between them, and the backend's service under systemd (tests/vm/test_vm_debian_guest.py).
+test-debian-guest: packages debian-guest image qemu backend
+	@$(call timed,pytest-debian-guest) $(VENV)/bin/python -m pytest -m debian_guest $(PYTEST_ARGS)
 
 # ruff, mypy, import-linter's contracts, and the project's own rules (python -m vrdma.lint: files of at most 650
 # lines, no opcode literal outside the wire opcode table, the engine's C layers; it compiles the engine's files).

@@ -47,8 +47,8 @@ class BuildPyWithAbiHeader(build_py):
 
 editable = any(arg.startswith(("editable_wheel", "develop")) for arg in sys.argv)
 use_cffi = not editable and not os.environ.get("VRDMA_NO_CFFI_BUILD")
-modules = (["backend/vrdma/engine/_build.py:make_ffi", "backend/vrdma/testing/_loadgen_build.py:make_ffi"]
-           if use_cffi else [])
+modules = (["backend/vrdma/engine/_build.py:make_ffi", "backend/vrdma/faultguard/_build.py:make_ffi",
+            "backend/vrdma/testing/_loadgen_build.py:make_ffi"] if use_cffi else [])
 if use_cffi and _libvhost_user_available():
     modules.append("backend/vrdma/vhost_user/_build.py:make_ffi")
 setup(cffi_modules=modules,

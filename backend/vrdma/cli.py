@@ -21,9 +21,11 @@ log = logging.getLogger("vrdma")
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from vrdma.buildchain import driver, image, kernel, provider, qemu
+    from vrdma.buildchain import debian_guest, driver, image, kernel, packages, provider, qemu
 
-    builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "provider": provider.build}
+    builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "provider": provider.build,
+                                                 "debian-guest": debian_guest.build,
+                                                 "packages": lambda: packages.build(args.release)}
     per_kernel: dict[str, Callable[[str], object]] = {"kernel": kernel.build, "driver": driver.build,
                                                       "image": image.build}
     if args.product in builders:
@@ -164,13 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from vrdma.buildchain.kernel import GUEST_KERNELS
-
+    try:
+        from vrdma.buildchain.kernel import GUEST_KERNELS
+    except ModuleNotFoundError:  # the vrdma-backend package, whose `vrdma build` says what it needs
+        GUEST_KERNELS = {}
     build = sub.add_parser("build", help="build one product of the build chain (make does this for you)")
-    build.add_argument("product", choices=["qemu", "kernel", "driver", "provider", "image"])
+    build.add_argument("product", choices=["qemu", "kernel", "driver", "provider", "image", "packages",
+                                           "debian-guest"])
     build.add_argument("--kernel", choices=["default", "all", *GUEST_KERNELS], default="default",
                        help="for kernel, driver and image: the guest kernel to build for (docs/build-chain.md): "
                             "default (the one guests boot unless told otherwise), all, or one by name")
+    build.add_argument("--release", choices=["all", "bookworm", "trixie"], default="all",
+                       help="for packages: the Debian release to build them for (docs/packaging.md), or all")
     build.set_defaults(func=_cmd_build)
 
     accel_help = "accelerator: auto (KVM when it can boot a guest, else TCG), kvm or tcg"
@@ -292,6 +299,10 @@ def unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+# Parts of the package that only a checkout has (docs/packaging.md: vrdma-backend leaves them out).
+CHECKOUT_ONLY = ("vrdma.buildchain", "vrdma.harness", "vrdma.bench")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `vrdma ... | head` ends quietly
     unwind_on_sigterm()
@@ -320,6 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.func(args)
     except VrdmaError as err:
         log.error("%s", err)
+        return 1
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith(CHECKOUT_ONLY):
+            raise
+        # The vrdma-backend package ships the backend and its administration, not the build chain and harness.
+        log.error("`vrdma %s` works from a checkout of vrdma (with `make`), not from the vrdma-backend package: "
+                  "it needs %s", next((a for a in argv if not a.startswith("-")), ""), err.name)
         return 1
     except KeyboardInterrupt:
         log.error("interrupted")

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,30 @@ def test_the_libvirt_domain_validates() -> None:
     result = subprocess.run([tool("virt-xml-validate"), "-", "domain"], input=broken, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode != 0, "the validator accepts anything: the check above proves nothing"
+
+
+def _dkms_conf() -> dict[str, str]:
+    text = (ROOT / "guest-driver" / "dkms.conf").read_text()
+    return dict(re.findall(r'^([A-Z_\[\]0-9]+)="(.*)"$', text, flags=re.M))
+
+
+def test_dkms_conf_names_the_projects_version_and_builds_on_kernel_upgrades() -> None:
+    """vrdma-dkms installs the module's source as /usr/src/vrdma-<version>: dkms.conf, the package (its changelog)
+    and the Python project must agree on that version."""
+    conf = _dkms_conf()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    changelog = (ROOT / "packaging" / "debian" / "changelog").read_text().split("\n", 1)[0]
+    assert conf["PACKAGE_NAME"] == "vrdma" and conf["PACKAGE_VERSION"] == project
+    assert changelog.startswith(f"vrdma ({project}) ")
+    assert conf["AUTOINSTALL"] == "yes"  # built again for each kernel installed later
+    assert conf["BUILT_MODULE_NAME[0]"] == "vrdma" and conf["BUILT_MODULE_LOCATION[0]"] == "kernel/"
+
+
+def test_the_package_sources_are_complete() -> None:
+    """What debhelper needs in each source package (packages.py stages the rest: the unit, sysusers, dkms.conf)."""
+    for source in ("debian", "libvrdma/debian"):
+        directory = ROOT / "packaging" / source
+        for name in ("control", "rules", "changelog", "copyright", "source/format"):
+            assert (directory / name).is_file(), directory / name
+        assert (directory / "rules").stat().st_mode & 0o111, "debian/rules must be executable"
+    assert (ROOT / "packaging" / "systemd" / "vrdma-backend.service").is_file()

@@ -40,6 +40,7 @@ CMAKE_ARGS = [
     "-DENABLE_WERROR=1",      # the provider compiles without a warning under rdma-core's own flags
     "-DCMAKE_INSTALL_PREFIX=/usr",
     "-DCMAKE_INSTALL_LIBDIR=lib/x86_64-linux-gnu",
+    "-DCMAKE_SKIP_RPATH=ON",  # no RUNPATH to the build tree in the library (the guest finds libibverbs itself)
 ]
 
 

@@ -103,10 +103,15 @@ def render(fields: Mapping[str, str], template: Path | None = None) -> list[str]
             for arg in ((option,) if value is None else (option, value))]
 
 
+DISK_TEMPLATE_NAME = "guest-disk.args"
+
+
 def render_guest(fields: Mapping[str, str], with_device: bool, device: str = "rdma") -> list[str]:
-    """A guest's arguments: guest.args, then its vrdma device's template (``device``: a key of DEVICE_TEMPLATES)
-    when it has one."""
+    """A guest's arguments: guest.args, its root disk (guest-disk.args) when ``fields`` name one, then its vrdma
+    device's template (``device``: a key of DEVICE_TEMPLATES) when it has one."""
     argv = render(fields)
+    if "disk" in fields:
+        argv += render(fields, paths.qemu_configs_dir() / DISK_TEMPLATE_NAME)
     if with_device:
         argv += render(fields, paths.qemu_configs_dir() / DEVICE_TEMPLATES[device])
     return argv

@@ -63,6 +63,7 @@ class Products:
     qemu: Mapping[str, Any]
     kernel: Mapping[str, Any]
     image: Mapping[str, Any]
+    disk: Mapping[str, Any] | None = None  # a full Debian guest's root disk (buildchain.debian_guest)
 
     @classmethod
     def load(cls, kernel: str | None = None) -> Products:
@@ -73,6 +74,15 @@ class Products:
 
         return cls(qemu=product("qemu"), kernel=kernel_product("kernel", kernel),
                    image=kernel_product("image", kernel))
+
+    @classmethod
+    def debian_guest(cls) -> Products:
+        """The products of a full Debian guest: its own kernel and initramfs, booting its root disk."""
+        from vrdma.buildchain.cache import product
+
+        disk = product("debian-guest")
+        return cls(qemu=product("qemu"), kernel={"vmlinuz_path": disk["vmlinuz_path"], "release": disk["release"]},
+                   image={"initrd_path": disk["initrd_path"], "kernel_release": disk["release"]}, disk=disk)
 
 
 class Vm(Managed):
@@ -145,10 +155,14 @@ class Vm(Managed):
             (self.directory / stale).unlink(missing_ok=True)
         listeners = {role: _listen(self.directory / f"{role}.sock") for role in ("console", "qmp", "agent")}
         try:
+            disk = self.products.disk
+            append = " ".join(a for a in (disk["append"] if disk else "", self.append_extra) if a)
             fields = qemu_cmdline.standard_fields(
                 self.identity, qemu=self.products.qemu, kernel=self.products.kernel, image=self.products.image,
                 accel=self.accel, memory_mib=self.memory_mib, directory=self.directory,
-                link_remote=self.link_remote, append_extra=self.append_extra, tap=self.tap)
+                link_remote=self.link_remote, append_extra=append, tap=self.tap)
+            if disk:
+                fields["disk"] = str(disk["disk_path"])
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
             self.cmdline = [*self.wrapper, str(self.products.qemu["binary_path"]),
                             *qemu_cmdline.render_guest(fields, self.with_device, self.device)]
@@ -164,6 +178,17 @@ class Vm(Managed):
         self._launched_at = time.monotonic()
         self.process = psutil.Process(self._popen.pid)
         self._write_state()
+
+    def reboot(self) -> None:
+        """Reboot the guest from inside (``systemctl reboot``) and wait until it is ready again, in the same QEMU:
+        its disk's writes (snapshot=on) stay. For that one reset QEMU resets the machine instead of exiting
+        (-no-reboot's action, restored once the guest is back)."""
+        qmp = self.directory / "qmp.sock"
+        asyncio.run(_qmp_execute(qmp, "set-action", {"reboot": "reset"}))
+        self.agent.spawn(["systemctl", "reboot"])
+        self._launched_at = time.monotonic()
+        self.wait_ready()
+        asyncio.run(_qmp_execute(qmp, "set-action", {"reboot": "shutdown"}))
 
     def wait_ready(self) -> None:
         deadline = self._launched_at + self.boot_timeout
@@ -316,6 +341,19 @@ def _listen(path: Path) -> socket.socket:
     sock.listen(16)
     sock.set_inheritable(True)
     return sock
+
+
+async def _qmp_execute(path: Path, command: str, arguments: Mapping[str, object] | None = None,
+                       timeout: float = QUIT_TIMEOUT) -> object:
+    from qemu.qmp import QMPClient
+
+    client = QMPClient("vrdma-harness")
+    await asyncio.wait_for(client.connect(str(path)), timeout)
+    try:
+        return await asyncio.wait_for(client.execute(command, dict(arguments or {})), timeout)
+    finally:
+        with contextlib.suppress(Exception):
+            await client.disconnect()
 
 
 async def _qmp_quit(path: Path, timeout: float) -> None:

@@ -1,0 +1,142 @@
+"""A full Debian guest as a user has one (buildchain.debian_guest: trixie with systemd, apt, Debian's kernel and its
+headers), with the project's packages (`make packages`) installed by apt: DKMS builds vrdma.ko against the guest's
+own headers, and after a reboot (udev loads the module for the device) the first programs a user runs pass between
+two such guests (tests/guest_smoke.py). In one of them the backend's package runs as a systemd service: started by
+systemd on install (Type=notify, its own user, sandboxed), with a VM added and removed through its admin socket and
+a simulated frontend (the package's vrdma.testing.frontend) served.
+
+The slow tier: booting systemd and compiling vrdma.ko under TCG take minutes, so `make test` leaves this module to
+`make test-debian-guest`, which CI runs after it (docs/packaging.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import guest_smoke
+import pytest
+from polling import wait_until
+
+from vrdma.buildchain.cache import product
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.vm import Products, Vm
+
+pytestmark = [pytest.mark.vm, pytest.mark.debian_guest]
+
+PACKAGES = ("vrdma-dkms", "libvrdma", "vrdma-backend")
+INSTALL_TIMEOUT = 1500.0  # apt, then DKMS compiling vrdma.ko under TCG
+TEST_VM = "t0"  # the VM the service inside the guest is given
+FRONTEND = """
+import sys
+from vrdma.device import abi
+from vrdma.testing.frontend import Frontend
+with Frontend(sys.argv[1]) as fe:
+    fe.start()
+    request = abi.to_bytes(abi.new("vrdma_cmd_query_device",
+                                   hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE"), "seq": 1}))
+    response = abi.from_bytes("vrdma_resp_query_device", fe.command(request, abi.sizeof("vrdma_resp_query_device")))
+    print("max_qp", response.max_qp)
+"""
+
+
+@pytest.fixture(scope="module")
+def debs() -> dict[str, Path]:
+    """The trixie packages `make packages` made, by package name."""
+    built = product("packages/trixie")
+    found = {name.split("_")[0]: Path(built["packages_dir"]) / name for name in built["debs"]}
+    assert set(PACKAGES) <= set(found), found
+    return {name: found[name] for name in PACKAGES}
+
+
+def _install(vm: Vm, debs: dict[str, Path]) -> int:
+    """Copy the packages into the guest and start `apt-get install` of them; return its guest PID."""
+    vm.run(["mkdir", "-p", "/root/vrdma"]).check("mkdir")
+    for deb in debs.values():
+        vm.agent.run(["sh", "-c", f"cat > /root/vrdma/{deb.name}"], stdin=deb.read_bytes()).check(f"copy {deb.name}")
+    script = ("DEBIAN_FRONTEND=noninteractive apt-get install -y "
+              + " ".join(f"/root/vrdma/{deb.name}" for deb in debs.values()))
+    return vm.agent.spawn(["sh", "-c", script])
+
+
+@pytest.fixture(scope="module")
+def debian_guests(debs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two full Debian guests with the packages installed (both at once: each compiles vrdma.ko on its vCPU),
+    then rebooted."""
+    with Cluster(2, tmp_path_factory.mktemp("debian-guests"), products=Products.debian_guest(),
+                 boot_timeout=600.0) as cluster:
+        installs = {vm.name: _install(vm, debs) for vm in cluster}
+        for vm in cluster:
+            result = vm.agent.wait(installs[vm.name], ["apt-get", "install"], INSTALL_TIMEOUT)
+            result.check(f"apt-get install in {vm.name}")
+            (vm.directory / "apt-install.log").write_text(result.stdout + result.stderr)
+        for vm in cluster:
+            vm.reboot()
+        yield cluster
+
+
+def test_dkms_built_the_module_against_the_guests_own_headers(debian_guests: Cluster) -> None:
+    for vm in debian_guests:
+        release = vm.run(["uname", "-r"]).check("uname").stdout.strip()
+        status = vm.run(["dkms", "status", "vrdma"]).check("dkms status").stdout
+        assert re.search(rf"vrdma/0\.1\.0, {re.escape(release)}, x86_64: installed", status), status
+        where = vm.run(["modinfo", "-F", "filename", "vrdma"]).check("modinfo").stdout.strip()
+        assert where.startswith(f"/lib/modules/{release}/updates/dkms/vrdma.ko"), where
+        # udev loaded it at boot for the device (its alias virtio:d0000002Av*), before anyone asked.
+        assert re.search(r"^vrdma ", vm.run(["lsmod"]).check("lsmod").stdout, flags=re.M)
+        devices = vm.run(["ibv_devices"]).check("ibv_devices").stdout
+        assert guest_smoke.DEVICE in devices, devices
+
+
+def test_the_port_is_active(debian_guests: Cluster) -> None:
+    release = debian_guests[0].run(["uname", "-r"]).check("uname").stdout.strip()
+    guest_smoke.check_port_active(debian_guests, release)
+
+
+def test_rc_pingpong_checks_its_data(debian_guests: Cluster) -> None:
+    guest_smoke.check_rc_pingpong(debian_guests)
+
+
+def test_rping_verifies_every_ping(debian_guests: Cluster) -> None:
+    guest_smoke.check_rping(debian_guests)
+
+
+def test_nvmeof_writes_and_reads_back(debian_guests: Cluster) -> None:
+    guest_smoke.check_nvmeof(debian_guests)
+
+
+def _admin(vm: Vm, *args: str) -> str:
+    return vm.run(["vrdma", "admin", *args]).check("vrdma admin " + " ".join(args)).stdout
+
+
+def test_the_backend_service_runs_under_systemd_and_serves_a_vm_added_at_run_time(debian_guests: Cluster) -> None:
+    vm = debian_guests[0]
+    # Started by its package's postinst, then at boot: active once it has sent READY=1 (Type=notify).
+    wait_until("systemd to report the backend active",
+               lambda: vm.run(["systemctl", "is-active", "vrdma-backend"]).stdout.strip() in ("active", "failed"),
+               120)
+    assert vm.run(["systemctl", "is-active", "vrdma-backend"]).stdout.strip() == "active"
+    shown = vm.run(["systemctl", "show", "vrdma-backend", "-p", "Type,User,NRestarts,WatchdogUSec,StatusText"])
+    properties = dict(line.split("=", 1) for line in shown.check("systemctl show").stdout.splitlines() if "=" in line)
+    assert properties["Type"] == "notify" and properties["User"] == "vrdma", properties
+    assert properties["NRestarts"] == "0" and properties["WatchdogUSec"] == "30s", properties
+    assert "serving 0" in properties["StatusText"], properties  # sd_notify STATUS
+    pid = vm.run(["systemctl", "show", "vrdma-backend", "-p", "MainPID", "--value"]).check("MainPID").stdout.strip()
+    process = vm.run(["sh", "-c", f"stat -c %U /proc/{pid}; tr '\\0' ' ' < /proc/{pid}/cmdline"]).check("/proc")
+    owner, command = process.stdout.splitlines()
+    assert owner == "vrdma" and "vrdma-backend --config /etc/vrdma/backend.toml" in command, process.stdout
+
+    _admin(vm, "vm", "add", TEST_VM, "--socket-path", f"/run/vrdma/{TEST_VM}.sock", "--mac", "52:54:00:00:00:01")
+    listed = json.loads(_admin(vm, "vm", "--json", "list"))
+    assert [entry["name"] for entry in listed] == [TEST_VM], listed
+    served = vm.run(["python3", "-c", FRONTEND, f"/run/vrdma/{TEST_VM}.sock"]).check("the simulated frontend")
+    assert re.search(r"^max_qp [1-9]\d*$", served.stdout, flags=re.M), served.stdout
+    counters = json.loads(_admin(vm, "counters"))
+    assert counters[TEST_VM]["commands"] >= 1 and counters[TEST_VM]["command_errors"] == 0, counters
+    _admin(vm, "vm", "remove", TEST_VM)
+    assert json.loads(_admin(vm, "vm", "--json", "list")) == []
+    # Still the same process: nothing restarted it; its journal has what it said.
+    assert vm.run(["systemctl", "show", "vrdma-backend", "-p", "NRestarts"]).stdout.strip() == "NRestarts=0"
+    journal = vm.run(["journalctl", "-u", "vrdma-backend", "--no-pager"]).check("journalctl").stdout
+    assert f"vm {TEST_VM}" in journal or TEST_VM in journal, journal[-3000:]
