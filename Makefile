@@ -28,10 +28,13 @@ timed = TIMEFORMAT='[make] $(1): %1R s'; time
 # clang with libFuzzer and the sanitizer runtimes (llvm-symbolizer for their reports) for the fuzzers, iproute2
 # for the harness's hosts (network namespaces) and iperf3 for the bench's UDP reference between them, and
 # systemd for systemd-analyze, which checks the backend's unit (the host need not run systemd as its init),
-# libvirt-clients and libxml2-utils (xmllint) for virt-xml-validate, which checks packaging/libvirt's domain, lintian
+# libvirt-clients and libxml2-utils (xmllint) for virt-xml-validate, which checks packaging/libvirt's domain,
+# libvirt-daemon and its QEMU driver, whose libvirtd boots such a domain (tests/vm/test_vm_libvirt.py; only in a
+# mount namespace of the test's: the host's libvirt state stays untouched and no service is enabled), lintian
 # for the packages (debhelper and the rest of their tools are in each release's build root, not on the host), and
 # e2fsprogs for the full Debian guest's disk (mke2fs -d).
 APT_PACKAGES := ca-certificates debian-archive-keyring dpkg-dev patch make gcc-12 libc6-dev systemd libvirt-clients libxml2-utils \
+	libvirt-daemon libvirt-daemon-driver-qemu \
 	ninja-build pkgconf flex bison libglib2.0-dev libpixman-1-dev zlib1g-dev libfdt-dev \
 	mmdebstrap cpio kmod busybox-static seabios qemu-system-data \
 	cmake libnl-3-dev libnl-route-3-dev \
