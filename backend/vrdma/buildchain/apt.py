@@ -31,27 +31,33 @@ GUEST_SUITE = "trixie"
 
 
 class PrivateArchive:
-    """apt with a private sources list for one Debian suite (with its -updates, -backports and -security suites).
+    """apt with a private sources list for one Debian suite (with its -updates and -security suites, and with
+    ``backports`` its -backports suite too).
 
-    apt gives -backports a low priority: nothing comes from it unless asked by name (``release=``), as the
-    newest guest kernel is (buildchain.kernel).
+    Only the archive of the newest guest kernel (buildchain.kernel) has -backports: apt gives it a low priority, so
+    nothing comes from it unless asked by name (``release=``), but a source package's versions are listed from every
+    suite (``source_version`` would take QEMU from it), and the image, the provider and QEMU use the suite as
+    released.
 
     Binary and source entries both: the guest image's packages come from here (through mmdebstrap, given
     ``binary_sources``), and so do the sources built against them (QEMU, rdma-core).
     """
 
     def __init__(self, root: Path, suite: str, mirror: str = DEBIAN_MIRROR,
-                 security_mirror: str = DEBIAN_SECURITY_MIRROR) -> None:
+                 security_mirror: str = DEBIAN_SECURITY_MIRROR, backports: bool = False) -> None:
         self.root = root
         self.suite = suite
+        self.backports = backports
         self.mirror = mirror
         self.security_mirror = security_mirror
         self.binary_sources = root / "binary.list"
 
     @classmethod
-    def for_suite(cls, suite: str) -> PrivateArchive:
-        """The archive of ``suite`` kept under the cache directory (shared by every build that uses the suite)."""
-        return cls(paths.cache_dir() / "apt" / suite, suite)
+    def for_suite(cls, suite: str, backports: bool = False) -> PrivateArchive:
+        """The archive of ``suite`` kept under the cache directory (shared by every build that uses the suite;
+        the one with -backports apart)."""
+        return cls(paths.cache_dir() / "apt" / (f"{suite}+backports" if backports else suite), suite,
+                   backports=backports)
 
     def _options(self) -> list[str]:
         r = self.root
@@ -76,8 +82,8 @@ class PrivateArchive:
             raise BuildError(f"{DEBIAN_KEYRING} is missing: install debian-archive-keyring (`make deps`)")
         signed = f"[signed-by={DEBIAN_KEYRING}]"
         # One suite per line: a second word after the suite would be read as a component.
-        entries = [*(f"{signed} {self.mirror} {suite} main"
-                     for suite in (self.suite, f"{self.suite}-updates", f"{self.suite}-backports")),
+        suites = [self.suite, f"{self.suite}-updates", *([f"{self.suite}-backports"] if self.backports else [])]
+        entries = [*(f"{signed} {self.mirror} {suite} main" for suite in suites),
                    f"{signed} {self.security_mirror} {self.suite}-security main"]
         self.binary_sources.write_text("".join(f"deb {e}\n" for e in entries))
         (r / "sources.list").write_text("".join(f"{kind} {e}\n" for kind in ("deb", "deb-src") for e in entries))

@@ -105,7 +105,9 @@ def resolve(kernel: GuestKernel) -> tuple[list[str], list[str], str]:
 
 
 def _archive(kernel: GuestKernel) -> apt.PrivateArchive | None:
-    return apt.PrivateArchive.for_suite(kernel.suite) if kernel.suite else None
+    if not kernel.suite:
+        return None
+    return apt.PrivateArchive.for_suite(kernel.suite, backports=bool(kernel.release))
 
 
 def build(name: str = DEFAULT_KERNEL) -> dict[str, Any]:
