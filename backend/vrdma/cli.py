@@ -21,13 +21,13 @@ log = logging.getLogger("vrdma")
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from vrdma.buildchain import debian_guest, driver, image, kernel, packages, provider, qemu
+    from vrdma.buildchain import debian_guest, driver, image, kernel, packages, provider, qemu, smb
 
     builders: dict[str, Callable[[], object]] = {"qemu": qemu.build, "provider": provider.build,
                                                  "debian-guest": debian_guest.build,
                                                  "packages": lambda: packages.build(args.release)}
     per_kernel: dict[str, Callable[[str], object]] = {"kernel": kernel.build, "driver": driver.build,
-                                                      "image": image.build}
+                                                      "image": image.build, "smb-direct": smb.build}
     if args.product in builders:
         builders[args.product]()
         return 0
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         GUEST_KERNELS = {}
     build = sub.add_parser("build", help="build one product of the build chain (make does this for you)")
     build.add_argument("product", choices=["qemu", "kernel", "driver", "provider", "image", "packages",
-                                           "debian-guest"])
+                                           "debian-guest", "smb-direct"])
     build.add_argument("--kernel", choices=["default", "all", *GUEST_KERNELS], default="default",
                        help="for kernel, driver and image: the guest kernel to build for (docs/build-chain.md): "
                             "default (the one guests boot unless told otherwise), all, or one by name")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vrdma.buildchain import apt, kernel
+from vrdma.buildchain import apt, kernel, smb
 from vrdma.buildchain.cache import CachedProduct, content_key, file_digest, product, run, step
 from vrdma.buildchain.provider import rdma_core_source
 from vrdma.errors import BuildError
@@ -45,6 +45,8 @@ PACKAGES = [
     "targetcli-fb",        # iSER: the LIO target's configuration tool
     "dbus-daemon",         # ... which asks the system bus for tcmu-runner's backstores (and fails without a bus)
     "open-iscsi",          # iSER: iscsid and iscsiadm, the initiator
+    "ksmbd-tools",         # SMB Direct: ksmbd.mountd and its configuration tools, the server
+    "cifs-utils",          # ... and mount.cifs, the client
 ]
 # Kernel modules shipped, with everything modules.dep says they need: rc.sysinit loads the virtio and RDMA ones at
 # boot, the rest are loaded when a test asks for them (NVMe over Fabrics, host and target, over RDMA and TCP; NFS;
@@ -57,7 +59,9 @@ MODULES = ["virtio_pci", "virtio_net", "virtio_console", "virtio_blk",
 # Modules no modules.dep edge leads to, because their users ask the crypto API for an algorithm by name: rxe for
 # "crc32", iSCSI for "crc32c" at every login, t10-pi for the last two. Shipped where a kernel builds them as modules;
 # newer kernels (7.x) compute these checksums with library calls instead and have none of them.
-BY_NAME_MODULES = ["crc32_generic", "crc32c_generic", "crc64_rocksoft_generic", "crct10dif_generic"]
+BY_NAME_MODULES = ["crc32_generic", "crc32c_generic", "crc64_rocksoft_generic", "crct10dif_generic",
+                   # SMB3's signing and encryption (cifs and ksmbd ask for cmac(aes), gcm(aes), ccm(aes) by name)
+                   "cmac", "gcm", "ccm", "ghash_clmulni_intel", "aesni_intel", "md4", "des_generic"]
 # Paths dropped from the unpacked packages: documentation and data nothing in the guest reads, and what packages
 # drag in that the image never runs: systemd and udev (open-iscsi depends on udev, udev on systemd; the image boots
 # busybox init and loads modules itself, and iscsid needs only libsystemd.so), perl (debconf's), glibc's charset
@@ -78,17 +82,22 @@ def build(kernel_name: str = kernel.DEFAULT_KERNEL) -> dict[str, Any]:
     cpio archives one after the other (the kernel unpacks each archive of a concatenation in turn)."""
     target = kernel.kernel_product("kernel", kernel_name)
     driver = kernel.kernel_product("driver", kernel_name)
+    smb_direct = smb.build(kernel_name) if kernel_name in smb.KERNELS else None
     rootfs = _rootfs()
     cached = CachedProduct("image", {"rootfs": rootfs.key, "kernel": target["version"],
                                      "release": target["release"], "modules": MODULES, "by_name": BY_NAME_MODULES,
-                                     "driver": driver["key"], "recipe": file_digest(Path(__file__))})
+                                     "driver": driver["key"], "smb": smb_direct["key"] if smb_direct else None,
+                                     "recipe": file_digest(Path(__file__))})
     if cached.complete:
         log.info("guest image for %s is cached in %s", kernel_name, cached.path)
     else:
         with cached.building() as scratch, step(f"adding {kernel_name}'s kernel modules, {target['release']}"):
             root = scratch / "modules"
-            _add_modules(root, Path(target["modules_dir"]), target["release"],
-                         [Path(driver["module_path"]), *map(Path, driver["test_modules"])])
+            own = [Path(driver["module_path"]), *map(Path, driver["test_modules"])]
+            if smb_direct:  # cifs.ko and ksmbd.ko with SMB Direct, in place of the kernel's (not shipped)
+                own += map(Path, smb_direct["module_paths"])
+            _add_modules(root, Path(target["modules_dir"]), target["release"], own,
+                         smb_direct["depends"] if smb_direct else [])
             _pack_cpio(root, scratch / "modules.cpio")
             shutil.rmtree(root)
             with (scratch / "initrd.cpio").open("wb") as out:
@@ -209,7 +218,8 @@ def module_closure(modules_dir: Path, wanted: list[str], optional: Sequence[str]
     return sorted(closure)
 
 
-def _add_modules(root: Path, modules_dir: Path, release: str, own_modules: list[Path]) -> None:
+def _add_modules(root: Path, modules_dir: Path, release: str, own_modules: list[Path],
+                 own_depends: Sequence[str] = ()) -> None:
     """The modules the guest loads, in a tree of their own (``root``) packed after the root filesystem."""
     dest = root / "usr" / "lib" / "modules" / release
     dest.mkdir(parents=True)
@@ -218,7 +228,7 @@ def _add_modules(root: Path, modules_dir: Path, release: str, own_modules: list[
         # without their debug information (vrdma.ko is 6.7 MiB with it, a tenth without): `make driver`'s
         # products keep it for whoever debugs them
         run(["strip", "--strip-debug", "-o", dest / "extra" / module.name, module])
-    for rel in module_closure(modules_dir, MODULES, BY_NAME_MODULES):
+    for rel in module_closure(modules_dir, [*MODULES, *own_depends], BY_NAME_MODULES):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(modules_dir / rel, dest / rel)
     for meta in ("modules.builtin", "modules.builtin.modinfo", "modules.order"):

@@ -82,7 +82,7 @@ def resolve(kernel: GuestKernel) -> tuple[list[str], list[str], str]:
     The image packages are ``linux-image-<abi>`` and, from 7.x on, the parts it is split into and depends on
     (``linux-binary-<abi>``, ``linux-modules-<abi>``, ``linux-base-<abi>``): every dependency named after the ABI.
     """
-    archive = _archive(kernel)
+    archive = kernel_archive(kernel)
     query = (lambda names: archive.candidates(names, kernel.release)) if archive else apt.candidates
     metas = query([IMAGE_META, HEADERS_META])
     image_pkg = next((d for d in metas[IMAGE_META].depends if d.startswith("linux-image-")), "")
@@ -104,7 +104,8 @@ def resolve(kernel: GuestKernel) -> tuple[list[str], list[str], str]:
     return image_pkgs, header_pkgs, real[image_pkg].version
 
 
-def _archive(kernel: GuestKernel) -> apt.PrivateArchive | None:
+def kernel_archive(kernel: GuestKernel) -> apt.PrivateArchive | None:
+    """The private archive a kernel comes from (None: the machine's own apt)."""
     if not kernel.suite:
         return None
     return apt.PrivateArchive.for_suite(kernel.suite, backports=bool(kernel.release))
@@ -112,7 +113,7 @@ def _archive(kernel: GuestKernel) -> apt.PrivateArchive | None:
 
 def build(name: str = DEFAULT_KERNEL) -> dict[str, Any]:
     kernel = guest_kernel(name)
-    archive = _archive(kernel)
+    archive = kernel_archive(kernel)
     with step(f"resolving the current guest kernel of {name}"):
         if archive:
             archive.update()
