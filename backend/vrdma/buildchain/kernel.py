@@ -136,16 +136,21 @@ def build(name: str = DEFAULT_KERNEL) -> dict[str, Any]:
         "modules_dir": str(modules),
         "config_path": str(_kernel_file(root, release, "config")),
     }
-    if archive:
-        info["build_root_dir"] = str(product.path / "build-root")
-        info["headers_dir"] = str(product.path / "build-root" / "usr" / "src" / f"linux-headers-{release}")
-    else:
-        info["headers_dir"] = str(product.path / "headers" / "usr" / "src" / f"linux-headers-{release}")
+    info.update(_toolchain(product.path, release, archive is not None))
     for key in ("vmlinuz_path", "modules_dir", "headers_dir", "config_path"):
         if not Path(info[key]).exists():
             raise BuildError(f"kernel product is incomplete: {info[key]} is missing")
     record_kernel_product("kernel", name, info)
     return info
+
+
+def _toolchain(directory: Path, release: str, has_build_root: bool) -> dict[str, str]:
+    """Where a kernel product in ``directory`` keeps what builds modules: the headers, in its build root if it has
+    one (trixie's kernels) or unpacked beside it (bookworm's)."""
+    if has_build_root:
+        return {"build_root_dir": str(directory / "build-root"),
+                "headers_dir": str(directory / "build-root" / "usr" / "src" / f"linux-headers-{release}")}
+    return {"headers_dir": str(directory / "headers" / "usr" / "src" / f"linux-headers-{release}")}
 
 
 def _kernel_file(root: Path, release: str, name: str) -> Path:
@@ -176,12 +181,9 @@ def _build_into(scratch: Path, kernel: GuestKernel, archive: apt.PrivateArchive 
             # The headers' own version: the exact kernel, whichever suite of the archive holds it.
             buildroot.make(archive, [*BUILD_ROOT_PACKAGES, f"{header_pkgs[0]}={version}"], scratch / "build-root",
                            scratch / "logs" / "mmdebstrap.log")
-        info["build_root_dir"] = str(scratch / "build-root")
-        info["headers_dir"] = str(scratch / "build-root" / "usr" / "src" / f"linux-headers-{release}")
     else:
-        headers = scratch / "headers" / "usr" / "src" / f"linux-headers-{release}"
-        _relocate_headers(headers)
-        info["headers_dir"] = str(headers)
+        _relocate_headers(Path(_toolchain(scratch, release, False)["headers_dir"]))
+    info.update(_toolchain(scratch, release, archive is not None))
     with step("checking that the headers build a module for this kernel"):
         _check_headers(info, scratch / "headers-check")
 
