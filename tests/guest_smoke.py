@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 
+from polling import wait_until
 from storage_checks import VERIFY
 
 from vrdma.harness import fio, nvmeof, verbs
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.vm import Vm
 
 DEVICE = "vrdma0"
 RPING_PORT = 7174
@@ -43,6 +45,44 @@ def check_rping(cluster: Cluster) -> None:
         port=RPING_PORT, rdma_cm=True,
         client_argv=["rping", "-c", "-a", server.address, "-V", "-C", str(PINGS), "-v", "-p", str(RPING_PORT)])
     assert out.stdout.count("ping data: rdma-ping-") == PINGS, out.stdout[-2000:]
+
+
+PORT = f"/sys/class/infiniband/{DEVICE}/ports/1"
+# The PMA's counters (the `counters` directory the core makes for a driver that answers PortCounters) and the
+# driver's named counters they come from (`hw_counters`, what `rdma statistic` shows); data in four-byte words.
+PMA_FROM_HW = {"port_xmit_data": "tx_bytes", "port_rcv_data": "rx_bytes", "port_xmit_packets": "tx_packets",
+               "port_rcv_packets": "rx_packets", "unicast_xmit_packets": "tx_packets",
+               "unicast_rcv_packets": "rx_packets"}
+LINK_ERRORS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors", "port_xmit_discards",
+               "multicast_xmit_packets", "multicast_rcv_packets")
+
+
+def _read_port(vm: Vm) -> dict[str, int]:
+    files = [f"{PORT}/hw_counters/{name}" for name in sorted(set(PMA_FROM_HW.values()))]
+    files += [f"{PORT}/counters/{name}" for name in (*PMA_FROM_HW, *LINK_ERRORS)]
+    out = vm.run(["sh", "-c", 'for f in "$@"; do printf "%s %s\\n" "${f##*/}" "$(cat "$f")"; done', "sh", *files])
+    lines = out.check("port counters").stdout.splitlines()
+    return {name: int(value) for name, value in (line.split() for line in lines)}
+
+
+def quiet_port_counters(vm: Vm) -> dict[str, int]:
+    """The port's counters, read twice alike (nothing moved in between), by file name."""
+    readings = [_read_port(vm)]
+    wait_until(f"{vm.name}'s port counters to hold still",
+               lambda: readings.append(_read_port(vm)) or readings[-1] == readings[-2], 30, interval=0.5)
+    return readings[-1]
+
+
+def check_port_counters(cluster: Cluster) -> None:
+    """After traffic, the PMA's PortCounters (sysfs `counters`, what node_exporter and its kind read) carry the
+    driver's data counters: PortXmitData is tx_bytes in four-byte words, all packets unicast, a link without
+    errors."""
+    for vm in cluster:
+        port = quiet_port_counters(vm)
+        assert port["tx_bytes"] > 0 and port["rx_bytes"] > 0 and port["tx_packets"] > 0, port
+        for pma, hw in PMA_FROM_HW.items():
+            assert port[pma] == (port[hw] // 4 if pma.endswith("_data") else port[hw]), (vm.name, pma, port)
+        assert all(port[name] == 0 for name in LINK_ERRORS), (vm.name, port)
 
 
 def check_nvmeof(cluster: Cluster) -> None:

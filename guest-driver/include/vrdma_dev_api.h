@@ -22,7 +22,7 @@
 #include <linux/types.h>
 
 /* DEVICE-API-BEGIN */
-#define VRDMA_ABI_VERSION 8
+#define VRDMA_ABI_VERSION 9
 #define VRDMA_VIRTIO_ID 42
 
 /* Virtqueues */

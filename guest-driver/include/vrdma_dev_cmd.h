@@ -144,6 +144,12 @@ struct vrdma_resp_query_counters {
 	__le64 events_dropped;
 	__le64 ud_dropped;        /* datagrams nobody took */
 	__le64 uc_dropped;        /* UC messages lost (no destination ready, no receive, a bad rkey or receive) */
+	/* The port's data as a NIC's port counts it: payload this VM's memory gave and took in transfers that
+	 * completed, once each, and the packets that carried it (on one host: those the QP's path MTU cuts it into) */
+	__le64 tx_bytes;
+	__le64 rx_bytes;
+	__le64 tx_packets;
+	__le64 rx_packets;
 };
 
 /*
@@ -475,7 +481,7 @@ VRDMA_ASSERT_SIZE(vrdma_cmd_query_device, 8);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_device, 120);
 VRDMA_ASSERT_SIZE(vrdma_cmd_query_port, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_port, 40);
-VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 104);
+VRDMA_ASSERT_SIZE(vrdma_resp_query_counters, 136);
 VRDMA_ASSERT_SIZE(vrdma_resp_query_qp_counters, 56);
 VRDMA_ASSERT_SIZE(vrdma_cmd_alloc_mr, 16);
 VRDMA_ASSERT_SIZE(vrdma_resp_alloc_mr, 16);

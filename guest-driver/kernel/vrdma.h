@@ -17,7 +17,7 @@
 
 #define VRDMA_CMD_TIMEOUT_MS 5000
 #define VRDMA_EVENT_BUFFERS 16
-#define VRDMA_NUM_STATS 12		/* the port's counters (QUERY_COUNTERS), a QP counter's too */
+#define VRDMA_NUM_STATS 16		/* the port's counters (QUERY_COUNTERS), a QP counter's too */
 #define VRDMA_NUM_QP_STATS 6		/* a QP's (QUERY_QP_COUNTERS) */
 
 struct vrdma_dev {
@@ -285,6 +285,11 @@ void vrdma_dispatch_event(struct vrdma_dev *dev, const struct vrdma_event *event
 struct rdma_counter;
 struct rdma_hw_stats *vrdma_alloc_hw_port_stats(struct ib_device *ibdev, u32 port);
 int vrdma_get_hw_stats(struct ib_device *ibdev, struct rdma_hw_stats *stats, u32 port, int index);
+int vrdma_query_counters(struct vrdma_dev *dev, struct vrdma_resp_query_counters *resp);
+/* vrdma_mad.c: the port's performance-management agent (PortCounters in sysfs, node_exporter's source). */
+int vrdma_process_mad(struct ib_device *ibdev, int mad_flags, u32 port, const struct ib_wc *in_wc,
+		      const struct ib_grh *in_grh, const struct ib_mad *in, struct ib_mad *out, size_t *out_mad_size,
+		      u16 *out_mad_pkey_index);
 struct rdma_hw_stats *vrdma_counter_alloc_stats(struct rdma_counter *counter);
 int vrdma_counter_bind_qp(struct rdma_counter *counter, struct ib_qp *ibqp);
 int vrdma_counter_unbind_qp(struct ib_qp *ibqp);

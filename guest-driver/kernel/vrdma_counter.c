@@ -24,7 +24,8 @@
 enum {
 	VRDMA_STAT_SEND_WQES, VRDMA_STAT_RECV_WQES, VRDMA_STAT_CQES, VRDMA_STAT_BYTES, VRDMA_STAT_ERROR_CQES,
 	VRDMA_STAT_FLUSHED, VRDMA_STAT_RNR_WAITS, VRDMA_STAT_CQ_OVERFLOWS, VRDMA_STAT_QP_FATAL,
-	VRDMA_STAT_EVENTS_DROPPED, VRDMA_STAT_UD_DROPPED, VRDMA_STAT_UC_DROPPED,
+	VRDMA_STAT_EVENTS_DROPPED, VRDMA_STAT_UD_DROPPED, VRDMA_STAT_UC_DROPPED, VRDMA_STAT_TX_BYTES, VRDMA_STAT_RX_BYTES,
+	VRDMA_STAT_TX_PACKETS, VRDMA_STAT_RX_PACKETS,
 };
 
 /* The port's counters and a QP counter's: one layout, as the core adds them up by index. */
@@ -41,6 +42,10 @@ static const struct rdma_stat_desc vrdma_stat_descs[VRDMA_NUM_STATS] = {
 	[VRDMA_STAT_EVENTS_DROPPED] = { .name = "events_dropped" },
 	[VRDMA_STAT_UD_DROPPED] = { .name = "ud_dropped" },
 	[VRDMA_STAT_UC_DROPPED] = { .name = "uc_dropped" },
+	[VRDMA_STAT_TX_BYTES] = { .name = "tx_bytes" },
+	[VRDMA_STAT_RX_BYTES] = { .name = "rx_bytes" },
+	[VRDMA_STAT_TX_PACKETS] = { .name = "tx_packets" },
+	[VRDMA_STAT_RX_PACKETS] = { .name = "rx_packets" },
 };
 static_assert(sizeof(struct vrdma_resp_query_counters) == sizeof(struct vrdma_resp_hdr) + VRDMA_NUM_STATS * 8,
 	      "one name per counter of QUERY_COUNTERS, in its order");
@@ -121,10 +126,17 @@ struct rdma_hw_stats *vrdma_alloc_hw_port_stats(struct ib_device *ibdev, u32 por
 	return vrdma_alloc_stats();
 }
 
+/* The port's counters as the device keeps them: what the whole VM counted, whatever QP counters took. */
+int vrdma_query_counters(struct vrdma_dev *dev, struct vrdma_resp_query_counters *resp)
+{
+	struct vrdma_cmd_query_port cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_COUNTERS), .port = 1 };
+
+	return vrdma_cmd_exec(dev, &cmd, sizeof(cmd), resp, sizeof(*resp));
+}
+
 int vrdma_get_hw_stats(struct ib_device *ibdev, struct rdma_hw_stats *stats, u32 port, int index)
 {
 	struct vrdma_dev *dev = to_vdev(ibdev);
-	struct vrdma_cmd_query_port cmd = { .hdr.opcode = cpu_to_le16(VRDMA_CMD_QUERY_COUNTERS), .port = 1 };
 	struct vrdma_resp_query_counters resp;
 	const __le64 *counters = &resp.send_wqes;
 	u64 taken[VRDMA_NUM_STATS], value[VRDMA_NUM_STATS];
@@ -134,7 +146,7 @@ int vrdma_get_hw_stats(struct ib_device *ibdev, struct rdma_hw_stats *stats, u32
 	if (port != 1)
 		return -EINVAL;
 	mutex_lock(&dev->counters_lock);
-	ret = vrdma_cmd_exec(dev, &cmd, sizeof(cmd), &resp, sizeof(resp));
+	ret = vrdma_query_counters(dev, &resp);
 	if (ret)
 		goto out;
 	/* What the core adds back: the live counters' values and the freed ones' last values. */

@@ -390,6 +390,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
 	.post_srq_recv = vrdma_post_srq_recv,
+	.process_mad = vrdma_process_mad,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,

@@ -159,6 +159,35 @@ def test_rdma_write_read_and_atomics(pair: tuple[Side, Side]) -> None:
     assert read(a, 0, 14) == b"written by vm1"
 
 
+PORT_DATA = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
+
+
+def port_data(backend: BackendProcess, vm: str) -> tuple[int, ...]:
+    engine = backend.counters(vm)["engine"]
+    return tuple(engine[name] for name in PORT_DATA)
+
+
+def test_port_data_counts_each_transfer_once_in_its_direction(backend: BackendProcess,
+                                                               pair: tuple[Side, Side]) -> None:
+    # What the guest's PMA PortCounters report (node_exporter's data): bytes that left and came into each VM's
+    # memory, and the packets of the QP's path MTU (1024 here) a message would take on a wire.
+    a, b = pair
+    before = {vm: port_data(backend, vm) for vm in ("vm0", "vm1")}
+    a.verbs.post_recv(a.qp, [(a.mr.addr, 4096, a.mr.lkey)], wr_id=7)
+    b.verbs.post_send(b.qp, WR["SEND"], [(b.mr.addr, 3000, b.mr.lkey)], wr_id=1)      # vm1 -> vm0, 3 packets
+    b.verbs.post_send(b.qp, WR["RDMA_WRITE"], [(b.mr.addr, 14, b.mr.lkey)], remote_addr=a.mr.addr + 8192,
+                      rkey=a.mr.rkey, wr_id=2)                                           # vm1 -> vm0, 1 packet
+    b.verbs.post_send(b.qp, WR["RDMA_READ"], [(b.mr.addr + 8192, 2500, b.mr.lkey)], remote_addr=a.mr.addr + 16384,
+                      rkey=a.mr.rkey, wr_id=3)                                           # vm0 -> vm1, 3 packets
+    b.verbs.post_send(b.qp, WR["ATOMIC_FETCH_AND_ADD"], [(b.mr.addr + 64, 8, b.mr.lkey)],
+                      remote_addr=a.mr.addr + 4096, rkey=a.mr.rkey, compare_add=1, wr_id=4)  # not data
+    assert [c.status for c in wait_cqes(b.verbs, b.cq, 4)] == [WC["SUCCESS"]] * 4
+    assert wait_cqes(a.verbs, a.cq, 1)[0].byte_len == 3000
+    moved = {vm: tuple(x - y for x, y in zip(port_data(backend, vm), before[vm], strict=True))
+             for vm in ("vm0", "vm1")}
+    assert moved == {"vm0": (2500, 3014, 3, 4), "vm1": (3014, 2500, 4, 3)}
+
+
 def checksum(side: Side) -> int:
     return zlib.crc32(read(side, 0, 64 << 10))
 

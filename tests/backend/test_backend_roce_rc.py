@@ -110,6 +110,13 @@ def test_send_one_packet_and_segmented(pair: Pair) -> None:
 
 def test_write_read_and_write_with_immediate(pair: Pair) -> None:
     a, b = pair.connect()
+    data_counters = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
+
+    def port_data(i: int) -> list[int]:
+        engine = pair.backends[i].counters(f"vm{i}")["engine"]
+        return [engine[name] for name in data_counters]
+
+    before = port_data(0), port_data(1)
     data = pattern(1 << 20)
     done = send(a, WR["RDMA_WRITE"], data, remote_addr=b.mr.addr + 4096, rkey=b.mr.rkey)
     assert (done.status, done.byte_len) == (WC["SUCCESS"], len(data))
@@ -126,6 +133,9 @@ def test_write_read_and_write_with_immediate(pair: Pair) -> None:
     (got,) = wait_cqes(b.verbs, b.cq, 1)
     assert (got.opcode, got.imm_data, got.byte_len, got.wr_id) == (OP["RECV_RDMA_WITH_IMM"], 0x77, 11, 9)
     assert b.verbs.memory.read(b.mr.addr, 11) == b"immediately"
+    # The port's data: each message once, in its direction, in packets of the path MTU (1024); atomics aside.
+    moved = [[x - y for x, y in zip(port_data(i), before[i], strict=True)] for i in (0, 1)]
+    assert moved == [[(1 << 20) + 11, 1 << 20, 1024 + 1, 1024], [1 << 20, (1 << 20) + 11, 1024, 1024 + 1]]
 
 
 def test_atomics(pair: Pair) -> None:

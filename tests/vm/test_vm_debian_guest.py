@@ -106,6 +106,51 @@ def test_nvmeof_writes_and_reads_back(debian_guests: Cluster) -> None:
     guest_smoke.check_nvmeof(debian_guests)
 
 
+NODE_EXPORTER = "http://127.0.0.1:9100/metrics"  # Debian's prometheus-node-exporter, as installed and started
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=60).read().decode())"
+# node_exporter's infiniband collector: its metric for each PMA data counter, and the driver's counter behind it.
+EXPORTED = {"port_data_transmitted_bytes_total": "tx_bytes", "port_data_received_bytes_total": "rx_bytes",
+            "port_packets_transmitted_total": "tx_packets", "port_packets_received_total": "rx_packets"}
+
+
+def _exported(vm: Vm) -> dict[str, int]:
+    """node_exporter's infiniband metrics for vrdma0's port 1, by name (without the node_infiniband_ prefix)."""
+    page = vm.run(["python3", "-c", FETCH, NODE_EXPORTER]).check("node_exporter's metrics").stdout
+    assert "node_scrape_collector_success{collector=\"infiniband\"} 1" in page, \
+        [line for line in page.splitlines() if "infiniband" in line and "scrape" in line]
+    found = re.findall(r'^node_infiniband_(\w+)\{device="vrdma0",port="1"\} (\S+)$', page, flags=re.M)
+    return {name: int(float(value)) for name, value in found}
+
+
+def _rdma_statistic(vm: Vm) -> dict[str, int]:
+    shown = vm.run(["rdma", "-j", "statistic", "show", "link", f"{guest_smoke.DEVICE}/1"]).check("rdma statistic")
+    return {name: value for name, value in json.loads(shown.stdout)[0].items() if isinstance(value, int)}
+
+
+def _quiet_scrape(vm: Vm) -> tuple[dict[str, int], dict[str, int]]:
+    """rdma statistic and node_exporter's scrape, taken while nothing moved: rdma statistic alike before and after."""
+    samples: list[tuple[dict[str, int], dict[str, int], dict[str, int]]] = []
+    wait_until(f"{vm.name}'s counters to hold still for one scrape",
+               lambda: samples.append((_rdma_statistic(vm), _exported(vm), _rdma_statistic(vm)))
+               or samples[-1][0] == samples[-1][2], 60, interval=1)
+    return samples[-1][0], samples[-1][1]
+
+
+def test_node_exporter_reads_vrdma0s_data_as_rdma_statistic_shows_it(debian_guests: Cluster) -> None:
+    guest_smoke.check_rc_pingpong(debian_guests)  # traffic of this test's own, in both guests
+    for vm in debian_guests:
+        wait_until(f"prometheus-node-exporter active in {vm.name}",
+                   lambda vm=vm: vm.run(["systemctl", "is-active", "prometheus-node-exporter"]).stdout.strip()
+                   == "active", 120)
+        statistic, exported = _quiet_scrape(vm)
+        assert statistic["tx_bytes"] > 0 and statistic["rx_bytes"] > 0, statistic
+        for metric, counter in EXPORTED.items():
+            # The PMA counts data in four-byte words (node_exporter multiplies by 4 back).
+            expected = statistic[counter] // 4 * 4 if metric.startswith("port_data") else statistic[counter]
+            assert exported[metric] == expected, (vm.name, metric, exported, statistic)
+        assert exported["port_errors_received_total"] == exported["link_downed_total"] == 0, exported
+
+
 def _admin(vm: Vm, *args: str) -> str:
     return vm.run(["vrdma", "admin", *args]).check("vrdma admin " + " ".join(args)).stdout
 

@@ -43,3 +43,7 @@ def test_rping_verifies_every_ping(kernel_guests: Cluster) -> None:
 
 def test_nvmeof_writes_and_reads_back(kernel_guests: Cluster) -> None:
     guest_smoke.check_nvmeof(kernel_guests)
+
+
+def test_the_port_counters_carry_the_drivers_data_counters(kernel_guests: Cluster) -> None:
+    guest_smoke.check_port_counters(kernel_guests)

@@ -28,7 +28,8 @@ SRQ_KERNEL = 1
 MAX_GIDS = 64
 # The engine's per-device counters (struct vre_counters), in order.
 COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
-            "qp_fatal", "events_dropped", "ud_dropped", "uc_dropped")
+            "qp_fatal", "events_dropped", "ud_dropped", "uc_dropped", "tx_bytes", "rx_bytes", "tx_packets",
+            "rx_packets")
 # One QP's counters (struct vre_qp_counters), in order.
 QP_COUNTERS = ("send_wqes", "recv_wqes", "bytes", "error_cqes", "flushed", "rnr_waits")
 # A device's RoCE traffic (struct vre_roce_counters), and what arrived that no QP took (struct vre_net_counters).

@@ -171,6 +171,15 @@ struct vre_counters {
 				   * receive posted), and datagrams for it it could not take: as UD defines, silently */
 	uint64_t uc_dropped;      /* UC messages lost, sent by this device or for it: no destination ready, no receive
 				   * posted, a bad rkey or receive (UC has no acknowledgement: the sender succeeds) */
+	/* The port's data, as a NIC's port counts it (the guest's PMA PortCountersExt, node_exporter's infiniband
+	 * collector): payload this device's memory gave (tx) and took (rx) in messages that completed their transfer,
+	 * once each (a RoCE retransmission is in the RoCE counters, not here), and the packets that carried it: over
+	 * RoCE the packets themselves; on one host, where a message moves in one copy, the packets the QP's path MTU
+	 * would cut it into (a datagram: one). */
+	uint64_t tx_bytes;
+	uint64_t rx_bytes;
+	uint64_t tx_packets;
+	uint64_t rx_packets;
 };
 
 /*

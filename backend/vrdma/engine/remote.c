@@ -21,11 +21,6 @@ VRE_FN void net_qp_free(struct vre_qp *qp)
 	qp->net = NULL;
 }
 
-static uint32_t mtu_bytes(uint32_t path_mtu)
-{
-	return path_mtu >= 1 && path_mtu <= 5 ? 128u << path_mtu : 1024;  /* IB_MTU_256 = 1 ... IB_MTU_4096 = 5 */
-}
-
 /*
  * After a modify: a connected RC or UC QP at RTR or later whose destination no device here holds speaks RoCE (its
  * responder from RTR on, its requester from RTS on); one in RESET forgets it all. The model checked the GIDs: the

@@ -10,12 +10,18 @@
  */
 #include "vre.h"
 
+/* A message moved between two devices here: a READ's data leaves the destination, the others' the requester. */
 static void count_bytes(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp)
 {
+	uint64_t packets = packets_of(r->qp, r->len);
+	bool reads = r->op->flags & OP_READS;
+
 	r->d->counters.bytes += r->len;
 	dd->counters.bytes += r->len;
 	r->qp->counters.bytes += r->len;
 	dqp->counters.bytes += r->len;
+	count_tx(reads ? dd : r->d, r->len, packets);
+	count_rx(reads ? r->d : dd, r->len, packets);
 }
 
 /* A SEND, SEND with immediate or WRITE with immediate: a receive WQE of the destination takes it. */

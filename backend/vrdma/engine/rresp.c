@@ -331,6 +331,7 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 	n->msg_off += pkt->payload_len;
 	d->counters.bytes += pkt->payload_len;
 	qp->counters.bytes += pkt->payload_len;
+	count_rx(d, pkt->payload_len, 1);
 	if (roce_ends(op) && !message_completes(e, d, qp, pkt, op, rx))
 		return uc;
 	return true;
@@ -583,6 +584,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 			tx_queue(e, d, &qp->net->addr, slot, &pkt, plen);
 			d->counters.bytes += plen;
 			qp->counters.bytes += plen;
+			count_tx(d, plen, 1);
 			job->answered |= ++job->sent == job->npkts;
 			done++;
 		}

@@ -121,6 +121,7 @@ static enum delivery ud_deliver(struct vre_engine *e, struct vre_device *dd, str
 		}
 		dd->counters.bytes += dg->len;
 		dqp->counters.bytes += dg->len;
+		count_rx(dd, dg->len, 1);
 	}
 	cq_push(e, dd, rx.cq, &rcqe, dg->solicited);
 	return rstatus == VRDMA_WC_SUCCESS ? DELIVERED : RECEIVE_FAILED;
@@ -148,6 +149,7 @@ static void ud_send_remote(struct vre_request *r, const struct vre_gid *sgid, ui
 	tx_queue(e, r->d, &addr, slot, &pkt, (uint32_t)r->len);
 	r->d->counters.bytes += r->len;
 	r->qp->counters.bytes += r->len;
+	count_tx(r->d, r->len, 1);
 }
 
 VRE_FN void ud_send(struct vre_request *r)
@@ -187,6 +189,7 @@ VRE_FN void ud_send(struct vre_request *r)
 	case DELIVERED:
 		r->d->counters.bytes += r->len;
 		r->qp->counters.bytes += r->len;
+		count_tx(r->d, r->len, 1);
 		break;
 	case NOT_TAKEN:
 		r->d->counters.ud_dropped++;

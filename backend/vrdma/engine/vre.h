@@ -499,6 +499,34 @@ static inline int64_t retry_wait_ns(const struct vre_qp *qp)
 
 VRE_FN void ud_send(struct vre_request *r);
 
+/* -- the port's data counters (struct vre_counters: tx_bytes ... rx_packets) ------------------------------------ */
+
+/* The bytes a packet carries on `qp`'s path (IB_MTU_256 = 1 ... IB_MTU_4096 = 5; unset: 1024, RoCE on Ethernet). */
+static inline uint32_t mtu_bytes(uint32_t path_mtu)
+{
+	return path_mtu >= 1 && path_mtu <= 5 ? 128u << path_mtu : 1024;
+}
+
+/* The packets a message of `len` bytes takes on `qp`'s path: what a local message counts as (one at least). */
+static inline uint64_t packets_of(const struct vre_qp *qp, uint64_t len)
+{
+	uint32_t mtu = mtu_bytes(qp->attr.path_mtu);
+
+	return len ? (len + mtu - 1) / mtu : 1;
+}
+
+static inline void count_tx(struct vre_device *d, uint64_t len, uint64_t packets)
+{
+	d->counters.tx_bytes += len;
+	d->counters.tx_packets += packets;
+}
+
+static inline void count_rx(struct vre_device *d, uint64_t len, uint64_t packets)
+{
+	d->counters.rx_bytes += len;
+	d->counters.rx_packets += packets;
+}
+
 #include "remote.h"
 
 #pragma GCC visibility pop
