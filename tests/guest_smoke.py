@@ -74,9 +74,10 @@ def quiet_port_counters(vm: Vm) -> dict[str, int]:
 
 
 def check_port_counters(cluster: Cluster) -> None:
-    """After traffic, the PMA's PortCounters (sysfs `counters`, what node_exporter and its kind read) carry the
-    driver's data counters: PortXmitData is tx_bytes in four-byte words, all packets unicast, a link without
-    errors."""
+    """After traffic of its own, the PMA's PortCounters (sysfs `counters`, what node_exporter and its kind read)
+    carry the driver's data counters: PortXmitData is tx_bytes in four-byte words, all packets unicast, a link
+    without errors."""
+    check_rc_pingpong(cluster)
     for vm in cluster:
         port = quiet_port_counters(vm)
         assert port["tx_bytes"] > 0 and port["rx_bytes"] > 0 and port["tx_packets"] > 0, port
