@@ -23,6 +23,11 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     assert {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct", "memcpy_1mib_gbps",
             "backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us", "backend_write_rate_8b_mops",
             "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms",
+            # the noisy neighbour: the victim alone and beside floods, and what the floods moved
+            *(f"neighbour_victim_write_{condition}_{q}_us" for condition in ("alone", "flood_1mib", "flood_8b")
+              for q in ("p50", "p99", "p999")),
+            *(f"neighbour_victim_control_{condition}_p99_us" for condition in ("alone", "flood_1mib", "flood_8b")),
+            "neighbour_flood_1mib_gbps", "neighbour_flood_8b_gbps", "neighbour_victim_write_p99_flood_1mib_vs_alone",
             # NVMe over Fabrics over vrdma and rxe, and NVMe/TCP over virtio-net, in the same guests
             *(f"{name}_{io}" for name in ("vrdma_nvmeof", "rxe_nvmeof", "nvmetcp")
               for io in ("randread_4k_iops", "seqread_128k_gbps")),

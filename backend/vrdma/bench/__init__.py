@@ -7,6 +7,8 @@
 - the data path at native speed: the simulated frontend plays two VMs set up by vrdma.testing.simulated_guest, and a C
   driver (vrdma.testing.loadgen) posts RDMA WRITEs and polls completions as libvrdma does: doorbell-to-CQE
   latency (8 B), 8-byte WRITE rate, 1 MiB WRITE bandwidth, backend CPU seconds per GB, 1 GiB MR registration;
+- the noisy neighbour (neighbours.py): four simulated VMs, a victim's 8-byte WRITE latency and control commands
+  alone and beside a neighbour's flood of 1 MiB and of 8-byte WRITEs;
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
   with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test;
 - between hosts (interhost.py): 1 MiB WRITE bandwidth and small WRITE latency between guests on two hosts for
@@ -26,6 +28,7 @@ from vrdma.bench.backend import MIB, control_round_trip, memcpy_bandwidth, nativ
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import interhost
 from vrdma.bench.metric import Metric, Report, write
+from vrdma.bench.neighbours import noisy_neighbour
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,12 @@ def ratios(results: list[Metric]) -> list[Metric]:
     ratio("vrdma_qp_create_vs_rxe", "vrdma_qp_create_per_s", "rxe_qp_create_per_s")
     ratio("vrdma_cm_connect_vs_rxe", "vrdma_cm_connect_per_s", "rxe_cm_connect_per_s")
     ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    # sharing a host (issue 27): the victim's p99 under a neighbour's flood against alone, <= 2x
+    for flood in ("flood_1mib", "flood_8b"):
+        ratio(f"neighbour_victim_write_p99_{flood}_vs_alone", f"neighbour_victim_write_{flood}_p99_us",
+              "neighbour_victim_write_alone_p99_us")
+        ratio(f"neighbour_victim_control_p99_{flood}_vs_alone", f"neighbour_victim_control_{flood}_p99_us",
+              "neighbour_victim_control_alone_p99_us")
     # between hosts (issue 14): >= 0.5 of the UDP reference, >= 5x rxe's bandwidth, <= 0.5x its latency
     ratio("interhost_vrdma_write_bw_vs_udp", "interhost_vrdma_write_bw_1mib_gbps", "interhost_udp_gbps")
     ratio("interhost_vrdma_write_bw_vs_rxe", "interhost_vrdma_write_bw_1mib_gbps", "interhost_rxe_write_bw_1mib_gbps")
@@ -67,6 +76,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     results += memcpy_bandwidth()
     log.info("backend at native speed: the simulated frontend as two VMs, a C driver posting RDMA WRITEs")
     results += native_backend()
+    log.info("the noisy neighbour: a victim's 8-byte WRITEs and commands beside a neighbour's flood (four VMs)")
+    results += noisy_neighbour()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
     log.info("vrdma and rxe side by side in two guests (%s)",

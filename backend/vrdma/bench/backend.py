@@ -14,6 +14,8 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +70,59 @@ def _pct(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100)[q - 1]
 
 
+@dataclass
+class NativePair:
+    """Two simulated VMs with connected RC QPs, the second (the requester) driven by the C load generator: its
+    queue, CQ and WRITE descriptions as loadgen.c sees them."""
+    responder: Any            # SimVerbs of the first VM
+    responder_pd: int
+    requester: Frontend       # the second VM's frontend (its control commands)
+    requester_verbs: Any      # its SimVerbs: it holds the doorbell mapping the C driver rings
+    queue: Any                # struct nat_queue *
+    cq: Any                   # struct nat_cq *
+    write: Callable[[int], Any]  # a struct nat_write * of `length` bytes from the requester's MR to the responder's
+
+
+def native_pair(directory: Path, fa: Frontend, fb: Frontend, names: tuple[str, str], depth: int) -> NativePair:
+    """Set up a pair of VMs through the control path (vrdma.testing.simulated_guest): fa responds, fb requests."""
+    from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
+    from vrdma.testing.simulated_guest import SimVerbs
+
+    gids = [name.encode().ljust(16, b"\0") for name in names]
+    sides = []
+    for fe, name, gid in zip((fa, fb), names, gids, strict=True):
+        fe.start()
+        verbs = SimVerbs(fe, directory / "backend" / f"{name}.doorbell")
+        verbs.add_gid(0, gid)
+        pd = verbs.alloc_pd()
+        cq = verbs.create_cq(4096)
+        sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=depth, max_sge=1, max_inline=0),
+                      verbs.reg_mr(pd, 4 * MIB)))
+    (va, pda, _, qpa, mra), (vb, _, cqb, qpb, mrb) = sides
+    va.connect(qpa, qpb.qpn, gids[1])
+    vb.connect(qpb, qpa.qpn, gids[0])
+    # The requester's rings, doorbell page and memory as the C driver sees them.
+    mem_b = int(nffi.cast("uintptr_t", nffi.from_buffer(fb.memory.map)))
+    db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))
+    queue = nffi.new("struct nat_queue *", {
+        "base": mem_b + qpb.sq.base, "ring_hdr": mem_b + qpb.buf.gpa,
+        "doorbells": db_b, "depth": qpb.sq.depth, "stride": qpb.sq.stride, "prod": qpb.sq.prod, "db": qpb.sq.db,
+        "wake_fd": fb.queues[abi.const("VRDMA_QUEUE_WAKE")].kick})
+    cq = nffi.new("struct nat_cq *", {"hdr": mem_b + cqb.buf.gpa, "cqes": mem_b + cqb.buf.gpa + 4096,
+                                      "entries": cqb.entries, "cons": cqb.cons})
+
+    def write(length: int) -> Any:
+        return nffi.new("struct nat_write *", {"laddr": mrb.addr, "raddr": mra.addr, "lkey": mrb.lkey,
+                                               "rkey": mra.rkey, "len": length})
+
+    return NativePair(va, pda, fb, vb, queue, cq, write)
+
+
 def native_backend() -> list[Metric]:
     """The backend at native speed: the simulated frontend plays two VMs, and a C driver (vrdma.testing.loadgen)
     posts RDMA WRITEs and polls completions the way libvrdma does, so the figures are the backend's."""
     from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
     from vrdma.testing._loadgen import lib as nlib
-    from vrdma.testing.simulated_guest import SimVerbs
 
     guests = [GuestIdentity(0), GuestIdentity(1)]
     command = "vrdma bench (simulated frontend, native driver)"
@@ -82,34 +131,8 @@ def native_backend() -> list[Metric]:
             Frontend(str(socket_path(Path(tmp), guests[0])), memory_size=GIB + 256 * MIB) as fa, \
             Frontend(str(socket_path(Path(tmp), guests[1])), memory_size=256 * MIB) as fb:
         assert backend.process is not None
-        gids = [ident.name.encode().ljust(16, b"\0") for ident in guests]
-        sides = []
-        for fe, ident, gid in zip((fa, fb), guests, gids, strict=True):
-            fe.start()
-            verbs = SimVerbs(fe, Path(tmp) / "backend" / f"{ident.name}.doorbell")
-            verbs.add_gid(0, gid)
-            pd = verbs.alloc_pd()
-            cq = verbs.create_cq(4096)
-            sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=QUEUE_DEPTH, max_sge=1, max_inline=0),
-                          verbs.reg_mr(pd, 4 * MIB)))
-        (va, pda, _, qpa, mra), (vb, _, cqb, qpb, mrb) = sides
-        va.connect(qpa, qpb.qpn, gids[1])
-        vb.connect(qpb, qpa.qpn, gids[0])
-
-        # The requester is vb (vm1): its rings, doorbell page and memory as the C driver sees them.
-        mem_b = int(nffi.cast("uintptr_t", nffi.from_buffer(fb.memory.map)))
-        db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))
-        queue = nffi.new("struct nat_queue *", {
-            "base": mem_b + qpb.sq.base, "ring_hdr": mem_b + qpb.buf.gpa,
-            "doorbells": db_b, "depth": qpb.sq.depth, "stride": qpb.sq.stride, "prod": qpb.sq.prod, "db": qpb.sq.db,
-            "wake_fd": fb.queues[abi.const("VRDMA_QUEUE_WAKE")].kick})
-        cq = nffi.new("struct nat_cq *", {"hdr": mem_b + cqb.buf.gpa, "cqes": mem_b + cqb.buf.gpa + 4096,
-                                          "entries": cqb.entries, "cons": cqb.cons})
-
-        def write(length: int) -> Any:
-            return nffi.new("struct nat_write *", {"laddr": mrb.addr, "raddr": mra.addr, "lkey": mrb.lkey,
-                                                   "rkey": mra.rkey, "len": length})
-
+        pair = native_pair(Path(tmp), fa, fb, (guests[0].name, guests[1].name), QUEUE_DEPTH)
+        va, pda, queue, cq, write = pair.responder, pair.responder_pd, pair.queue, pair.cq, pair.write
         results: list[Metric] = []
         samples = nffi.new("int64_t[]", LATENCY_WRITES)
         if nlib.nat_write_latency(queue, cq, write(8), LATENCY_WRITES, samples, STREAM_TIMEOUT_NS) != 0:

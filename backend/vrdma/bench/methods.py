@@ -12,7 +12,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from vrdma.bench import backend, guests
+from vrdma.bench import backend, guests, neighbours
 
 # (the package's `interhost` is the benchmark function; its module holds the constants)
 interhost = importlib.import_module("vrdma.bench.interhost")
@@ -52,6 +52,16 @@ def rows() -> list[tuple[str, str, str]]:
          f"`backend_write_bw_1mib_gbps` and `backend_cpu_s_per_gb` ({_n(n.BW_WRITES)} WRITEs of 1 MiB, every "
          f"{_n(n.BW_SIGNAL_EVERY)}th signaled; the backend process's CPU seconds from psutil), "
          "`backend_reg_mr_1gib_ms` (REG_MR of 262,144 pages, page lists written beforehand)"),
+        ("noisy neighbour", "one backend, four simulated VMs driven by the C driver: a victim pair doing signaled "
+         f"8-byte RDMA WRITEs one at a time, back to back, yielding the CPU while waiting for each "
+         f"({_n(neighbours.VICTIM_WRITES)} a round, the first "
+         f"{_n(neighbours.VICTIM_WARMUP)} not counted) and {_n(neighbours.VICTIM_COMMANDS)} QUERY_DEVICE commands, "
+         f"alone, beside a neighbour pair keeping {_n(neighbours.FLOOD_DEPTH)} WRITEs of 1 MiB queued, and of 8 "
+         f"bytes (the flood sleeps 20 us when its queue is full); {_n(neighbours.ROUNDS)} alternating rounds, "
+         "samples pooled per condition",
+         "`neighbour_victim_write_{alone,flood_1mib,flood_8b}_p50_us`, `_p99_us`, `_p999_us`, "
+         "`neighbour_victim_control_{alone,flood_1mib,flood_8b}_p99_us`, `neighbour_flood_1mib_gbps`, "
+         "`neighbour_flood_8b_gbps`"),
         ("idle", f"two guests booted, {_n(g.IDLE_QPS)} connected RC QPs ({_n(g.IDLE_QPS // 2)} per guest, "
          "`vrdma/harness/guest/idle_qps.py`), wait until the engine has parked, psutil CPU times over "
          f"{_n(g.IDLE_SECONDS)} s", "`backend_idle_cpu_pct`"),
@@ -96,6 +106,8 @@ def rows() -> list[tuple[str, str, str]]:
          "`vrdma_write_bw_1mib_vs_memcpy`, `vrdma_write_bw_1mib_vs_rxe`, `vrdma_write_lat_vs_rxe`, "
          "`vrdma_send_lat_vs_rxe`, `vrdma_ud_send_lat_vs_rxe`, `vrdma_ud_send_bw_4k_vs_rxe`, "
          "`vrdma_qp_create_vs_rxe`, `vrdma_cm_connect_vs_rxe`, `backend_write_bw_1mib_vs_memcpy`, "
+         "`neighbour_victim_write_p99_flood_1mib_vs_alone`, `_flood_8b_vs_alone`, "
+         "`neighbour_victim_control_p99_flood_1mib_vs_alone`, `_flood_8b_vs_alone`, "
          "`interhost_vrdma_write_bw_vs_udp`, `interhost_vrdma_write_bw_vs_rxe`, `interhost_vrdma_write_lat_vs_rxe`"),
     ]
 

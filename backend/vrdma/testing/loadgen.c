@@ -10,8 +10,10 @@
 #endif
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "loadgen.h"
 #include "vrdma_dev_api.h"
@@ -114,6 +116,69 @@ int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct na
 		if (status != VRDMA_WC_SUCCESS)
 			return -2;
 	return now_ns() - start;
+}
+
+int nat_write_latency_paced(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
+			    uint32_t gap_us, int64_t *samples, int64_t timeout_ns)
+{
+	for (uint32_t i = 0; i < iters; i++) {
+		int64_t start;
+		uint8_t status;
+
+		if (gap_us)
+			usleep(gap_us);
+		start = now_ns();
+		post_write(q, w, 1);
+		while (!poll_one(cq, &status)) {
+			if (now_ns() - start > timeout_ns)
+				return -1;
+			sched_yield();
+		}
+		if (status != VRDMA_WC_SUCCESS)
+			return -2;
+		samples[i] = now_ns() - start;
+	}
+	return 0;
+}
+
+/*
+ * A neighbour's flood: its queue kept full of WRITEs until told to stop. With the queue full and nothing to take
+ * from the CQ it sleeps 20 us rather than spin, so that on a machine of few cores the flood costs the engine's
+ * work, not a core of its own (a guest's vCPU is its own core; here the flood shares them with the backend).
+ */
+int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t signal_every,
+			volatile uint32_t *stop, int64_t timeout_ns)
+{
+	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)(uintptr_t)q->ring_hdr;
+	uint32_t first = q->prod;
+	int64_t deadline = now_ns() + timeout_ns;
+	uint8_t status;
+
+	while (!__atomic_load_n(stop, __ATOMIC_ACQUIRE)) {
+		int took = 0;
+
+		if (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) < q->depth) {
+			post_write(q, w, (q->prod - first + 1) % signal_every == 0);
+			continue;
+		}
+		while (poll_one(cq, &status)) {
+			if (status != VRDMA_WC_SUCCESS)
+				return -2;
+			took = 1;
+		}
+		if (now_ns() > deadline)
+			return -1;
+		if (!took)
+			usleep(20);
+	}
+	post_write(q, w, 1);  /* the last one signaled: the drain below ends on its completion */
+	while (__atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) != q->prod)
+		if (now_ns() > deadline)
+			return -1;
+	while (poll_one(cq, &status))
+		if (status != VRDMA_WC_SUCCESS)
+			return -2;
+	return (int64_t)(q->prod - first);
 }
 
 int64_t nat_memcpy(uint64_t dst, uint64_t src, uint64_t len, uint32_t iters)

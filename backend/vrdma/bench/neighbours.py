@@ -1,0 +1,133 @@
+"""The noisy neighbour: what one VM's flood does to another VM's latency on the same backend (issue 27's table).
+
+One backend serves four simulated VMs (vm0..vm3, the simulated frontend, no guests): a victim pair (vm1 writes into
+vm0) and a neighbour pair (vm3 writes into vm2), each requester driven by the C load generator as libvrdma would
+drive it. In alternating rounds the victim does signaled 8-byte RDMA WRITEs one at a time, yielding the CPU while it
+waits for each (on two cores a spinning victim would starve the flood's thread and measure the gaps that makes; a
+pause between them longer than the engine's spin would measure the engine's wake-up), and QUERY_DEVICE commands
+through the control queue, alone, while the neighbour floods 1 MiB WRITEs at full queue depth, and while it floods
+8-byte WRITEs; each condition's samples are pooled over the rounds. Reported, not asserted.
+
+The flood runs in a thread of this process (cffi releases the GIL in C); when its queue is full it sleeps 20 us
+rather than spin (loadgen.c), so that on two cores the figures show the engine's scheduling, not a third spinner.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from vrdma.bench.backend import MIB, STREAM_TIMEOUT_NS, NativePair, native_pair
+from vrdma.bench.metric import Metric
+from vrdma.device import abi
+from vrdma.device.constants import CommandOpcode
+from vrdma.harness import daemon as daemon_launcher
+from vrdma.harness.daemon import socket_path
+from vrdma.harness.qemu_cmdline import GuestIdentity
+from vrdma.testing.frontend import Frontend
+
+ROUNDS = 3                # alternating rounds of the three conditions
+VICTIM_WRITES = 1000      # signaled 8-byte WRITEs per round and condition, one at a time ...
+VICTIM_GAP_US = 0         # ... back to back (a gap longer than the engine's spin would measure its wake-up) ...
+VICTIM_WARMUP = 50        # ... of which the first are not counted
+VICTIM_COMMANDS = 200     # QUERY_DEVICE round trips per round and condition
+FLOOD_DEPTH = 64          # the neighbour's queue: this many WRITEs queued at all times
+FLOOD_SIGNAL_EVERY = 16
+FLOODS = {"alone": 0, "flood_1mib": MIB, "flood_8b": 8}  # condition: the neighbour's WRITE size (0: no flood)
+COMMAND = "vrdma bench (noisy neighbour: four simulated VMs, native drivers)"
+
+
+class Flood:
+    """The neighbour's WRITEs of `length` bytes at full depth, in a thread, from entering until leaving."""
+
+    def __init__(self, pair: NativePair, length: int) -> None:
+        from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
+
+        self.pair, self.length = pair, length
+        self.stop = nffi.new("uint32_t *", 0)
+        self.result: int | None = None
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, name=f"flood-{length}", daemon=True)
+
+    def _run(self) -> None:
+        from vrdma.testing._loadgen import lib as nlib
+
+        start = time.perf_counter()
+        self.result = int(nlib.nat_write_flood(self.pair.queue, self.pair.cq, self.pair.write(self.length),
+                                               FLOOD_SIGNAL_EVERY, self.stop, STREAM_TIMEOUT_NS))
+        self.seconds = time.perf_counter() - start
+
+    def __enter__(self) -> Flood:
+        # In full swing before the victim starts: its queue filled once and then some (the C driver moves prod).
+        first = int(self.pair.queue.prod)
+        self.thread.start()
+        deadline = time.monotonic() + STREAM_TIMEOUT_NS / 1e9
+        while (int(self.pair.queue.prod) - first) & 0xFFFFFFFF < 2 * FLOOD_DEPTH:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"the neighbour's {self.length}-byte flood never filled its queue")
+            time.sleep(0.0001)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop[0] = 1
+        self.thread.join(STREAM_TIMEOUT_NS / 1e9)
+        if self.result is None or self.result < 0:
+            raise RuntimeError(f"the neighbour's {self.length}-byte flood failed ({self.result})")
+
+
+def _victim_round(victim: NativePair, writes: list[float], commands: list[float]) -> None:
+    from vrdma.testing._loadgen import ffi as nffi
+    from vrdma.testing._loadgen import lib as nlib
+
+    samples = nffi.new("int64_t[]", VICTIM_WRITES)
+    if nlib.nat_write_latency_paced(victim.queue, victim.cq, victim.write(8), VICTIM_WRITES, VICTIM_GAP_US,
+                                    samples, STREAM_TIMEOUT_NS) != 0:
+        raise RuntimeError("the victim's 8-byte WRITEs failed")
+    writes += [samples[i] / 1000 for i in range(VICTIM_WARMUP, VICTIM_WRITES)]
+    request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": CommandOpcode.QUERY_DEVICE}))
+    size = abi.sizeof("vrdma_resp_query_device")
+    for _ in range(VICTIM_COMMANDS):
+        start = time.perf_counter_ns()
+        victim.requester.command(request, size)
+        commands.append((time.perf_counter_ns() - start) / 1000)
+
+
+def _quantile(samples: list[float], q: float) -> float:
+    return statistics.quantiles(samples, n=1000, method="inclusive")[round(q * 1000) - 1]
+
+
+def noisy_neighbour() -> list[Metric]:
+    guests = [GuestIdentity(i) for i in range(4)]
+    writes: dict[str, list[float]] = {condition: [] for condition in FLOODS}
+    commands: dict[str, list[float]] = {condition: [] for condition in FLOODS}
+    moved: dict[str, list[float]] = {condition: [] for condition in FLOODS if FLOODS[condition]}
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
+            daemon_launcher.for_guests(Path(tmp), guests), ExitStack() as stack:
+        fes = [stack.enter_context(Frontend(str(socket_path(Path(tmp), g)), memory_size=64 * MIB)) for g in guests]
+        victim = native_pair(Path(tmp), fes[0], fes[1], (guests[0].name, guests[1].name), FLOOD_DEPTH)
+        neighbour = native_pair(Path(tmp), fes[2], fes[3], (guests[2].name, guests[3].name), FLOOD_DEPTH)
+        for _ in range(ROUNDS):
+            for condition, length in FLOODS.items():
+                if not length:
+                    _victim_round(victim, writes[condition], commands[condition])
+                    continue
+                with Flood(neighbour, length) as flood:
+                    _victim_round(victim, writes[condition], commands[condition])
+                moved[condition].append((flood.result or 0) * length / flood.seconds / 1e9)
+    results: list[Metric] = []
+    for condition in FLOODS:
+        name = f"neighbour_victim_write_{condition}"
+        results += [Metric(f"{name}_p50_us", round(statistics.median(writes[condition]), 2), "us", COMMAND),
+                    Metric(f"{name}_p99_us", round(_quantile(writes[condition], 0.99), 2), "us", COMMAND),
+                    Metric(f"{name}_p999_us", round(_quantile(writes[condition], 0.999), 2), "us", COMMAND),
+                    Metric(f"neighbour_victim_control_{condition}_p99_us",
+                           round(_quantile(commands[condition], 0.99), 1), "us", COMMAND)]
+    for condition, rates in moved.items():
+        results.append(Metric(f"neighbour_{condition}_gbps", round(statistics.median(rates), 3), "GB/s", COMMAND))
+    return results
+
