@@ -53,9 +53,7 @@ static void ack_upto(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 		}
 		sq_wqe(qp, qp->sq_head, w);
 		n->una_psn = psn_add(last_psn(s), 1);
-		d->counters.bytes += s->len;  /* a SEND or WRITE the peer acknowledged: its data left this VM */
-		qp->counters.bytes += s->len;
-		count_tx(d, s->len, s->npkts);
+		count_tx(d, qp, s->len, s->npkts);  /* a SEND or WRITE the peer acknowledged: its data left this VM */
 		retire_head(e, d, qp, w, VRDMA_WC_SUCCESS, s->len);
 	}
 	if (psn_diff(psn_add(psn, 1), n->una_psn) > 0) {
@@ -148,9 +146,7 @@ static void read_response(struct vre_engine *e, struct vre_device *d, struct vre
 	n->una_psn = psn_add(pkt->psn, 1);
 	qp->retry_left = qp->attr.retry_cnt;
 	if (k == s->npkts - 1) {
-		d->counters.bytes += s->len;
-		qp->counters.bytes += s->len;
-		count_rx(d, s->len, s->npkts);
+		count_rx(d, qp, s->len, s->npkts);
 		retire_head(e, d, qp, &e->scratch.wqe, VRDMA_WC_SUCCESS, s->len);
 		return;
 	}

@@ -14,14 +14,14 @@
 static void count_bytes(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp)
 {
 	uint64_t packets = packets_of(r->qp, r->len);
-	bool reads = r->op->flags & OP_READS;
 
-	r->d->counters.bytes += r->len;
-	dd->counters.bytes += r->len;
-	r->qp->counters.bytes += r->len;
-	dqp->counters.bytes += r->len;
-	count_tx(reads ? dd : r->d, r->len, packets);
-	count_rx(reads ? r->d : dd, r->len, packets);
+	if (r->op->flags & OP_READS) {
+		count_tx(dd, dqp, r->len, packets);
+		count_rx(r->d, r->qp, r->len, packets);
+	} else {
+		count_tx(r->d, r->qp, r->len, packets);
+		count_rx(dd, dqp, r->len, packets);
+	}
 }
 
 /* A SEND, SEND with immediate or WRITE with immediate: a receive WQE of the destination takes it. */

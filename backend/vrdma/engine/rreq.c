@@ -265,9 +265,7 @@ static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_
 		return true;  /* out of budget inside the message */
 	cursor_past(qp);
 	if (uc) {  /* nothing comes back: done when sent (it is the head) */
-		d->counters.bytes += s->len;
-		qp->counters.bytes += s->len;
-		count_tx(d, s->len, s->npkts);
+		count_tx(d, qp, s->len, s->npkts);
 		n->una_psn = psn_add(last_psn(s), 1);
 		retire_head(e, d, qp, w, VRDMA_WC_SUCCESS, s->len);
 	}

@@ -329,9 +329,7 @@ static bool message_packet(struct vre_engine *e, struct vre_device *d, struct vr
 				       write_lands(e, d, qp, pkt, op, payload, rx)))
 		return uc;
 	n->msg_off += pkt->payload_len;
-	d->counters.bytes += pkt->payload_len;
-	qp->counters.bytes += pkt->payload_len;
-	count_rx(d, pkt->payload_len, 1);
+	count_rx(d, qp, pkt->payload_len, 1);
 	if (roce_ends(op) && !message_completes(e, d, qp, pkt, op, rx))
 		return uc;
 	return true;
@@ -582,9 +580,7 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 				copy_at(&src, 1, 0, slot->data + roce_header_len(pkt.opcode), plen, false);
 			}
 			tx_queue(e, d, &qp->net->addr, slot, &pkt, plen);
-			d->counters.bytes += plen;
-			qp->counters.bytes += plen;
-			count_tx(d, plen, 1);
+			count_tx(d, qp, plen, 1);
 			job->answered |= ++job->sent == job->npkts;
 			done++;
 		}

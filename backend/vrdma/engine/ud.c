@@ -119,9 +119,7 @@ static enum delivery ud_deliver(struct vre_engine *e, struct vre_device *dd, str
 			rcqe.imm_data = dg->imm;
 			rcqe.wc_flags |= VRDMA_WC_WITH_IMM;
 		}
-		dd->counters.bytes += dg->len;
-		dqp->counters.bytes += dg->len;
-		count_rx(dd, dg->len, 1);
+		count_rx(dd, dqp, dg->len, 1);
 	}
 	cq_push(e, dd, rx.cq, &rcqe, dg->solicited);
 	return rstatus == VRDMA_WC_SUCCESS ? DELIVERED : RECEIVE_FAILED;
@@ -147,9 +145,7 @@ static void ud_send_remote(struct vre_request *r, const struct vre_gid *sgid, ui
 	memcpy(addr.dst, h->ud.dgid, 16);
 	copy_at(r->local, r->nlocal, 0, slot->data + roce_header_len(pkt.opcode), r->len, false);
 	tx_queue(e, r->d, &addr, slot, &pkt, (uint32_t)r->len);
-	r->d->counters.bytes += r->len;
-	r->qp->counters.bytes += r->len;
-	count_tx(r->d, r->len, 1);
+	count_tx(r->d, r->qp, r->len, 1);
 }
 
 VRE_FN void ud_send(struct vre_request *r)
@@ -187,9 +183,7 @@ VRE_FN void ud_send(struct vre_request *r)
 
 	switch (dqp ? ud_deliver(e, dd, dqp, &dg) : NOT_TAKEN) {
 	case DELIVERED:
-		r->d->counters.bytes += r->len;
-		r->qp->counters.bytes += r->len;
-		count_tx(r->d, r->len, 1);
+		count_tx(r->d, r->qp, r->len, 1);
 		break;
 	case NOT_TAKEN:
 		r->d->counters.ud_dropped++;

@@ -515,14 +515,20 @@ static inline uint64_t packets_of(const struct vre_qp *qp, uint64_t len)
 	return len ? (len + mtu - 1) / mtu : 1;
 }
 
-static inline void count_tx(struct vre_device *d, uint64_t len, uint64_t packets)
+/* Payload `len` that left device d's memory (tx) or came into it (rx) for `qp`'s work, in `packets` packets: the
+ * device's and the QP's `bytes`, and the port's data counters, counted in one place. */
+static inline void count_tx(struct vre_device *d, struct vre_qp *qp, uint64_t len, uint64_t packets)
 {
+	d->counters.bytes += len;
+	qp->counters.bytes += len;
 	d->counters.tx_bytes += len;
 	d->counters.tx_packets += packets;
 }
 
-static inline void count_rx(struct vre_device *d, uint64_t len, uint64_t packets)
+static inline void count_rx(struct vre_device *d, struct vre_qp *qp, uint64_t len, uint64_t packets)
 {
+	d->counters.bytes += len;
+	qp->counters.bytes += len;
 	d->counters.rx_bytes += len;
 	d->counters.rx_packets += packets;
 }
