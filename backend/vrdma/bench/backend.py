@@ -135,7 +135,7 @@ def native_backend() -> list[Metric]:
         va, pda, queue, cq, write = pair.responder, pair.responder_pd, pair.queue, pair.cq, pair.write
         results: list[Metric] = []
         samples = nffi.new("int64_t[]", LATENCY_WRITES)
-        if nlib.nat_write_latency(queue, cq, write(8), LATENCY_WRITES, samples, STREAM_TIMEOUT_NS) != 0:
+        if nlib.nat_write_latency(queue, cq, write(8), LATENCY_WRITES, samples, STREAM_TIMEOUT_NS, 0) != 0:
             raise RuntimeError("8-byte WRITE latency run failed")
         lat = [samples[i] / 1000 for i in range(LATENCY_WARMUP, LATENCY_WRITES)]
         results += [

@@ -31,8 +31,7 @@ from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.testing.frontend import Frontend
 
 ROUNDS = 3                # alternating rounds of the three conditions
-VICTIM_WRITES = 1000      # signaled 8-byte WRITEs per round and condition, one at a time ...
-VICTIM_GAP_US = 0         # ... back to back (a gap longer than the engine's spin would measure its wake-up) ...
+VICTIM_WRITES = 1000      # signaled 8-byte WRITEs per round and condition, one at a time, back to back ...
 VICTIM_WARMUP = 50        # ... of which the first are not counted
 VICTIM_COMMANDS = 200     # QUERY_DEVICE round trips per round and condition
 FLOOD_DEPTH = 64          # the neighbour's queue: this many WRITEs queued at all times
@@ -85,8 +84,8 @@ def _victim_round(victim: NativePair, writes: list[float], commands: list[float]
     from vrdma.testing._loadgen import lib as nlib
 
     samples = nffi.new("int64_t[]", VICTIM_WRITES)
-    if nlib.nat_write_latency_paced(victim.queue, victim.cq, victim.write(8), VICTIM_WRITES, VICTIM_GAP_US,
-                                    samples, STREAM_TIMEOUT_NS) != 0:
+    if nlib.nat_write_latency(victim.queue, victim.cq, victim.write(8), VICTIM_WRITES, samples, STREAM_TIMEOUT_NS,
+                              1) != 0:
         raise RuntimeError("the victim's 8-byte WRITEs failed")
     writes += [samples[i] / 1000 for i in range(VICTIM_WARMUP, VICTIM_WRITES)]
     request = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": CommandOpcode.QUERY_DEVICE}))

@@ -75,16 +75,19 @@ static int poll_one(struct nat_cq *cq, uint8_t *status)
 }
 
 int nat_write_latency(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
-		      int64_t *samples, int64_t timeout_ns)
+		      int64_t *samples, int64_t timeout_ns, int yield)
 {
 	for (uint32_t i = 0; i < iters; i++) {
 		int64_t start = now_ns();
 		uint8_t status;
 
 		post_write(q, w, 1);
-		while (!poll_one(cq, &status))
+		while (!poll_one(cq, &status)) {
 			if (now_ns() - start > timeout_ns)
 				return -1;
+			if (yield)
+				sched_yield();
+		}
 		if (status != VRDMA_WC_SUCCESS)
 			return -2;
 		samples[i] = now_ns() - start;
@@ -116,29 +119,6 @@ int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct na
 		if (status != VRDMA_WC_SUCCESS)
 			return -2;
 	return now_ns() - start;
-}
-
-int nat_write_latency_paced(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
-			    uint32_t gap_us, int64_t *samples, int64_t timeout_ns)
-{
-	for (uint32_t i = 0; i < iters; i++) {
-		int64_t start;
-		uint8_t status;
-
-		if (gap_us)
-			usleep(gap_us);
-		start = now_ns();
-		post_write(q, w, 1);
-		while (!poll_one(cq, &status)) {
-			if (now_ns() - start > timeout_ns)
-				return -1;
-			sched_yield();
-		}
-		if (status != VRDMA_WC_SUCCESS)
-			return -2;
-		samples[i] = now_ns() - start;
-	}
-	return 0;
 }
 
 /*

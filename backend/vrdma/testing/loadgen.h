@@ -35,14 +35,12 @@ struct nat_write {
 };
 
 int64_t nat_now(void);
+/* Signaled WRITEs one at a time, each sample its doorbell-to-CQE time; with `yield`, the CPU is yielded while a CQE
+ * is not there (a victim that leaves the cores to others while it waits; spinning measures the backend alone). */
 int nat_write_latency(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
-		      int64_t *samples, int64_t timeout_ns);
+		      int64_t *samples, int64_t timeout_ns, int yield);
 int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint64_t count,
 			 uint32_t signal_every, int64_t timeout_ns);
-/* Like nat_write_latency, one WRITE every gap_us and the CPU yielded while its CQE is not there: a victim that
- * leaves the cores to others between its requests, as a latency-sensitive VM does. */
-int nat_write_latency_paced(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
-			    uint32_t gap_us, int64_t *samples, int64_t timeout_ns);
 /* WRITEs at full queue depth until *stop is set, then drained: the WRITEs completed, or < 0 on an error. */
 int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t signal_every,
 			volatile uint32_t *stop, int64_t timeout_ns);
