@@ -100,14 +100,21 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     import json
 
     from vrdma.daemon.admin import ask
+    from vrdma.device.qos import KEYS as QOS_KEYS
 
     request: dict[str, object] = {"command": args.admin_command}
     if args.admin_command == "inject":
         request.update(vm=args.vm, fault=args.fault)
     elif args.admin_command == "vm":
         request["command"] = f"vm-{args.vm_action}"
-        if args.vm_action in ("add", "remove"):
+        if args.vm_action in ("add", "remove", "qos"):
             request["name"] = args.name
+        qos = {key: getattr(args, key.replace("-", "_")) for key in QOS_KEYS
+               if getattr(args, key.replace("-", "_"), None) is not None}
+        if args.vm_action == "qos":
+            request.update(qos)
+        elif args.vm_action == "add" and qos:
+            request["qos"] = qos
         if args.vm_action == "add":
             # Paths are the caller's: the backend runs elsewhere, so they travel absolute.
             request["socket-path"] = str(Path(args.socket_path).absolute())
@@ -131,12 +138,28 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
         for *cells, last in rows:
             print("  ".join(str(cell).ljust(width) for cell, width in zip(cells, widths, strict=True)) + f"  {last}")
+    elif args.vm_action == "qos":
+        q = reply["qos"]
+        limits = [f"{key} {q[key]}" for key in QOS_KEYS if key != "weight" and q[key]]
+        print(f"{args.name}: weight {q['weight']}, {', '.join(limits) or 'no limits'}; throttled "
+              f"{q['throttled_ns'] / 1e9:.3f} s, {q['deferred_bytes']} bytes deferred, {q['turns']} turns")
     elif args.vm_action == "add":
         vm = reply["vm"]
         print(f"{vm['name']}: listening on {vm['socket-path']} (doorbell region {vm['doorbell']}, MAC {vm['mac']})")
     else:
         print(f"{args.name}: removed")
     return 0
+
+
+def _qos_options(parser: argparse.ArgumentParser) -> None:
+    """A VM's QoS settings as options (docs/operating.md, "Sharing the host"); quantities take k, M, G, T (powers of
+    ten) or Ki, Mi, Gi, Ti suffixes."""
+    parser.add_argument("--weight", metavar="W",
+                        help="share of the engine against other VMs with work: 1 to 1000, 100 an equal share")
+    parser.add_argument("--bytes-per-s", metavar="RATE", help="payload bytes per second, at most (0: no limit)")
+    parser.add_argument("--bytes-burst", metavar="BYTES", help="bytes it may save up (0: one second's worth)")
+    parser.add_argument("--wrs-per-s", metavar="RATE", help="work requests per second, at most (0: no limit)")
+    parser.add_argument("--wrs-burst", metavar="N", help="work requests it may save up (0: one second's worth)")
 
 
 def _cmd_libvirt_hook(args: argparse.Namespace) -> int:
@@ -237,7 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     vm_add.add_argument("--doorbell", metavar="PATH",
                         help="the VM's doorbell region file (default: NAME.doorbell in the backend's "
                              "--doorbell-dir, or beside the socket)")
+    _qos_options(vm_add)
     vm_actions.add_parser("list", help="the VMs served: name, state, MAC, socket, doorbell region")
+    vm_qos = vm_actions.add_parser(
+        "qos", help="show or change a VM's share of the engine and its limits (those named change, at once)")
+    vm_qos.add_argument("name")
+    _qos_options(vm_qos)
     vm_remove = vm_actions.add_parser(
         "remove", help="stop serving a VM: its device and objects are freed, its QEMU sees the backend go")
     vm_remove.add_argument("name")

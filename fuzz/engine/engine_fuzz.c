@@ -317,7 +317,15 @@ static void op_poll(struct in *in, struct vre_engine *e, uint32_t dev)
 {
 	uint8_t how = u8(in);
 
-	(void)dev;
+	if (how & 0x40) {
+		/* The VM's share changes first (from the bits the budget leaves, so the input format is as it was): a
+		 * weight, and with the top bit limits small enough to hold it back. */
+		struct vre_qos qos = { .weight = 1 + (uint32_t)(how & 0x3f) * 16 % VRE_MAX_WEIGHT,
+				       .bytes_per_s = how & 0x80 ? 1ull << (how & 31) : 0,
+				       .wrs_per_s = (how & 0xa0) == 0xa0 ? 1000 : 0, .wrs_burst = how & 7 };
+
+		CHECK(vre_device_qos(e, dev, &qos) == (vms[dev].open ? 0 : -EINVAL));
+	}
 	if (how & 1)
 		vre_spin(e, 1 + how % 64, 0);
 	else
@@ -440,8 +448,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in in = { data, size };
 	struct vre_engine *e = vre_engine_new(NDEV);
+	/* Pieces of a page and turns of two: every message of more than a page moves in pieces, with turns between. */
+	const struct vre_sched sched = { .quantum_bytes = 2 * PAGE, .piece_bytes = PAGE, .wr_cost_bytes = 512 };
 
 	CHECK(e);
+	CHECK(vre_sched_set(e, &sched) == 0);
 	for (uint32_t dev = 0; dev < NDEV; dev++) {
 		struct vm *vm = &vms[dev];
 

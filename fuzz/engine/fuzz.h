@@ -10,6 +10,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
 #include <sanitizer/asan_interface.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -58,7 +58,15 @@ def test_metrics_match_the_admin_counters(tmp_path: Path) -> None:
                     assert metrics[("vrdma_objects", (("kind", kind), ("vm", name)))] == count, kind
                 for opcode, count in counters["by_opcode"].items():
                     assert metrics[("vrdma_commands_by_opcode_total", (("opcode", opcode), ("vm", name)))] == count
+                qos = counters["qos"]
+                assert metrics[("vrdma_qos_turns_total", label)] == qos["turns"]
+                assert metrics[("vrdma_qos_deferred_bytes_total", label)] == qos["deferred_bytes"]
+                assert metrics[("vrdma_qos_pieced_messages_total", label)] == qos["pieced_messages"]
+                assert metrics[("vrdma_qos_throttled_seconds_total", label)] == qos["throttled_ns"] / 1e9
+                assert metrics[("vrdma_qos_weight", label)] == qos["weight"] == 100
+                assert metrics[("vrdma_qos_limit_bytes_per_s", label)] == qos["bytes-per-s"] == 0
             assert admin["vm1"]["engine"]["send_wqes"] >= 2 and admin["vm1"]["engine"]["bytes"] > 0
+            assert admin["vm1"]["qos"]["turns"] > 0  # its SENDs were run in its turns
             assert metrics[("vrdma_engine_seconds_total", ())] > 0
             assert metrics[("process_open_fds", ())] > 0
         backend.add_vm("vm2")

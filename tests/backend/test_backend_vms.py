@@ -214,6 +214,31 @@ def test_the_admin_command_line_adds_lists_and_removes(backend: BackendProcess, 
     assert names(backend) == ["vm0", "vm1"]
 
 
+def test_a_vms_qos_is_set_when_added_and_changed_at_run_time(backend: BackendProcess, tmp_path: Path) -> None:
+    """`vrdma admin vm add ... --weight`, then `vrdma admin vm qos` shows and changes it while the VM is served; a
+    bad setting is refused with its reason and changes nothing; the counters carry it."""
+    def admin(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "vrdma.cli", "admin", "--admin-socket", str(backend.admin),
+                               *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False)
+
+    added = admin("vm", "add", "vm5", "--socket-path", "vm5.sock", "--weight", "50", "--bytes-per-s", "1G")
+    assert added.returncode == 0, added
+    shown = admin("vm", "qos", "vm5")
+    assert shown.returncode == 0 and "vm5: weight 50, bytes-per-s 1000000000; throttled 0.000 s" in shown.stdout, shown
+    changed = admin("vm", "qos", "vm5", "--weight", "300", "--bytes-per-s", "0", "--wrs-per-s", "2Mi")
+    assert changed.returncode == 0 and "vm5: weight 300, wrs-per-s 2097152;" in changed.stdout, changed
+    for argv, reason in ((("--weight", "0"), "weight must be 1 to 1000"),
+                         (("--bytes-burst", "lots"), "bytes-burst must be a whole number or a quantity")):
+        refused = admin("vm", "qos", "vm5", *argv)
+        assert refused.returncode == 1 and reason in refused.stderr, refused
+    assert backend.admin_ask("vm-qos", name="vm5", share=3)["error"].startswith("vm-qos: unknown field(s) share")
+    assert "no VM named 'vm9'" in backend.admin_ask("vm-qos", name="vm9")["error"]
+    qos = backend.admin_ask("counters")["vms"]["vm5"]["qos"]
+    assert (qos["weight"], qos["bytes-per-s"], qos["wrs-per-s"], qos["throttled_ns"]) == (300, 0, 2097152, 0)
+    assert {vm["name"]: vm["qos"]["weight"] for vm in backend.admin_ask("vm-list")["vms"]} == \
+        {"vm0": 100, "vm1": 100, "vm5": 300}
+
+
 def test_the_added_vm_reaches_the_others_by_gid(backend: BackendProcess) -> None:
     """An added VM joins the fabric's GID index: an RC QP of vm0 connects to one of the added VM and a SEND
     arrives (the route is the engine's, like for VMs served from the start)."""

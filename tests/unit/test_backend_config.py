@@ -9,6 +9,7 @@ import pytest
 
 from vrdma.daemon import config
 from vrdma.daemon.config import ConfigError
+from vrdma.device.qos import Qos
 
 
 def load(tmp_path: Path, text: str) -> config.BackendConfig:
@@ -29,6 +30,11 @@ metrics = "127.0.0.1:9717"
 socket-path = "/run/vrdma/vm0.sock"
 mac = "52:54:00:76:72:00"
 
+[vm.vm0.qos]
+weight = 300
+bytes-per-s = "2G"
+wrs-burst = "4Ki"
+
 [vm."guest-1.example"]
 socket-path = "sockets/guest.sock"
 doorbell = "/dev/shm/guest.doorbell"
@@ -41,6 +47,7 @@ doorbell = "/dev/shm/guest.doorbell"
     assert vm0.doorbell_path == tmp_path / "db" / "vm0.doorbell"
     assert guest.name == "guest-1.example" and guest.socket_path == tmp_path / "sockets" / "guest.sock"
     assert guest.mac == bytes(6) and guest.doorbell_path == Path("/dev/shm/guest.doorbell")
+    assert vm0.qos == Qos(weight=300, bytes_per_s=2_000_000_000, wrs_burst=4096) and guest.qos == Qos()
 
 
 def test_an_empty_file_is_the_defaults(tmp_path: Path) -> None:
@@ -67,6 +74,14 @@ BAD = {
     "vm bad name": ('[vm."a/b"]\nsocket-path = "a.sock"\n', "VM name 'a/b' must be"),
     "vm empty socket": ('[vm.vm1]\nsocket-path = ""\n', "socket-path must be a non-empty path"),
     "vm long socket": (f'[vm.vm1]\nsocket-path = "/{"s" * 200}"\n', "longer than a unix socket path may be"),
+    "vm qos not a table": ('[vm.vm1]\nsocket-path = "a.sock"\nqos = 3\n', "qos must be a table"),
+    "vm qos unknown key": ('[vm.vm1]\nsocket-path = "a.sock"\n[vm.vm1.qos]\nshare = 3\n',
+                           "qos: unknown QoS key(s) 'share'"),
+    "vm qos weight 0": ('[vm.vm1]\nsocket-path = "a.sock"\n[vm.vm1.qos]\nweight = 0\n', "weight must be 1 to 1000"),
+    "vm qos bad rate": ('[vm.vm1]\nsocket-path = "a.sock"\n[vm.vm1.qos]\nbytes-per-s = "fast"\n',
+                        "bytes-per-s must be a whole number or a quantity"),
+    "vm qos rate too high": ('[vm.vm1]\nsocket-path = "a.sock"\n[vm.vm1.qos]\nwrs-per-s = "100T"\n',
+                             "wrs-per-s must be 0 (no limit) to 17592186044416"),
     "metrics without port": ('metrics = "localhost:"\n', "'localhost:' is not [HOST:]PORT"),
     "metrics port 0": ('metrics = ":0"\n', "':0' is not [HOST:]PORT"),
 }

@@ -215,7 +215,8 @@ def test_reset_forgets_every_object_and_handles_from_before_stay_stale(
     epoch = device.epoch
     device.reset()
     assert device.epoch != epoch and device.counters_snapshot()["objects"]["pd"] == 0  # type: ignore[index]
-    assert engine.calls[-2:] == [("close_device", 0, -1), ("open_device", 0, -1)]
+    # the engine device closes and opens again, with the VM's QoS given again
+    assert engine.calls[-3:] == [("close_device", 0, -1), ("open_device", 0, -1), ("set_qos", 0, -1)]
     driver.destroy("DEALLOC_PD", pd.handle, Status.INVALID)
     assert driver.pd(ctx.handle, Status.INVALID).status == Status.INVALID  # the context went too
 

@@ -28,7 +28,7 @@ from vrdma.bench.backend import MIB, control_round_trip, memcpy_bandwidth, nativ
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import interhost
 from vrdma.bench.metric import Metric, Report, write
-from vrdma.bench.neighbours import noisy_neighbour
+from vrdma.bench.neighbours import noisy_neighbour, sharing
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     results += native_backend()
     log.info("the noisy neighbour: a victim's 8-byte WRITEs and commands beside a neighbour's flood (four VMs)")
     results += noisy_neighbour()
+    log.info("sharing the engine: two floods at weights 1:1 and 3:1, one under a byte limit (four VMs)")
+    results += sharing()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
     log.info("vrdma and rxe side by side in two guests (%s)",

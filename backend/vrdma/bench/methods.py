@@ -62,6 +62,12 @@ def rows() -> list[tuple[str, str, str]]:
          "`neighbour_victim_write_{alone,flood_1mib,flood_8b}_p50_us`, `_p99_us`, `_p999_us`, "
          "`neighbour_victim_control_{alone,flood_1mib,flood_8b}_p99_us`, `neighbour_flood_1mib_gbps`, "
          "`neighbour_flood_8b_gbps`"),
+        ("sharing", "the same four VMs: both requesters flood 1 MiB WRITEs at once "
+         f"({_n(neighbours.FLOOD_DEPTH)} queued) for {_n(neighbours.SHARE_SECONDS)} s at weights 100:100 and "
+         f"300:100 (`vrdma admin vm qos`), then one alone under a limit of "
+         f"{_n(neighbours.LIMIT_BYTES_PER_S)} bytes/s with a {_n(neighbours.LIMIT_BURST // (1 << 20))} MiB burst",
+         "`sharing_weight_1to1_ratio`, `sharing_weight_3to1_ratio` (the first flood's bytes over the second's), "
+         "`sharing_limit_rate_ratio` (its rate over the limit)"),
         ("idle", f"two guests booted, {_n(g.IDLE_QPS)} connected RC QPs ({_n(g.IDLE_QPS // 2)} per guest, "
          "`vrdma/harness/guest/idle_qps.py`), wait until the engine has parked, psutil CPU times over "
          f"{_n(g.IDLE_SECONDS)} s", "`backend_idle_cpu_pct`"),

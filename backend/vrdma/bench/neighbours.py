@@ -10,6 +10,10 @@ through the control queue, alone, while the neighbour floods 1 MiB WRITEs at ful
 
 The flood runs in a thread of this process (cffi releases the GIL in C); when its queue is full it sleeps 20 us
 rather than spin (loadgen.c), so that on two cores the figures show the engine's scheduling, not a third spinner.
+
+`sharing` uses the same four VMs for the engine's shares: both requesters flood 1 MiB WRITEs at once for a second,
+with weights 1:1 and 3:1 set through the admin socket (the ratio of their bytes), and one flood alone under a byte
+limit (its rate against the limit).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import statistics
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from vrdma.bench.backend import MIB, STREAM_TIMEOUT_NS, NativePair, native_pair
@@ -38,6 +43,9 @@ FLOOD_DEPTH = 64          # the neighbour's queue: this many WRITEs queued at al
 FLOOD_SIGNAL_EVERY = 16
 FLOODS = {"alone": 0, "flood_1mib": MIB, "flood_8b": 8}  # condition: the neighbour's WRITE size (0: no flood)
 COMMAND = "vrdma bench (noisy neighbour: four simulated VMs, native drivers)"
+SHARE_SECONDS = 1.0       # each sharing run: both floods (or the limited one) this long
+LIMIT_BYTES_PER_S = 1_000_000_000  # the limited flood's bytes-per-s ...
+LIMIT_BURST = 4 * MIB     # ... and burst (small against a second's worth, which would double the first second)
 
 
 class Flood:
@@ -100,16 +108,23 @@ def _quantile(samples: list[float], q: float) -> float:
     return statistics.quantiles(samples, n=1000, method="inclusive")[round(q * 1000) - 1]
 
 
-def noisy_neighbour() -> list[Metric]:
+@contextmanager
+def four_vms() -> Iterator[tuple[daemon_launcher.DaemonProcess, NativePair, NativePair]]:
+    """One backend serving vm0..vm3: the victim pair (vm1 writes into vm0) and the neighbour's (vm3 into vm2)."""
     guests = [GuestIdentity(i) for i in range(4)]
-    writes: dict[str, list[float]] = {condition: [] for condition in FLOODS}
-    commands: dict[str, list[float]] = {condition: [] for condition in FLOODS}
-    moved: dict[str, list[float]] = {condition: [] for condition in FLOODS if FLOODS[condition]}
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
-            daemon_launcher.for_guests(Path(tmp), guests), ExitStack() as stack:
+            daemon_launcher.for_guests(Path(tmp), guests) as daemon, ExitStack() as stack:
         fes = [stack.enter_context(Frontend(str(socket_path(Path(tmp), g)), memory_size=64 * MIB)) for g in guests]
         victim = native_pair(Path(tmp), fes[0], fes[1], (guests[0].name, guests[1].name), FLOOD_DEPTH)
         neighbour = native_pair(Path(tmp), fes[2], fes[3], (guests[2].name, guests[3].name), FLOOD_DEPTH)
+        yield daemon, victim, neighbour
+
+
+def noisy_neighbour() -> list[Metric]:
+    writes: dict[str, list[float]] = {condition: [] for condition in FLOODS}
+    commands: dict[str, list[float]] = {condition: [] for condition in FLOODS}
+    moved: dict[str, list[float]] = {condition: [] for condition in FLOODS if FLOODS[condition]}
+    with four_vms() as (_, victim, neighbour):
         for _ in range(ROUNDS):
             for condition, length in FLOODS.items():
                 if not length:
@@ -130,3 +145,35 @@ def noisy_neighbour() -> list[Metric]:
         results.append(Metric(f"neighbour_{condition}_gbps", round(statistics.median(rates), 3), "GB/s", COMMAND))
     return results
 
+
+
+def _qos(daemon: daemon_launcher.DaemonProcess, vm: str, **settings: object) -> None:
+    reply = daemon_launcher.admin(daemon, {"command": "vm-qos", "name": vm, **settings})
+    if not reply.get("ok"):
+        raise RuntimeError(f"vm-qos {vm}: {reply.get('error')}")
+
+
+def _floods(pairs: list[NativePair]) -> list[float]:
+    """Every pair floods 1 MiB WRITEs at once for SHARE_SECONDS: the bytes per second each moved."""
+    with ExitStack() as stack:
+        floods = [stack.enter_context(Flood(pair, MIB)) for pair in pairs]
+        time.sleep(SHARE_SECONDS)  # the measurement's length, not a wait for readiness
+    return [(flood.result or 0) * MIB / flood.seconds for flood in floods]
+
+
+def sharing() -> list[Metric]:
+    """Weights and limits honoured: the byte ratio of two equal floods at weights 1:1 and 3:1, and one flood's rate
+    under a byte limit against that limit."""
+    results: list[Metric] = []
+    with four_vms() as (daemon, victim, neighbour):
+        first, second = GuestIdentity(1).name, GuestIdentity(3).name  # the requesters
+        for weights in ((100, 100), (300, 100)):
+            _qos(daemon, first, weight=weights[0])
+            _qos(daemon, second, weight=weights[1])
+            rates = _floods([victim, neighbour])
+            name = f"sharing_weight_{weights[0] // 100}to{weights[1] // 100}_ratio"
+            results.append(Metric(name, round(rates[0] / rates[1], 3), "x", COMMAND))
+        _qos(daemon, first, weight=100, **{"bytes-per-s": LIMIT_BYTES_PER_S, "bytes-burst": LIMIT_BURST})
+        (rate,) = _floods([victim])
+        results.append(Metric("sharing_limit_rate_ratio", round(rate / LIMIT_BYTES_PER_S, 3), "x", COMMAND))
+    return results

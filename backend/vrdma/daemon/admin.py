@@ -8,9 +8,13 @@ One JSON object per line in each direction over a unix stream socket; each conne
     {"command": "vm-add", "name": "vm2", "socket-path": "/run/vrdma/vm2.sock", "mac": "52:54:00:..",
      "doorbell": "/dev/shm/vm2.doorbell"}          -> {"ok": true, "vm": {"name": "vm2", ...}}
     {"command": "vm-remove", "name": "vm2"}        -> {"ok": true}
+    {"command": "vm-qos", "name": "vm0", "weight": 300, "bytes-per-s": "1G"}
+                                                   -> {"ok": true, "qos": {"weight": 300, ..., "throttled_ns": ...}}
 
 ("network": what arrived from other hosts that no QP took, and what went out; null without --roce. In vm-add,
-"mac" and "doorbell" may be left out; paths are absolute.) A refused request is {"ok": false, "error": "..."} with
+"mac", "doorbell" and "qos" (a table of the keys vm-qos takes) may be left out; paths are absolute. vm-qos changes
+the settings it names, keeps the others, and answers them all with the VM's QoS counters; with none it only
+answers.) A refused request is {"ok": false, "error": "..."} with
 the reason, and changes nothing.
 
 Whoever starts the daemon may add commands (``extensions``): `vrdma backend --test-hooks` adds "inject" from
@@ -29,6 +33,7 @@ from typing import Any, ClassVar, Protocol
 
 from vrdma.daemon.config import EndpointSpec, vm_spec
 from vrdma.device.device import RdmaDevice
+from vrdma.device.qos import KEYS as QOS_KEYS
 from vrdma.errors import VrdmaError
 from vrdma.loop import EventLoop
 
@@ -123,9 +128,10 @@ class AdminSocket:
         return {"ok": True, "vms": [vm.describe() for _, vm in sorted(self.backend.served().items())]}
 
     def _vm_add(self, request: dict[str, Any]) -> dict[str, Any]:
-        _fields(request, {"name", "socket-path", "mac", "doorbell"}, required={"name", "socket-path"})
+        _fields(request, {"name", "socket-path", "mac", "doorbell", "qos"}, required={"name", "socket-path"})
         spec = vm_spec(request["name"], request["socket-path"], mac=request.get("mac"),
-                       doorbell=request.get("doorbell"), doorbell_dir=self.backend.doorbell_dir, what="vm-add")
+                       doorbell=request.get("doorbell"), doorbell_dir=self.backend.doorbell_dir,
+                       qos=request.get("qos"), what="vm-add")
         return {"ok": True, "vm": self.backend.add_vm(spec).describe()}
 
     def _vm_remove(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -135,8 +141,20 @@ class AdminSocket:
         self.backend.remove_vm(request["name"])
         return {"ok": True}
 
+    def _vm_qos(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, {"name", *QOS_KEYS}, required={"name"})
+        name = request["name"]
+        vm = self.backend.served().get(name) if isinstance(name, str) else None
+        if vm is None:
+            return {"ok": False, "error": f"vm-qos: no VM named {name!r} is served"}
+        settings = {key: value for key, value in request.items() if key in QOS_KEYS}
+        if settings:
+            vm.rdma.set_qos(vm.rdma.qos.changed(settings, f"vm-qos {name}"))
+            log.info("%s: QoS now %s", name, vm.rdma.qos.as_table())
+        return {"ok": True, "qos": {**vm.rdma.qos.as_table(), **vm.rdma.qos_counters()}}
+
     COMMANDS: ClassVar[dict[str, Callable[[AdminSocket, dict[str, Any]], dict[str, Any]]]] = {
-        "counters": _counters, "vm-add": _vm_add, "vm-list": _vm_list, "vm-remove": _vm_remove}
+        "counters": _counters, "vm-add": _vm_add, "vm-list": _vm_list, "vm-qos": _vm_qos, "vm-remove": _vm_remove}
 
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())

@@ -13,7 +13,11 @@ its socket path, its MAC and its doorbell path the same way wherever they came f
       socket-path = "/run/vrdma/vm0.sock"
       mac = "52:54:00:76:72:00"
 
-- the admin socket at run time (``vm-add``, vrdma.daemon.admin).
+      [vm.vm0.qos]             # optional: its share of the engine (vrdma.device.qos)
+      weight = 200
+      bytes-per-s = "2G"
+
+- the admin socket at run time (``vm-add``, vrdma.daemon.admin; ``vm-qos`` changes a VM's QoS).
 
 The file is input like any other: an unknown key, a value of the wrong type or out of range is an error that names
 the file and the key, and nothing starts.
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vrdma.device.qos import Qos, QosError
 from vrdma.errors import VrdmaError
 
 # Where the service's backend answers `vrdma admin` (the systemd unit's RuntimeDirectory).
@@ -53,6 +58,7 @@ class EndpointSpec:
     fd: int | None = None             # or use this already connected socket
     mac: bytes = bytes(6)
     doorbell_path: Path | None = None
+    qos: Qos = field(default_factory=Qos)
 
 
 @dataclass
@@ -93,10 +99,11 @@ def check_socket_path(path: Path, what: str) -> Path:
 
 
 def vm_spec(name: object, socket_path: object, *, mac: object = None, doorbell: object = None,
-            doorbell_dir: Path | None = None, base: Path | None = None, what: str = "VM") -> EndpointSpec:
+            doorbell_dir: Path | None = None, base: Path | None = None, qos: object = None,
+            what: str = "VM") -> EndpointSpec:
     """One VM's declaration checked: paths relative to ``base`` (None: they must be absolute, as over the admin
     socket, whose caller's directory the backend does not know). The doorbell region defaults to NAME.doorbell in
-    ``doorbell_dir``, or beside the socket."""
+    ``doorbell_dir``, or beside the socket. ``qos``: a table of QoS settings (weight, bytes-per-s, ...)."""
     name = check_vm_name(name, what)
     what = f"{what} {name}"
 
@@ -113,13 +120,19 @@ def vm_spec(name: object, socket_path: object, *, mac: object = None, doorbell: 
     listen = check_socket_path(path_of(socket_path, "socket-path"), what)
     doorbell_path = (path_of(doorbell, "doorbell") if doorbell is not None
                      else (doorbell_dir or listen.parent) / f"{name}.doorbell")
+    if qos is not None and not isinstance(qos, dict):
+        raise ConfigError(f"{what}: qos must be a table (weight = ..., bytes-per-s = ...), not {qos!r}")
+    try:
+        settings = Qos().changed(qos or {}, f"{what}: qos")
+    except QosError as err:
+        raise ConfigError(str(err)) from None
     return EndpointSpec(name=name, socket_path=listen, doorbell_path=doorbell_path,
-                        mac=parse_mac(mac, f"{what}: mac") if mac is not None else bytes(6))
+                        mac=parse_mac(mac, f"{what}: mac") if mac is not None else bytes(6), qos=settings)
 
 
 # The file's keys: top level, and each [vm.NAME] table.
 _TOP = {"admin-socket", "doorbell-dir", "roce", "max-vms", "metrics", "vm"}
-_VM = {"socket-path", "mac", "doorbell"}
+_VM = {"socket-path", "mac", "doorbell", "qos"}
 _KIND_NAMES: dict[type, str] = {int: "a whole number", str: "a string", bool: "true or false", dict: "a table"}
 
 
@@ -166,7 +179,8 @@ def from_table(data: dict[str, Any], path: Path) -> BackendConfig:
         if "socket-path" not in table:
             raise ConfigError(f"{what}: socket-path is missing")
         config.vms.append(vm_spec(name, table["socket-path"], mac=table.get("mac"), doorbell=table.get("doorbell"),
-                                  doorbell_dir=config.doorbell_dir, base=base, what=f"{path}: VM"))
+                                  doorbell_dir=config.doorbell_dir, base=base, qos=table.get("qos"),
+                                  what=f"{path}: VM"))
     return config
 
 

@@ -11,6 +11,8 @@ for the answer (SNAPSHOT_TIMEOUT). The counters are those `vrdma admin counters`
     vrdma_events_posted_total{vm}, vrdma_events_dropped_total{vm}, vrdma_events_pending{vm}
     vrdma_objects{vm, kind}, vrdma_vm_connected{vm}
     vrdma_network_<counter>_total                 what arrived from other hosts that no QP took, what went out
+    vrdma_qos_<...>{vm="..."}                  its share of the engine: turns, throttled seconds, deferred bytes,
+                                              pieced messages (counters); weight and limits (gauges)
     vrdma_vms, vrdma_vm_slots, vrdma_engine_seconds_total, vrdma_engine_work_total
 
 docs/operating.md lists them with their meaning.
@@ -185,6 +187,20 @@ def families(snap: Snapshot) -> list[Metric]:
     out += [by_opcode, objects]
     group("engine", COUNTERS, lambda c: c["engine"], "the data engine's work for the VM")
     group("roce", ROCE_COUNTERS, lambda c: c["roce"], "the VM's RoCE v2 traffic with other hosts")
+    per_vm("vrdma_qos_turns", "engine turns in which the VM had work", CounterMetricFamily,
+           lambda c: c["qos"]["turns"])
+    per_vm("vrdma_qos_throttled_seconds", "time the VM's limits held back work it had", CounterMetricFamily,
+           lambda c: c["qos"]["throttled_ns"] / 1e9)
+    per_vm("vrdma_qos_deferred_bytes", "bytes of the VM's messages moved in a later turn than their first piece",
+           CounterMetricFamily, lambda c: c["qos"]["deferred_bytes"])
+    per_vm("vrdma_qos_pieced_messages", "the VM's messages moved in more than one piece", CounterMetricFamily,
+           lambda c: c["qos"]["pieced_messages"])
+    per_vm("vrdma_qos_weight", "the VM's weight (100: an equal share)", GaugeMetricFamily,
+           lambda c: c["qos"]["weight"])
+    per_vm("vrdma_qos_limit_bytes_per_s", "the VM's limit on payload bytes per second (0: none)",
+           GaugeMetricFamily, lambda c: c["qos"]["bytes-per-s"])
+    per_vm("vrdma_qos_limit_wrs_per_s", "the VM's limit on work requests per second (0: none)", GaugeMetricFamily,
+           lambda c: c["qos"]["wrs-per-s"])
     group("connection", CONNECTION_COUNTERS, lambda c: c["connection"], "the VM's vhost-user connections")
     if snap.network is not None:
         for counter, value in sorted(snap.network.items()):

@@ -83,7 +83,7 @@ class VmEndpoint:
             raise BackendError(f"{self.name}: cannot create the doorbell region {doorbell_path}: "
                                f"{err.strerror}") from err
         self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id, fabric=fabric,
-                               doorbells=self.doorbell.map)
+                               doorbells=self.doorbell.map, qos=spec.qos)
         self.doorbell.write_header(self.rdma.doorbell_header())
         self.doorbell_guard = None
         if guard is not None:
@@ -155,7 +155,7 @@ class VmEndpoint:
         conn = self.connection
         return {"name": self.name, "socket-path": str(self.spec.socket_path) if self.spec.socket_path else None,
                 "fd": self.spec.fd, "mac": ":".join(f"{b:02x}" for b in self.spec.mac),
-                "doorbell": str(self.doorbell.path),
+                "doorbell": str(self.doorbell.path), "qos": self.rdma.qos.as_table(),
                 "state": "connected" if conn is not None and conn.state is State.CONNECTED else "waiting"}
 
     def counters_snapshot(self) -> dict[str, object]:

@@ -20,8 +20,9 @@ from vrdma.device import abi, commands
 from vrdma.device.fabric import Fabric
 from vrdma.device.objects import DeviceObjects, Identity
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits, config_fields, engine_limits
+from vrdma.device.qos import EQUAL_SHARE, Qos
 from vrdma.device.seat import EngineSeat
-from vrdma.engine.api import DataEngine
+from vrdma.engine.api import QOS_COUNTERS, DataEngine
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,12 @@ class EventCounters:
 class RdmaDevice:
     def __init__(self, name: str, *, mac: bytes = bytes(6), limits: DeviceLimits = DEFAULT_LIMITS,
                  pairing_id: int | None = None, fabric: Fabric | None = None,
-                 doorbells: mmap.mmap | None = None, engine: DataEngine | None = None) -> None:
+                 doorbells: mmap.mmap | None = None, engine: DataEngine | None = None,
+                 qos: Qos = EQUAL_SHARE) -> None:
         """``doorbells``: the doorbell region as this process maps it (the engine polls it); a private one is
         made when none is given (a device model without guests, in tests). A device joins ``fabric``, or, given
-        ``engine`` instead (one made for a single device), a fabric of its own around that engine."""
+        ``engine`` instead (one made for a single device), a fabric of its own around that engine. ``qos``: its
+        weight and limits in the engine (set_qos changes them)."""
         if len(mac) != 6:
             raise ValueError(f"a MAC address has 6 bytes, not {len(mac)}")
         self.name = name
@@ -60,6 +63,9 @@ class RdmaDevice:
         self.on_event: Callable[[], None] | None = None
         self.response_filter: ResponseFilter | None = None
         self.memory: list[tuple[int, int, int]] = []  # the memory table the engine has, kept across resets
+        self.qos = qos
+        # What the engine's QoS counters said when the device was last reopened (they start again at zero there).
+        self.qos_carried = dict.fromkeys(QOS_COUNTERS, 0)
         self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
         if len(self.doorbells) < self.doorbell_size:
             raise ValueError(f"doorbell region of {len(self.doorbells)} bytes, the device needs {self.doorbell_size}")
@@ -80,6 +86,23 @@ class RdmaDevice:
     def _open_engine_device(self) -> None:
         base = self.doorbell_address()
         self.seat.engine.open_device(self.seat.index, engine_limits(self.limits), base)
+        self._apply_qos()
+
+    def _apply_qos(self) -> None:
+        q = self.qos
+        self.seat.engine.set_qos(self.seat.index, {"weight": q.weight, "bytes_per_s": q.bytes_per_s,
+                                                   "bytes_burst": q.bytes_burst, "wrs_per_s": q.wrs_per_s,
+                                                   "wrs_burst": q.wrs_burst})
+
+    def set_qos(self, qos: Qos) -> None:
+        """A new weight and limits, from the engine's next turn on (buckets start full)."""
+        self.qos = qos
+        self._apply_qos()
+
+    def qos_counters(self) -> dict[str, int]:
+        """What its share and limits did to it since the device was made (across resets)."""
+        now = self.seat.engine.qos_counters(self.seat.index)
+        return {name: self.qos_carried[name] + now[name] for name in QOS_COUNTERS}
 
     def doorbell_address(self) -> int:
         """Where this process has the doorbell region mapped (the engine polls it there)."""
@@ -134,7 +157,8 @@ class RdmaDevice:
                 "gids": self.objects.gids.snapshot(),
                 "doorbell_pages": self.objects.ucontexts.doorbell_pages_held(),
                 "engine": self.seat.engine.counters(self.seat.index),
-                "roce": self.seat.engine.roce_counters(self.seat.index)}
+                "roce": self.seat.engine.roce_counters(self.seat.index),
+                "qos": {**self.qos.as_table(), **self.qos_counters()}}
 
     # -- events -------------------------------------------------------------------------------------------
 
@@ -167,6 +191,7 @@ class RdmaDevice:
                  ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no objects")
         self.events.clear()
         # Every object of the VM goes at once, in the engine too (it forgets the guest's memory with them).
+        self.qos_carried = self.qos_counters()
         self.seat.engine.close_device(self.seat.index)
         self.clear_doorbell_pages()  # providers of the forgotten contexts see it and flush
         self._open_engine_device()

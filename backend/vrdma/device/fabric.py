@@ -37,6 +37,8 @@ class Fabric:
         vrdma.testing.fake_engine.FakeEngine in unit tests)."""
         self.engine = engine
         self.limits = limits
+        engine.set_schedule({"quantum_bytes": limits.quantum_bytes, "piece_bytes": limits.piece_bytes,
+                             "wr_cost_bytes": limits.wr_cost_bytes})
         self.devices: list[FabricMember | None] = [None] * max_devices
         self.parked = False
         self.last_work = time.monotonic()

@@ -36,6 +36,8 @@ QP_COUNTERS = ("send_wqes", "recv_wqes", "bytes", "error_cqes", "flushed", "rnr_
 ROCE_COUNTERS = ("tx_packets", "rx_packets", "retransmits", "timeouts", "seq_naks", "rnr_naks", "duplicates",
                  "dropped", "resp_drop_opcode", "resp_drop_psn", "resp_drop_duplicate", "resp_drop_length",
                  "resp_drop_sequence", "resp_drop_resource", "resp_drop_rkey")
+# What a device's share and limits did to it (struct vre_qos_counters).
+QOS_COUNTERS = ("turns", "throttled_ns", "deferred_bytes", "pieced_messages")
 NET_COUNTERS = ("rx_packets", "rx_malformed", "rx_bad_icrc", "rx_no_qp", "rx_not_peer", "tx_packets", "tx_dropped")
 
 
@@ -55,6 +57,24 @@ class EngineLimits(TypedDict):
     doorbell_pages: int
     max_pages_total: int
     max_msg_size: int
+
+
+class SchedConfig(TypedDict):
+    """struct vre_sched: how the engine shares itself between the devices with work."""
+
+    quantum_bytes: int
+    piece_bytes: int
+    wr_cost_bytes: int
+
+
+class QosConfig(TypedDict):
+    """struct vre_qos: a device's weight and limits (0: no limit)."""
+
+    weight: int
+    bytes_per_s: int
+    bytes_burst: int
+    wrs_per_s: int
+    wrs_burst: int
 
 
 class PagesDesc(TypedDict):
@@ -175,6 +195,10 @@ class DataEngine(Protocol):
     def route_gid(self, raw: bytes) -> int: ...
     def counters(self, dev: int) -> dict[str, int]: ...
     def roce_counters(self, dev: int) -> dict[str, int]: ...
+    # sharing the engine
+    def set_schedule(self, sched: SchedConfig) -> None: ...
+    def set_qos(self, dev: int, qos: QosConfig) -> None: ...
+    def qos_counters(self, dev: int) -> dict[str, int]: ...
     # objects
     def create_mr(self, dev: int, slot: int, config: MrConfig) -> None: ...
     def rereg_mr(self, dev: int, slot: int, config: MrConfig) -> None: ...

@@ -24,6 +24,9 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	}
 	e->ndevices = max_devices;
 	e->rx_fd = e->tx_fd = e->udp6_fd = -1;
+	/* 64 KiB a turn and a piece: ~2 us of copying at memory speed, what one VM's bulk transfer may keep another's
+	 * small message waiting; a work request costs about what copying 2 KiB does (docs/backend.md). */
+	e->sched = (struct vre_sched){ .quantum_bytes = 64 << 10, .piece_bytes = 64 << 10, .wr_cost_bytes = 2048 };
 	if (gid_index_init(e)) {
 		free(e->devices);
 		free(e);
@@ -86,6 +89,7 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 		return vre_fail(e, ENOMEM, "no memory for device %u", dev);
 	}
 	d->gsi = -1;
+	d->share.weight = VRE_DEFAULT_WEIGHT;
 	d->open = true;
 	if (dev >= e->devices_hi)
 		e->devices_hi = dev + 1;
@@ -162,6 +166,59 @@ void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters
 
 	if (d)
 		*out = d->counters;
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+int vre_sched_set(struct vre_engine *e, const struct vre_sched *sched)
+{
+	if (!sched->quantum_bytes || sched->quantum_bytes > (1u << 30) || sched->piece_bytes < VRDMA_PAGE_SIZE ||
+	    sched->piece_bytes > (1u << 30) || sched->wr_cost_bytes > (1u << 20))
+		return vre_fail(e, EINVAL, "scheduler sizes out of range (quantum 1..1 GiB, piece 4 KiB..1 GiB, work "
+				"request cost at most 1 MiB)");
+	e->sched = *sched;
+	return 0;
+}
+
+/* A bucket of `rate` per second saving up `burst` (0: one second's worth), full from now on. */
+static struct vre_bucket bucket_new(uint64_t rate, uint64_t burst, int64_t now)
+{
+	double r = (double)rate;
+
+	return (struct vre_bucket){ .rate = r, .burst = burst ? (double)burst : r, .tokens = burst ? (double)burst : r,
+				    .at = now };
+}
+
+int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_share *s;
+	int64_t now = engine_clock(e);
+
+	if (!d)
+		return vre_fail(e, EINVAL, "no device %u", dev);
+	if (qos->weight < 1 || qos->weight > VRE_MAX_WEIGHT)
+		return vre_fail(e, EINVAL, "weight %u (1..%u)", qos->weight, VRE_MAX_WEIGHT);
+	if (qos->bytes_per_s > VRE_MAX_RATE || qos->bytes_burst > VRE_MAX_RATE || qos->wrs_per_s > VRE_MAX_RATE ||
+	    qos->wrs_burst > VRE_MAX_RATE)
+		return vre_fail(e, EINVAL, "a rate or burst above %llu", (unsigned long long)VRE_MAX_RATE);
+	s = &d->share;
+	if (s->throttled_since) {
+		s->counters.throttled_ns += (uint64_t)(now - s->throttled_since);
+		s->throttled_since = 0;
+	}
+	s->weight = qos->weight;
+	s->bytes = bucket_new(qos->bytes_per_s, qos->bytes_burst, now);
+	s->wrs = bucket_new(qos->wrs_per_s, qos->wrs_burst, now);
+	return 0;
+}
+
+void vre_device_qos_counters(struct vre_engine *e, uint32_t dev, struct vre_qos_counters *out)
+{
+	struct vre_device *d = vre_dev(e, dev);
+
+	if (d)
+		*out = d->share.counters;
 	else
 		memset(out, 0, sizeof(*out));
 }

@@ -8,7 +8,8 @@
  * engine owns the runtime state of MRs, CQs, SRQs and QPs, polls send queue doorbells, validates every WQE,
  * copies data between the registered memory of the VMs it serves, writes CQEs and queues events for the model to
  * deliver. It is single-threaded: every call comes from the backend's event loop, so a control command (a
- * deregistration, a destroy) never runs while a transfer is half done.
+ * deregistration, a destroy) runs between two pieces of a transfer, never inside one, and each piece checks
+ * everything again (poll.c shares the engine between the devices: turns by weight, large messages in pieces).
  *
  * The text between ENGINE-API-BEGIN and ENGINE-API-END is also the cffi declaration (vrdma/engine/_build.py).
  */
@@ -228,6 +229,41 @@ struct vre_net_counters {
 	uint64_t tx_dropped;      /* packets the network refused (send errors) or the engine had no room for */
 };
 
+/*
+ * The scheduler (vre_sched_set): how the engine shares itself between the devices with work. Each device's turn is
+ * worth quantum_bytes times its weight of copying, a work request costing wr_cost_bytes on top of its data (what
+ * the engine spends on one beyond its bytes); a message longer than piece_bytes moves in pieces of that size, with
+ * other QPs' and devices' turns between them, so that a small message never waits behind a whole large one.
+ */
+struct vre_sched {
+	uint32_t quantum_bytes;
+	uint32_t piece_bytes;
+	uint32_t wr_cost_bytes;
+};
+
+/* A device's quality of service (vre_device_qos): its weight against the other devices with work (1 ..
+ * VRE_MAX_WEIGHT), and its limits as token buckets (0: no limit): payload bytes and work requests per second, each
+ * with the burst it may save up (0: one second's worth, at most VRE_MAX_RATE). */
+#define VRE_DEFAULT_WEIGHT 100   /* a turn worth the engine's quantum */
+#define VRE_MAX_WEIGHT 1000
+#define VRE_MAX_RATE 17592186044416  /* 2^44: bytes or work requests per second (16 T), at most */
+struct vre_qos {
+	uint32_t weight;
+	uint32_t reserved;
+	uint64_t bytes_per_s;
+	uint64_t bytes_burst;
+	uint64_t wrs_per_s;
+	uint64_t wrs_burst;
+};
+
+/* What a device's share and limits did to it (vre_device_qos_counters), from its opening on. */
+struct vre_qos_counters {
+	uint64_t turns;           /* scheduler turns in which it had work */
+	uint64_t throttled_ns;    /* time its limits held back work it had waiting */
+	uint64_t deferred_bytes;  /* bytes of its messages moved in a later turn than their first piece */
+	uint64_t pieced_messages; /* messages moved in more than one piece */
+};
+
 struct vre_engine *vre_engine_new(uint32_t max_devices);
 void vre_engine_free(struct vre_engine *e);
 const char *vre_error(struct vre_engine *e);
@@ -238,6 +274,11 @@ void vre_device_close(struct vre_engine *e, uint32_t dev);
 /* The VM's memory table: page-aligned regions; a table refused leaves the device with no memory at all. */
 int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count);
 void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out);
+/* The scheduler's sizes (every one at least 1; piece_bytes at most quantum_bytes is not required). */
+int vre_sched_set(struct vre_engine *e, const struct vre_sched *sched);
+/* A device's weight and limits, at once; its buckets start full. Taken from its next turn on. */
+int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos);
+void vre_device_qos_counters(struct vre_engine *e, uint32_t dev, struct vre_qos_counters *out);
 
 int vre_mr_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_mr_config *config);
 /* REREG_MR: the MR in `slot` becomes `config` (same keys; pages loaded anew when config has any, else kept); windows

@@ -183,6 +183,27 @@ VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint3
 	return moved;
 }
 
+VRE_FN uint32_t segs_slice(const struct seg *in, uint32_t n, uint64_t off, uint64_t len, struct seg *out)
+{
+	uint32_t i = 0, k = 0;
+
+	while (i < n && off >= in[i].len)
+		off -= in[i++].len;
+	for (; i < n && len; i++, off = 0) {
+		struct seg part = in[i];
+		uint64_t chunk = part.len - off < len ? part.len - off : len;
+
+		if (part.mem)
+			part.off += off;
+		else
+			part.buf += off;
+		part.len = chunk;
+		out[k++] = part;
+		len -= chunk;
+	}
+	return k;
+}
+
 /*
  * Copy len bytes between a buffer and the byte range [off, off + len) of a list of segments taken as one run of
  * bytes (into them with to_segs, out of them otherwise): a packet's payload and its place in a message. Returns the

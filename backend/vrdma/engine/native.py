@@ -13,6 +13,7 @@ from vrdma.engine.api import (
     NET_COUNTERS,
     NO_DEVICE,
     NO_SRQ,
+    QOS_COUNTERS,
     QP_COUNTERS,
     QP_GSI,
     QP_KERNEL,
@@ -27,8 +28,10 @@ from vrdma.engine.api import (
     EngineEvent,
     EngineLimits,
     MrConfig,
+    QosConfig,
     QpAttr,
     QpConfig,
+    SchedConfig,
     SrqConfig,
 )
 
@@ -93,6 +96,19 @@ class Engine:
         out = ffi.new("struct vre_roce_counters *")
         lib.vre_device_roce_counters(self._e, dev, out)
         return {name: int(getattr(out, name)) for name in ROCE_COUNTERS}
+
+    # -- sharing the engine -------------------------------------------------------------------------------------
+
+    def set_schedule(self, sched: SchedConfig) -> None:
+        self._check(lib.vre_sched_set(self._e, ffi.new("struct vre_sched *", sched)))
+
+    def set_qos(self, dev: int, qos: QosConfig) -> None:
+        self._check(lib.vre_device_qos(self._e, dev, ffi.new("struct vre_qos *", qos)))
+
+    def qos_counters(self, dev: int) -> dict[str, int]:
+        out = ffi.new("struct vre_qos_counters *")
+        lib.vre_device_qos_counters(self._e, dev, out)
+        return {name: int(getattr(out, name)) for name in QOS_COUNTERS}
 
     # -- the network (the daemon's: the device model never calls these) -------------------------------------
 

@@ -1,22 +1,66 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * The loop and its scheduler: a poll runs every active QP once (qp_poll: the answers it owes a peer on another
- * host, then its send queue, up to a budget, through the requester its peer needs) and the CQ moderation timers; a
+ * The loop and its scheduler: a poll gives every device with work a turn (device_turn: deficit round robin, worth
+ * its weight's share of the engine's quantum, within its limits), in which its active QPs run in turn (qp_poll: the
+ * answers it owes a peer on another host, then its send queue, up to a budget, through the requester its peer
+ * needs) until the turn's worth is used; a message longer than a piece moves one piece at a time, so that between
+ * two pieces of a neighbour's 1 GiB WRITE every other device has its turn. Then the CQ moderation timers; a
  * spin polls in C for a while; parking asks every poster to wake the device (the parked slot of each doorbell
  * page) and looks once more, so that a doorbell rung before the poster read the flag is not lost; events wait
  * here for the model.
  */
 #include "vre.h"
 
-/* Run a QP's send queue: up to `budget` WQEs, in order; flush them in the error state. */
+/* Whether the device's limits let `qp` run its next piece now (a new work request needs a token of its own). */
+static bool limits_allow(const struct vre_device *d, const struct vre_qp *qp)
+{
+	const struct vre_share *s = &d->share;
+
+	return !(s->bytes.rate > 0 && s->bytes.tokens <= 0) && !(s->wrs.rate > 0 && !qp->piece.done && s->wrs.tokens < 1);
+}
+
+/* The device's limits hold back work it has: from now on that is time throttled (until charge runs it again). */
+static void throttled(struct vre_engine *e, struct vre_device *d)
+{
+	if (!d->share.throttled_since)
+		d->share.throttled_since = e->now > 0 ? e->now : 1;
+}
+
+/* What the device's turn and limits pay for work just done: `bytes` of data and `wrs` work requests started, each
+ * piece costing the engine's per-request cost on top. */
+static void charge(struct vre_engine *e, struct vre_device *d, uint64_t bytes, uint32_t pieces, uint32_t wrs)
+{
+	struct vre_share *s = &d->share;
+
+	s->deficit -= (int64_t)(bytes + (uint64_t)pieces * e->sched.wr_cost_bytes);
+	if (s->bytes.rate > 0)
+		s->bytes.tokens -= (double)bytes;
+	if (s->wrs.rate > 0)
+		s->wrs.tokens -= wrs;
+	if (s->throttled_since && (bytes || wrs)) {
+		s->counters.throttled_ns += (uint64_t)(e->now - s->throttled_since);
+		s->throttled_since = 0;
+	}
+}
+
+/* Packets a RoCE QP handled (its requester's or its responder's), charged as full packets of its path MTU. */
+static void charge_packets(struct vre_engine *e, struct vre_device *d, const struct vre_qp *qp, uint32_t n)
+{
+	charge(e, d, (uint64_t)n * mtu_bytes(qp->attr.path_mtu), n, 0);
+}
+
+/* Run a QP's send queue: up to `budget` WQEs (or pieces of them), in order, while its device's turn lasts; flush
+ * them in the error state. */
 static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
 	struct send_wqe *w = &e->scratch.wqe;
-	uint32_t prod, n = 0;
+	uint32_t prod, n = 0, k;
 	uint32_t state = qp->attr.state;
 
-	if (qp->net && (state == VRDMA_QPS_RTR || state == VRDMA_QPS_RTS) && qp->ring.valid)
+	if (qp->net && (state == VRDMA_QPS_RTR || state == VRDMA_QPS_RTS) && qp->ring.valid) {
 		n = responder_poll(e, d, qp, budget);  /* READ responses it owes its peer on another host */
+		charge_packets(e, d, qp, n);
+	}
 	if (state != VRDMA_QPS_RTS && state != VRDMA_QPS_ERR)
 		return n;
 	if (!qp->ring.valid) {
@@ -34,23 +78,104 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 		qp_to_error(e, d, qp, VRDMA_EVENT_QP_FATAL);
 		prod = qp->sq_head;
 	}
-	if (qp->net && qp->attr.state == VRDMA_QPS_RTS)
-		return n + remote_poll(e, d, qp, prod, budget);
-	while (qp->sq_head != prod && n < budget) {
+	if (qp->net && qp->attr.state == VRDMA_QPS_RTS) {
+		if (!limits_allow(d, qp)) {
+			throttled(e, d);
+			return n;
+		}
+		k = remote_poll(e, d, qp, prod, budget);
+		charge_packets(e, d, qp, k);
+		return n + k;
+	}
+	while (qp->sq_head != prod && n < budget && d->share.deficit > 0) {
+		bool starts = !qp->piece.done;
+		enum exec x;
+
+		if (qp->attr.state != VRDMA_QPS_ERR && !limits_allow(d, qp)) {
+			throttled(e, d);
+			break;
+		}
 		sq_wqe(qp, qp->sq_head, w);
 		n++;
 		if (qp->attr.state == VRDMA_QPS_ERR) {
 			complete_send(e, d, qp, &w->hdr, VRDMA_WC_WR_FLUSH_ERR, 0);
 			d->counters.flushed++;
-		} else if (execute_send(e, d, qp, w) == EXEC_WAIT) {
-			break;
+			charge(e, d, 0, 1, 0);
+			continue;
 		}
+		x = execute_send(e, d, qp, w);
+		charge(e, d, e->moved, 1, starts && x != EXEC_WAIT);
+		if (x == EXEC_WAIT)
+			break;
 	}
 	if (qp->attr.state == VRDMA_QPS_ERR && n < budget) {
 		responder_flush(e, d, qp);
 		n += flush_recv(e, d, qp, budget - n);
 	}
 	return n;
+}
+
+/* A device's worth per turn. */
+static int64_t turn_worth(const struct vre_engine *e, const struct vre_device *d)
+{
+	return (int64_t)((uint64_t)e->sched.quantum_bytes * d->share.weight / VRE_DEFAULT_WEIGHT) + 1;
+}
+
+/*
+ * A device's turn: its share of this round (quantum * weight / VRE_DEFAULT_WEIGHT, plus the debt of a piece that
+ * overran the last), spent on its QPs in turn from where its last turn stopped. What it leaves unspent is not saved
+ * (deficit round robin: a device without work earns nothing), so a busy device never gets more than its weight
+ * however many QPs it keeps busy.
+ */
+static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t budget)
+{
+	struct vre_share *s = &d->share;
+	uint32_t work = 0, n = d->nactive, k;
+
+	if (!n)
+		return 0;
+	bucket_fill(&s->bytes, e->now);
+	bucket_fill(&s->wrs, e->now);
+	s->turn++;
+	s->deficit += turn_worth(e, d);
+	for (k = 0; k < n && s->deficit > 0; k++)
+		work += qp_poll(e, d, d->active[(s->next + k) % n], budget);
+	s->next = (s->next + k) % n;
+	if (s->deficit > 0)
+		s->deficit = 0;
+	if (work)
+		s->counters.turns++;
+	return work;
+}
+
+/*
+ * A round in which nobody ran, while devices are still in debt (a piece, or a RoCE QP's packets, larger than their
+ * turn is worth): the rounds that would pass doing nothing until the first of them may run again are passed at
+ * once, every indebted device earning what it would have earned in them. Without this a round could do no work with
+ * work waiting and no timer to wake for it.
+ */
+static bool skip_idle_rounds(struct vre_engine *e)
+{
+	int64_t rounds = INT64_MAX;
+
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
+		struct vre_device *d = &e->devices[i];
+		int64_t worth = turn_worth(e, d), need;
+
+		if (!d->open || !d->nactive || d->share.deficit >= 0)
+			continue;
+		need = (1 - d->share.deficit + worth - 1) / worth;  /* turns until its deficit is positive */
+		rounds = need < rounds ? need : rounds;
+	}
+	if (rounds == INT64_MAX)
+		return false;
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		if (d->open && d->nactive && d->share.deficit < 0)
+			d->share.deficit += (rounds - 1) * turn_worth(e, d);  /* the next turn adds the last one */
+	}
+	return true;
 }
 
 uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
@@ -60,14 +185,19 @@ uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
 	e->now = engine_clock(e);
 	if (net_on(e) && !e->capture)
 		work += sock_recv(e, budget, vre_roce_input);
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
-		struct vre_device *d = &e->devices[i];
+	for (uint32_t round = 0; round < 2; round++) {
+		for (uint32_t i = 0; i < e->devices_hi; i++) {
+			struct vre_device *d = &e->devices[i];
 
-		if (!d->open)
-			continue;
-		for (uint32_t j = 0; j < d->nactive; j++)
-			work += qp_poll(e, d, d->active[j], budget);
-		cq_timers(e, d);
+			if (d->open)
+				work += device_turn(e, d, budget);
+		}
+		if (work || !skip_idle_rounds(e))
+			break;
+	}
+	for (uint32_t i = 0; i < e->devices_hi; i++) {
+		if (e->devices[i].open)
+			cq_timers(e, &e->devices[i]);
 	}
 	if (e->tx_tail != e->tx_head)
 		sock_send(e);
@@ -86,12 +216,30 @@ uint32_t vre_spin(struct vre_engine *e, uint32_t budget, uint64_t spin_ns)
 	uint32_t work = 0;
 
 	do {
-		work += vre_poll(e, budget);
+		uint32_t done = vre_poll(e, budget);
+
+		work += done;
 		if (e->ev_head != e->ev_tail || e->clock)
 			break;  /* events to deliver, or a fixed clock that would never reach `until` */
-		__builtin_ia32_pause();
+		if (!done)
+			__builtin_ia32_pause();  /* only while idle: a busy pass goes straight on to the next */
 	} while (e->now < until);
 	return work;
+}
+
+/* When a bucket of the device has earned enough to run again: a byte (a work request) after its debt. */
+static int64_t bucket_open_at(const struct vre_bucket *b, double need)
+{
+	if (b->rate <= 0 || b->tokens >= need)
+		return b->at;
+	return b->at + (int64_t)((need - b->tokens) * 1e9 / b->rate) + 1;
+}
+
+static int64_t limits_open_at(const struct vre_device *d)
+{
+	int64_t bytes = bucket_open_at(&d->share.bytes, 1e-9), wrs = bucket_open_at(&d->share.wrs, 1);
+
+	return bytes > wrs ? bytes : wrs;
 }
 
 int64_t vre_next_deadline(struct vre_engine *e)
@@ -113,6 +261,12 @@ int64_t vre_next_deadline(struct vre_engine *e)
 		}
 		if (d->open && d->mod_next && (next < 0 || d->mod_next < next))
 			next = d->mod_next;
+		if (d->open && d->share.throttled_since) {
+			int64_t t = limits_open_at(d);
+
+			if (next < 0 || t < next)
+				next = t;
+		}
 	}
 	return next;
 }
@@ -128,6 +282,9 @@ int vre_park(struct vre_engine *e)
 	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
+		/* a device its limits hold back waits for its deadline (vre_next_deadline), not for this loop */
+		if (d->share.throttled_since && limits_open_at(d) > engine_clock(e))
+			continue;
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
 			struct vre_qp *qp = d->active[j];
 

@@ -159,6 +159,8 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 		/* Empty queues: both sides start counting from zero again. */
 		qp->sq_head = qp->rq_cons = 0;
 		qp->rnr_until = 0;
+		qp->piece = (struct vre_piece){ 0 };
+		qp->held.held = false;  /* a receive a message under way held is gone with the queue */
 		/* The ring may be gone from the memory table (its pages no longer translate), or an XRC target has
 		 * none: nothing to tell. */
 		if (qp->ring.valid) {
@@ -204,5 +206,6 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot)
 		d->active[qp->index]->index = qp->index;
 	}
 	net_qp_free(qp);
+	free(qp->held.wqe);
 	obj_free(d, qp, offsetof(struct vre_qp, ring));
 }

@@ -77,12 +77,26 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 	return TAKE_OK;
 }
 
-/* Flush the receive queue of a QP in error: every posted receive completes with WR_FLUSH_ERR. */
+/* Flush the receive queue of a QP in error: every posted receive completes with WR_FLUSH_ERR, the one a message
+ * under way held first (an XRC target's went to the CQ of an SRQ the message named: it is dropped). */
 VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 	uint32_t prod, n = 0;
 
+	if (qp->held.held) {
+		struct vrdma_cqe cqe = { .wr_id = qp->held.wqe->hdr.wr_id, .status = VRDMA_WC_WR_FLUSH_ERR,
+					 .opcode = VRDMA_WC_OP_RECV, .qp_num = qp->cfg.qpn };
+
+		qp->held.held = false;
+		if (!(qp->cfg.flags & VRE_QP_XRC_TGT)) {
+			cq_push(e, d, d->cqs[qp->cfg.recv_cq], &cqe, false);
+			d->counters.flushed++;
+			qp->counters.flushed++;
+			qp->counters.error_cqes++;
+			n++;
+		}
+	}
 	if (qp->cfg.srq != VRE_NO_SRQ || !qp->rq_db)
 		return 0;  /* an SRQ's receives belong to the other QPs sharing it; XRC QPs have no receive queue */
 	prod = load_acquire(qp->rq_db);

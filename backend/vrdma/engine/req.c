@@ -4,10 +4,29 @@
  * guest memory by the scheduler, poll.c) is checked against its QP and its local memory (wqe.c), sent to its
  * destination QP (resp.c does the destination's part; ud.c a datagram's) and completed. A destination that does not
  * answer, or has no receive posted, makes the QP wait and retry as a real requester does (retry_cnt, rnr_retry).
+ *
+ * A message longer than the engine's piece size moves one piece per call (EXEC_MORE until its last), the WQE staying
+ * at the head of the queue; each piece reads and checks it again, and one that no longer matches the message it
+ * started (its opcode or length rewritten by the guest meanwhile) fails with a local QP operation error.
  */
 #include <string.h>
 
 #include "vre.h"
+
+/* A piece of the message moved: where the message is, and what the scheduler charges and counts for it. */
+static void piece_moved(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vre_request *r)
+{
+	struct vre_piece *p = &qp->piece;
+
+	e->moved = r->piece;
+	if (r->first)
+		*p = (struct vre_piece){ .len = r->len, .opcode = r->w->hdr.opcode, .turn = d->share.turn };
+	else if (p->turn != d->share.turn)
+		d->share.counters.deferred_bytes += r->piece;
+	if (r->last && !r->first)
+		d->share.counters.pieced_messages++;
+	p->done = r->off + r->piece;
+}
 
 /* One send WQE, start to finish. */
 VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
@@ -15,12 +34,16 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 {
 	struct vre_request r = { .e = e, .d = d, .qp = qp, .w = w, .op = vre_opcode(w->hdr.opcode),
 				 .local = e->scratch.local };
+	struct vre_piece *p = &qp->piece;
 	uint8_t status;
 	struct vre_device *dd;
 	struct vre_qp *dqp;
 
-	d->counters.send_wqes++;
-	qp->counters.send_wqes++;
+	e->moved = 0;
+	if (!p->done) {
+		d->counters.send_wqes++;
+		qp->counters.send_wqes++;
+	}
 	if (r.op && (r.op->flags & OP_LOCAL)) {
 		/* Fast registration or local invalidation: nothing leaves the device, nothing waits. */
 		status = r.op->local(d, qp, &w->hdr);
@@ -34,8 +57,19 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		goto local_error;
 	if (qp->cfg.flags & VRE_QP_UD) {
 		ud_send(&r);  /* a datagram: sent (and completed) whether or not anyone takes it */
+		e->moved = r.len;
 		return EXEC_DONE;
 	}
+	if (p->done && (r.len != p->len || w->hdr.opcode != p->opcode)) {
+		status = VRDMA_WC_LOC_QP_OP_ERR;  /* rewritten between two of its pieces */
+		goto local_error;
+	}
+	r.off = p->done;
+	r.piece = r.len - r.off;
+	if (r.piece > e->sched.piece_bytes && !(r.op->flags & OP_ATOMIC))
+		r.piece = e->sched.piece_bytes;
+	r.first = r.off == 0;
+	r.last = r.off + r.piece == r.len;
 
 	/*
 	 * The destination: without one (unknown GID, QP gone, not ready to receive, or of another transport, which
@@ -84,7 +118,11 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		d->counters.uc_dropped++;
 		dd->counters.uc_dropped++;
 		break;
+	case RESP_MORE:
+		piece_moved(e, d, qp, &r);
+		return EXEC_MORE;
 	case RESP_DONE:
+		piece_moved(e, d, qp, &r);
 		break;
 	}
 	qp->rnr_left = qp->attr.rnr_retry;

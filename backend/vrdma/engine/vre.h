@@ -100,6 +100,43 @@ struct vre_srq {
 	bool error;
 };
 
+/* A receive WQE and a send WQE as copied out of guest memory (at most a page: a ring's largest stride). */
+struct recv_wqe {
+	struct vrdma_recv_wqe hdr;
+	struct vrdma_sge sge[MAX_WQE_SGES];
+};
+
+struct send_wqe {
+	struct vrdma_send_wqe hdr;
+	union {
+		struct vrdma_sge sge[MAX_WQE_SGES];
+		uint8_t inline_data[VRDMA_PAGE_SIZE];
+	};
+};
+
+/*
+ * The head send WQE's message while it moves in pieces (poll.c cuts a message longer than the engine's piece size,
+ * so that other QPs and VMs run between its pieces): how far it got and what it was when it started. Every piece
+ * reads the WQE again and checks it, its local memory and the remote key as the first did: between two pieces a
+ * control command may have destroyed an MR or changed the memory table, and the guest may have rewritten the WQE
+ * (then it no longer matches: a local QP operation error).
+ */
+struct vre_piece {
+	uint64_t done;            /* bytes moved; 0: no message under way */
+	uint64_t len;             /* its length */
+	uint32_t opcode;          /* its work request opcode */
+	uint32_t turn;            /* the device's turn it started in (a piece of a later turn was deferred) */
+};
+
+/* A receive WQE a SEND that moves in pieces took at its first piece and fills until its last (the responder's
+ * current receive, as a real responder keeps it: a message that starts again, after the requester retried or was
+ * reset, fills it from the start). Allocated the first time this QP needs one. */
+struct vre_held_recv {
+	struct recv_wqe *wqe;
+	uint32_t max_sge;
+	bool held;
+};
+
 struct vre_qp {
 	struct vre_qp_config cfg;
 	struct vre_qp_attr attr;
@@ -114,6 +151,8 @@ struct vre_qp {
 	uint32_t index;           /* position in the device's active list (VRE_NOT_ACTIVE: an XRC target, no SQ) */
 	struct vre_qp_counters counters;
 	struct vre_remote *net;   /* RTR or later with its peer on another host: the RoCE transport's state */
+	struct vre_piece piece;   /* as a requester: its head WQE's message, moving in pieces */
+	struct vre_held_recv held;  /* as a responder: the receive a message moving in pieces fills */
 };
 
 #define VRE_NOT_ACTIVE UINT32_MAX
@@ -122,6 +161,31 @@ struct vre_qp {
 struct vre_gid {
 	uint8_t raw[16];
 	uint32_t type;            /* VRDMA_GID_TYPE_*, 0: no GID here */
+};
+
+/* A token bucket (a limit): `rate` per second, at most `burst` saved up; tokens may go below zero (a piece larger
+ * than what is left is allowed and repaid), so the long-run rate is exact whatever the piece size. */
+struct vre_bucket {
+	double rate;              /* 0: no limit */
+	double burst;
+	double tokens;
+	int64_t at;               /* when tokens was last brought up to date (engine clock, ns) */
+};
+
+/*
+ * A device's share of the engine (poll.c): deficit round robin between the devices with work, each device's turn
+ * worth `quantum_bytes * weight` of copying (a work request costs the engine's wr_cost_bytes on top of its data),
+ * and its limits. A device that did not use its turn's worth keeps none of it; one that overran it (by at most one
+ * piece) starts the next turn in debt. Inside a device, its QPs take turns starting at `next`.
+ */
+struct vre_share {
+	uint32_t weight;
+	uint32_t next;            /* the active QP its next turn starts at */
+	uint32_t turn;            /* turns taken (struct vre_piece.turn) */
+	int64_t deficit;
+	struct vre_bucket bytes, wrs;
+	int64_t throttled_since;  /* when its limits stopped it with work waiting; 0: they do not */
+	struct vre_qos_counters counters;
 };
 
 struct vre_device {
@@ -144,6 +208,7 @@ struct vre_device {
 	uint64_t mr_gen;          /* MRs made, reregistered or fast-registered so far (struct vre_mr.gen) */
 	struct vre_counters counters;
 	struct vre_roce_counters roce;
+	struct vre_share share;
 };
 
 /* A run of bytes to copy: in an MR (mem + offset in it) or in a buffer mapped here in one piece (a WQE's inline
@@ -155,20 +220,6 @@ struct seg {
 	uint64_t len;
 };
 
-/* A receive WQE and a send WQE as copied out of guest memory (at most a page: a ring's largest stride). */
-struct recv_wqe {
-	struct vrdma_recv_wqe hdr;
-	struct vrdma_sge sge[MAX_WQE_SGES];
-};
-
-struct send_wqe {
-	struct vrdma_send_wqe hdr;
-	union {
-		struct vrdma_sge sge[MAX_WQE_SGES];
-		uint8_t inline_data[VRDMA_PAGE_SIZE];
-	};
-};
-
 /* Where one WQE's execution keeps its copies: one per engine (it is single-threaded), not on the stack (tens of
  * KiB) and not function-static (two engines in one process must not share them). */
 struct vre_scratch {
@@ -176,7 +227,9 @@ struct vre_scratch {
 	struct recv_wqe rwqe;
 	struct seg local[MAX_WQE_SGES];
 	struct seg remote[MAX_WQE_SGES];
-	struct seg datagram[MAX_WQE_SGES + 1];   /* a UD receive's network header, then the sender's data */
+	struct seg datagram[MAX_WQE_SGES + 1];
+	struct seg local_piece[MAX_WQE_SGES];    /* the part of each side one piece of a message moves */
+	struct seg remote_piece[MAX_WQE_SGES];   /* a UD receive's network header, then the sender's data */
 	uint8_t grh[VRDMA_GRH_SIZE];
 };
 
@@ -205,6 +258,8 @@ struct vre_engine {
 	uint32_t tx_head, tx_tail;
 	uint8_t *rx;              /* sockio.c's receive buffers */
 	struct vre_net_counters net;
+	struct vre_sched sched;   /* the scheduler's sizes (vre_sched_set) */
+	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
 	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines, away from the event ring */
 };
 
@@ -340,6 +395,9 @@ VRE_FN void mem_put(struct vre_device *d, struct vre_mem *m);
 VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
 VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc);
 VRE_FN uint64_t copy_at(struct seg *segs, uint32_t n, uint64_t off, uint8_t *buf, uint64_t len, bool to_segs);
+/* Bytes [off, off + len) of a list of segments taken as one run, as a list of segments (into out, which has room
+ * for n): how many. */
+VRE_FN uint32_t segs_slice(const struct seg *in, uint32_t n, uint64_t off, uint64_t len, struct seg *out);
 
 /* -- layout.c: the ring layouts the device accepts, each rule in one place ------------------------------------ */
 
@@ -458,12 +516,19 @@ struct vre_request {
 	struct seg *local;
 	uint32_t nlocal;
 	uint64_t len;
+	/* The part of the message this call moves: [off, off + piece); the whole message (0, len, true, true) unless
+	 * the scheduler cut it into pieces. */
+	uint64_t off;
+	uint64_t piece;
+	bool first;
+	bool last;
 };
 
 /* RESP_FAILED: the responder completed the request with its error; RESP_LOCAL_ERROR: the requester completes it
  * with *status and goes to the error state alone; RESP_DROPPED: an unreliable (UC) message the responder could
  * not take is lost, as if on the wire, and the requester completes it successfully. */
-enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR, RESP_DROPPED };
+enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR, RESP_DROPPED, RESP_MORE };
+/* RESP_MORE: a piece that is not the message's last was moved; nothing completes yet. */
 
 /* -- wqe.c: a send WQE as the requesters read it --------------------------------------------------------------- */
 
@@ -482,7 +547,8 @@ VRE_FN int64_t rnr_wait_ns(uint32_t timer);
 
 /* -- req.c and resp.c: a request to a QP of this engine ----------------------------------------------------------- */
 
-enum exec { EXEC_DONE, EXEC_WAIT };
+/* EXEC_MORE: one piece of the message moved, the WQE stays at the head for the next. */
+enum exec { EXEC_DONE, EXEC_WAIT, EXEC_MORE };
 
 /* One send WQE of a QP whose peer is here (or a datagram), start to finish; EXEC_WAIT: retry it later. */
 VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w);
@@ -531,6 +597,19 @@ static inline void count_rx(struct vre_device *d, struct vre_qp *qp, uint64_t le
 	qp->counters.bytes += len;
 	d->counters.rx_bytes += len;
 	d->counters.rx_packets += packets;
+}
+
+/* -- the scheduler's accounting (poll.c keeps the turns; the requesters report what they moved) ------------------ */
+
+/* Bring a bucket up to date at `now`: the tokens earned since, up to its burst. */
+static inline void bucket_fill(struct vre_bucket *b, int64_t now)
+{
+	if (b->rate > 0 && now > b->at) {
+		double earned = (double)(now - b->at) * b->rate / 1e9;
+
+		b->tokens = b->tokens + earned < b->burst ? b->tokens + earned : b->burst;
+	}
+	b->at = now;
 }
 
 #include "remote.h"

@@ -71,6 +71,7 @@ VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre
 				 .byte_len = byte_len, .qp_num = qp->cfg.qpn };
 
 	qp->sq_head++;
+	qp->piece = (struct vre_piece){ 0 };  /* the next WQE's message starts from its first byte */
 	store_release(&hdr->sq_cons, qp->sq_head);
 	if (status != VRDMA_WC_SUCCESS)
 		qp->counters.error_cqes++;

@@ -28,6 +28,7 @@ class FakeDevice:
     qp_states: dict[int, int] = field(default_factory=dict)
     srq_limits: dict[int, int] = field(default_factory=dict)
     gids: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+    qos: api.QosConfig | None = None
 
 
 class FakeEngine:
@@ -36,6 +37,7 @@ class FakeEngine:
         self.events: list[api.EngineEvent] = []
         self.calls: list[tuple[str, int, int]] = []  # (call, device, slot or -1)
         self._refuse: int | None = None
+        self.schedule: api.SchedConfig | None = None
 
     def refuse_next(self, errno: int = errnos.EINVAL) -> None:
         self._refuse = errno
@@ -109,6 +111,17 @@ class FakeEngine:
 
     def roce_counters(self, dev: int) -> dict[str, int]:
         return dict.fromkeys(api.ROCE_COUNTERS, 0)
+
+    # -- sharing the engine (the fake moves nothing, so it keeps the settings and counts nothing) -----------------
+
+    def set_schedule(self, sched: api.SchedConfig) -> None:
+        self.schedule = sched
+
+    def set_qos(self, dev: int, qos: api.QosConfig) -> None:
+        self._configure("set_qos", dev).qos = qos
+
+    def qos_counters(self, dev: int) -> dict[str, int]:
+        return dict.fromkeys(api.QOS_COUNTERS, 0)
 
     # -- objects ------------------------------------------------------------------------------------------------
 

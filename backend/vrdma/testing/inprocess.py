@@ -196,6 +196,78 @@ class LocalHost:
         return int(self.verbs.query_qp(side.qp).qp_state)
 
 
+@dataclass
+class LocalVm:
+    """One VM of a LocalVms: its device model, guest memory, driver and GID."""
+
+    name: str
+    gid: bytes
+    device: RdmaDevice
+    memory: GuestMemory
+    verbs: SimVerbs
+    view: Any
+
+    @property
+    def dev(self) -> int:
+        return self.device.engine_index
+
+    def side(self, mr_size: int = 1 << 20, depth: int = 64, cq_entries: int = 256) -> Side:
+        pd = self.verbs.alloc_pd()
+        cq = self.verbs.create_cq(cq_entries)
+        qp = self.verbs.create_qp(pd, cq, cq, depth=depth)
+        return Side(self.verbs, pd, cq, qp, self.verbs.reg_mr(pd, mr_size))
+
+
+class LocalVms:
+    """Several VMs on one backend, in process: one engine (fixed clock, no network) and its fabric, each VM a real
+    device model with guest memory of its own, as the daemon serves them (tests of how the engine shares itself).
+    The test polls the engine (``poll``) and moves the clock (``advance``). A context manager."""
+
+    def __init__(self, count: int, memory_size: int = 16 << 20) -> None:
+        self.engine = Engine(count)
+        self.now = START_NS
+        self.engine.set_clock(self.now)
+        self.fabric = Fabric(self.engine, count, DEFAULT_LIMITS)
+        self.vms: list[LocalVm] = []
+        for i in range(count):
+            device = RdmaDevice(f"vm{i}", fabric=self.fabric)
+            memory = GuestMemory(memory_size)
+            view = ctypes.c_char.from_buffer(memory.map)
+            device.set_memory([(0, memory_size, ctypes.addressof(view))])
+            verbs = SimVerbs(LocalPort(device, memory), device.doorbells)
+            gid = gid_of(f"10.98.0.{i + 1}")
+            verbs.add_gid(0, gid)
+            self.vms.append(LocalVm(f"vm{i}", gid, device, memory, verbs, view))
+
+    def __enter__(self) -> LocalVms:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for vm in self.vms:
+            vm.device.close()
+        del self.engine, self.fabric  # the engine goes first: it must not outlive the memory it maps
+        for vm in self.vms:
+            del vm.view
+            vm.memory.close()
+
+    def connect(self, a: LocalVm, qa: SimQp, b: LocalVm, qb: SimQp) -> None:
+        """Two RC QPs to RTS, each aimed at the other."""
+        a.verbs.connect(qa, qb.qpn, b.gid)
+        b.verbs.connect(qb, qa.qpn, a.gid)
+
+    def poll(self) -> int:
+        """One pass of the engine (every device's turn) and its events delivered."""
+        work = self.engine.poll(POLL_BUDGET)
+        for event in self.engine.take_events():
+            self.vms[event.device].device.post_event(event.type, handle=event.handle, data=event.data)
+        self.engine.check()
+        return work
+
+    def advance(self, ns: int) -> None:
+        self.now += ns
+        self.engine.set_clock(self.now)
+
+
 # What the wire does with one packet: deliver it as it is (a list of one), lose it (empty) or more than once.
 Policy = Callable[[Packet], list[Packet]]
 

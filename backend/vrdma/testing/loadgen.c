@@ -151,7 +151,12 @@ int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat
 		if (!took)
 			usleep(20);
 	}
-	post_write(q, w, 1);  /* the last one signaled: the drain below ends on its completion */
+	/* The last one signaled (the drain below ends on its completion), once the ring has room for it: a producer
+	 * index more than a ring ahead of the consumer is garbage to the device, which fails the QP. */
+	while (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) >= q->depth)
+		if (now_ns() > deadline)
+			return -1;
+	post_write(q, w, 1);
 	while (__atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) != q->prod)
 		if (now_ns() > deadline)
 			return -1;
