@@ -28,6 +28,8 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
               for q in ("p50", "p99", "p999")),
             *(f"neighbour_victim_control_{condition}_p99_us" for condition in ("alone", "flood_1mib", "flood_8b")),
             "neighbour_flood_1mib_gbps", "neighbour_flood_8b_gbps", "neighbour_victim_write_p99_flood_1mib_vs_alone",
+            # the engine shared: weights and a limit honoured
+            "sharing_weight_1to1_ratio", "sharing_weight_3to1_ratio", "sharing_limit_rate_ratio",
             # NVMe over Fabrics over vrdma and rxe, and NVMe/TCP over virtio-net, in the same guests
             *(f"{name}_{io}" for name in ("vrdma_nvmeof", "rxe_nvmeof", "nvmetcp")
               for io in ("randread_4k_iops", "seqread_128k_gbps")),
