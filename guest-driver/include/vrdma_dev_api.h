@@ -32,6 +32,15 @@
 #define VRDMA_NUM_QUEUES 3
 
 /*
+ * Feature bits (virtio's device-specific range). VRDMA_F_DOORBELL_RECHECK: the device offers to look at the
+ * doorbells of its parked engine every few milliseconds even when nobody woke it; a driver accepts it when its
+ * CPU's memory fences may not order its doorbell store before its read of the parked slot (a TCG guest: QEMU drops
+ * the host barrier of a guest fence unless it runs vCPUs in parallel), so that a wake-up it misses costs
+ * milliseconds, not a hang. A driver whose fences are real declines it, and its device costs nothing while idle.
+ */
+#define VRDMA_F_DOORBELL_RECHECK 0
+
+/*
  * Doorbell region: the device's VIRTIO shared memory region VRDMA_SHM_DOORBELL (QEMU's vhost-user-rdma-pci: BAR 2,
  * the backend maps it over vhost-user), or, with the generic vhost-user-device-pci, an ivshmem-plain device's BAR 2
  * paired by the header's pairing identifier. Page 0 is the header, page 1 the first of the kernel's (the queues of

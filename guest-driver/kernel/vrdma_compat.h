@@ -32,6 +32,18 @@ struct virtqueue_info {
 int vrdma_find_vqs(struct virtio_device *vdev, unsigned int nvqs, struct virtqueue *vqs[],
 		   struct virtqueue_info vqs_info[]);
 
+/* cpuid(): in <asm/processor.h> on 6.1, <asm/cpuid.h> later, <asm/cpuid/api.h> since the x86 CPUID rework (the
+ * headers themselves are probed: exact for every kernel). */
+#ifdef CONFIG_X86
+#if __has_include(<asm/cpuid/api.h>)
+#include <asm/cpuid/api.h>
+#elif __has_include(<asm/cpuid.h>)
+#include <asm/cpuid.h>
+#else
+#include <asm/processor.h>
+#endif
+#endif
+
 /* Pinning a user buffer: ib_umem_get() became ib_umem_get_va() (Kbuild's probe; between 7.0 and 7.2). */
 static inline struct ib_umem *vrdma_umem_get(struct ib_device *ibdev, unsigned long addr, size_t size, int access)
 {

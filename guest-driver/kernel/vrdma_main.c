@@ -163,6 +163,34 @@ static int vrdma_query(struct vrdma_dev *dev)
 	return 0;
 }
 
+/*
+ * Whether this CPU's memory fences may not order a doorbell store before the read of the parked slot as the device
+ * sees them: under QEMU's TCG (its CPUID signature) a guest fence becomes a host barrier only when QEMU runs vCPUs in
+ * parallel, which the guest cannot tell. Elsewhere (KVM, bare metal) they are real. Off x86 there is no signature to
+ * read, and a missed wake-up would hang a consumer where the recheck costs the host little: ask.
+ */
+static bool vrdma_fences_may_be_dropped(void)
+{
+#ifdef CONFIG_X86
+	u32 max_leaf, signature[3];
+
+	cpuid(0x40000000, &max_leaf, &signature[0], &signature[1], &signature[2]);
+	return !memcmp(signature, "TCGTCGTCGTCG", sizeof(signature));
+#else
+	return true;
+#endif
+}
+
+/* Before the features are final: ask for the doorbell recheck only where fences may be dropped (the spec's SHOULD). */
+static int vrdma_validate(struct virtio_device *vdev)
+{
+	if (vrdma_fences_may_be_dropped())
+		dev_info(&vdev->dev, "memory fences may be emulated away here: asking the device to recheck doorbells\n");
+	else
+		__virtio_clear_bit(vdev, VRDMA_F_DOORBELL_RECHECK);
+	return 0;
+}
+
 static int vrdma_probe(struct virtio_device *vdev)
 {
 	struct virtqueue_info vqs_info[VRDMA_NUM_QUEUES] = {
@@ -262,10 +290,17 @@ static const struct virtio_device_id vrdma_id_table[] = {
 };
 MODULE_DEVICE_TABLE(virtio, vrdma_id_table);
 
+static unsigned int vrdma_features[] = {
+	VRDMA_F_DOORBELL_RECHECK,
+};
+
 static struct virtio_driver vrdma_driver = {
 	.driver.name = KBUILD_MODNAME,
 	.driver.owner = THIS_MODULE,
+	.feature_table = vrdma_features,
+	.feature_table_size = ARRAY_SIZE(vrdma_features),
 	.id_table = vrdma_id_table,
+	.validate = vrdma_validate,
 	.probe = vrdma_probe,
 	.remove = vrdma_remove,
 };

@@ -14,7 +14,9 @@ import guest_smoke
 import pytest
 
 from vrdma.buildchain.kernel import GUEST_KERNELS
+from vrdma.device import abi
 from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import vm_counters
 from vrdma.harness.vm import Products
 
 pytestmark = pytest.mark.vm
@@ -31,6 +33,18 @@ def kernel_guests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 def test_the_driver_loads_and_the_port_is_active(kernel_guests: Cluster) -> None:
     assert kernel_guests.products is not None
     guest_smoke.check_port_active(kernel_guests, kernel_guests.products.kernel["release"])
+
+
+def test_a_tcg_guest_asks_for_the_doorbell_recheck(kernel_guests: Cluster) -> None:
+    """These guests run under TCG with one vCPU, whose fences QEMU drops: each driver accepts
+    VRDMA_F_DOORBELL_RECHECK (its CPUID names TCG), and the backend rechecks for it (a driver on KVM declines it:
+    the backend's tests/backend/test_backend_idle.py shows what that saves)."""
+    assert kernel_guests.backend is not None
+    bit = 1 << abi.const("VRDMA_F_DOORBELL_RECHECK")
+    for vm in ("vm0", "vm1"):
+        counters = vm_counters(kernel_guests.backend, vm)
+        assert counters["connection"]["features"] & bit, counters["connection"]
+        assert counters["doorbell_recheck"] is True
 
 
 def test_rc_pingpong_checks_its_data(kernel_guests: Cluster) -> None:

@@ -24,7 +24,14 @@ import logging
 from pathlib import Path
 
 from vrdma import paths
-from vrdma.bench.backend import MIB, control_round_trip, memcpy_bandwidth, native_backend
+from vrdma.bench.backend import (
+    IDLE_SIM_QPS,
+    MIB,
+    control_round_trip,
+    idle_without_recheck,
+    memcpy_bandwidth,
+    native_backend,
+)
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import interhost
 from vrdma.bench.metric import Metric, Report, write
@@ -82,6 +89,9 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     results += sharing()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
+    log.info("backend CPU while idle without the doorbell recheck: two simulated VMs with %d idle QPs",
+             IDLE_SIM_QPS)
+    results += idle_without_recheck()
     log.info("vrdma and rxe side by side in two guests (%s)",
              ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime",
                                                "NVMe-oF and NVMe/TCP with fio"]))

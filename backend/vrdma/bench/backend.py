@@ -200,3 +200,46 @@ def memcpy_bandwidth() -> list[Metric]:
 
 # Guest side: message sizes for the bandwidth sweeps, and how many messages per size for each device (rxe under
 # TCG moves a few MB/s: it gets fewer messages, the figure is the rate either way).
+
+
+IDLE_SIM_QPS = 100            # idle RC QPs of two simulated drivers that do not ask for the doorbell recheck ...
+IDLE_SIM_SECONDS = 10.0       # ... and how long the backend's CPU time is counted
+
+
+def idle_without_recheck(qps: int = IDLE_SIM_QPS, seconds: float = IDLE_SIM_SECONDS) -> list[Metric]:
+    """The backend's CPU while idle when no driver asks for the doorbell recheck (VRDMA_F_DOORBELL_RECHECK: what a
+    driver on KVM or bare metal does; the harness's TCG guests ask, so `backend_idle_cpu_pct` is with it): two
+    simulated VMs holding ``qps`` connected RC QPs between them, the engine parked, psutil CPU times."""
+    from vrdma.testing.simulated_guest import SimVerbs
+
+    guests = [GuestIdentity(0), GuestIdentity(1)]
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
+            daemon_launcher.for_guests(Path(tmp), guests) as daemon, \
+            Frontend(str(socket_path(Path(tmp), guests[0]))) as fa, \
+            Frontend(str(socket_path(Path(tmp), guests[1]))) as fb:
+        sides = []
+        for fe, guest in ((fa, guests[0]), (fb, guests[1])):
+            fe.start()  # no device feature accepted: no recheck
+            verbs = SimVerbs(fe, Path(tmp) / "backend" / f"{guest.name}.doorbell")
+            gid = guest.name.encode().ljust(16, b"\0")
+            verbs.add_gid(0, gid)
+            pd, cq = verbs.alloc_pd(), verbs.create_cq(64)
+            sides.append((verbs, gid, [verbs.create_qp(pd, cq, cq, depth=16) for _ in range(qps // 2)]))
+        (va, ga, qa), (vb, gb, qb) = sides
+        for a, b in zip(qa, qb, strict=True):
+            va.connect(a, b.qpn, gb)
+            vb.connect(b, a.qpn, ga)
+        deadline = time.monotonic() + 60
+        while not (va.parked() and vb.parked()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the backend's engine never parked")
+            time.sleep(0.01)  # another process's state: nothing to wait on
+        assert daemon.process is not None
+        process = daemon.process
+        before, start = process.cpu_times(), time.monotonic()
+        time.sleep(seconds)  # the measurement's length
+        after, wall = process.cpu_times(), time.monotonic() - start
+    percent = round(100.0 * ((after.user - before.user) + (after.system - before.system)) / wall, 3)
+    log.info("backend CPU with 2 simulated VMs and %d idle QPs, no recheck: %.3f%% of one core", qps, percent)
+    return [Metric("backend_idle_cpu_no_recheck_pct", percent, "% of a core",
+                   f"vrdma bench (2 simulated VMs not asking for the recheck, {qps} idle RC QPs, {seconds:g} s)")]

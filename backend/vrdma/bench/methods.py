@@ -70,7 +70,9 @@ def rows() -> list[tuple[str, str, str]]:
          "`sharing_limit_rate_ratio` (its rate over the limit)"),
         ("idle", f"two guests booted, {_n(g.IDLE_QPS)} connected RC QPs ({_n(g.IDLE_QPS // 2)} per guest, "
          "`vrdma/harness/guest/idle_qps.py`), wait until the engine has parked, psutil CPU times over "
-         f"{_n(g.IDLE_SECONDS)} s", "`backend_idle_cpu_pct`"),
+         f"{_n(g.IDLE_SECONDS)} s (the TCG guests ask for the doorbell recheck); then two simulated VMs that do not "
+         f"ask, {_n(backend.IDLE_SIM_QPS)} connected RC QPs between them, {_n(backend.IDLE_SIM_SECONDS)} s",
+         "`backend_idle_cpu_pct`, `backend_idle_cpu_no_recheck_pct`"),
         ("guests", f"two guests ({_n(g.GUEST_MEMORY_MIB // 1024)} GiB each) with both vrdma0 and rxe0 (the "
          "kernel's software RoCE on virtio-net), same guests, same run: "
          f"{', '.join(f'`{t}`' for t in g.BW_TOOLS)} at {sweep} ({_n(g.BW_ITERATIONS['vrdma0'])} messages on "

@@ -377,7 +377,7 @@ class Backend:
         systemd's watchdog when due (a loop that stops turning stops pinging)."""
         timeout = self.fabric.timeout()
         due = self.notifier.due()
-        self.loop.run_once(timeout if due is None else min(timeout, due))
+        self.loop.run_once(due if timeout is None else timeout if due is None else min(timeout, due))
         self.fabric.run()
         self.notifier.ping_if_due()
 

@@ -69,7 +69,7 @@ class VirtioRdmaTransport:
         rdma.on_event = self.deliver_events  # events of the data engine arrive between kicks
 
     def device_features(self) -> int:
-        return 0
+        return 1 << abi.const("VRDMA_F_DOORBELL_RECHECK")
 
     def protocol_features(self) -> int:
         return (protocol.ProtocolFeature.MQ | protocol.ProtocolFeature.REPLY_ACK | protocol.ProtocolFeature.CONFIG
@@ -80,7 +80,9 @@ class VirtioRdmaTransport:
         return [self.doorbell] if self.doorbell is not None else []
 
     def features_negotiated(self, features: int) -> None:
-        pass
+        # The driver asks for the doorbell recheck when its fences may not be real (a TCG guest): only then does a
+        # parked engine look at the doorbells without being woken (vrdma.device.fabric).
+        self.rdma.doorbell_recheck = bool(features & (1 << abi.const("VRDMA_F_DOORBELL_RECHECK")))
 
     def config_space(self) -> bytes:
         return self.rdma.config_space()

@@ -64,6 +64,9 @@ class RdmaDevice:
         self.response_filter: ResponseFilter | None = None
         self.memory: list[tuple[int, int, int]] = []  # the memory table the engine has, kept across resets
         self.qos = qos
+        # Whether the VM's driver asked for the parked engine's periodic look at the doorbells (its fences may not
+        # be real: VRDMA_F_DOORBELL_RECHECK, set when the transport negotiates features).
+        self.doorbell_recheck = False
         # What the engine's QoS counters said when the device was last reopened (they start again at zero there).
         self.qos_carried = dict.fromkeys(QOS_COUNTERS, 0)
         self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
@@ -158,7 +161,8 @@ class RdmaDevice:
                 "doorbell_pages": self.objects.ucontexts.doorbell_pages_held(),
                 "engine": self.seat.engine.counters(self.seat.index),
                 "roce": self.seat.engine.roce_counters(self.seat.index),
-                "qos": {**self.qos.as_table(), **self.qos_counters()}}
+                "qos": {**self.qos.as_table(), **self.qos_counters()},
+                "doorbell_recheck": self.doorbell_recheck}
 
     # -- events -------------------------------------------------------------------------------------------
 

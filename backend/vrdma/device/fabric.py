@@ -7,10 +7,11 @@ nothing of sockets, file descriptors or virtqueues.
 Polling and parking (ARCHITECTURE §4): while there is work the loop polls the send queue doorbells without
 sleeping; after ``park_after_idle_us`` without work the engine parks: it sets the "parked" slot of every
 doorbell page, checks the doorbells once more and the loop sleeps until a file descriptor wakes it (a guest that
-rang a doorbell while the flag was set also kicks the device's wake queue), an RNR retry falls due, or
-``park_recheck_ms`` passes: a guest whose memory fence is not real can read the flag before its doorbell store is
-visible to us and then kicks nobody (docs/backend.md, "Spinning and parking"); the recheck bounds that to
-milliseconds.
+rang a doorbell while the flag was set also kicks the device's wake queue), an RNR retry or a limited VM's bucket
+falls due, or, when a device's driver asked for it, ``park_recheck_ms`` passes: a guest whose memory fence is not
+real can read the flag before its doorbell store is visible to us and then kicks nobody (docs/backend.md, "Spinning
+and parking"); the recheck bounds that to milliseconds. A driver whose fences are real does not ask, and a backend
+serving only such guests sleeps until something happens.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class FabricMember(Protocol):
-    """What the fabric needs of a device it joins: a way to hand it an event."""
+    """What the fabric needs of a device it joins: a way to hand it an event, and whether its driver asked for the
+    parked engine's periodic look at the doorbells."""
+
+    doorbell_recheck: bool
 
     def post_event(self, event_type: int, handle: int = 0, data: int = 0) -> None: ...
 
@@ -97,13 +101,16 @@ class Fabric:
                 self.last_work = now
         return work
 
-    def timeout(self) -> float:
+    def timeout(self) -> float | None:
         """How long the event loop may sleep before run() is due again: 0 while not parked; parked, until the next
-        RNR retry or moderation deadline, and at most park_recheck_ms (unless a descriptor wakes it first)."""
+        RNR retry, moderation or bucket deadline, and at most park_recheck_ms if a device's driver asked for the
+        recheck (unless a descriptor wakes it first); None: until a descriptor does."""
         if not self.parked:
             return 0.0
-        recheck = self.limits.park_recheck_ms / 1e3
+        recheck = (self.limits.park_recheck_ms / 1e3
+                   if any(device is not None and device.doorbell_recheck for device in self.devices) else None)
         deadline = self.engine.next_deadline_ns()
         if deadline is None:
             return recheck
-        return min(recheck, max(0.0, (deadline - time.monotonic_ns()) / 1e9))
+        until = max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+        return until if recheck is None else min(recheck, until)

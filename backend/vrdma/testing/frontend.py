@@ -234,15 +234,21 @@ class Frontend:
 
     # -- device set-up --------------------------------------------------------------------------------------
 
-    def start(self, num_queues: int = abi.const("VRDMA_NUM_QUEUES"), queue_size: int = 64) -> None:
-        """Do what QEMU does up to DRIVER_OK: negotiate, share memory, set up and enable every queue."""
+    def start(self, num_queues: int = abi.const("VRDMA_NUM_QUEUES"), queue_size: int = 64,
+              device_features: int = 0) -> None:
+        """Do what QEMU does up to DRIVER_OK: negotiate, share memory, set up and enable every queue.
+        ``device_features``: the device-specific feature bits the simulated driver accepts (of those the backend
+        offers), as a driver would; none by default (a host process's fences are real: no doorbell recheck)."""
         features = self.get_u64(Request.GET_FEATURES)
         if not features & VHOST_USER_F_PROTOCOL_FEATURES:
             raise FrontendError(f"backend features {features:#x} lack PROTOCOL_FEATURES")
+        if device_features & ~features:
+            raise FrontendError(f"the backend does not offer features {device_features & ~features:#x}")
         protocol_features = self.get_u64(Request.GET_PROTOCOL_FEATURES)
         self.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(protocol_features))
         self.acked(Request.SET_OWNER)
-        self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES))
+        self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
+                                                           | device_features))
         self.acked(Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(1, 0) + self.memory.region(),
                    fds=[self.memory.fd])
         for index in range(num_queues):
