@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import logging
 import mmap
 import secrets
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from vrdma.device import abi, commands
 from vrdma.device.fabric import Fabric
@@ -22,7 +24,7 @@ from vrdma.device.objects import DeviceObjects, Identity
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits, config_fields, engine_limits
 from vrdma.device.qos import EQUAL_SHARE, Qos
 from vrdma.device.seat import EngineSeat
-from vrdma.engine.api import QOS_COUNTERS, DataEngine
+from vrdma.engine.api import QOS_COUNTERS, DataEngine, QosConfig
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +94,8 @@ class RdmaDevice:
         self._apply_qos()
 
     def _apply_qos(self) -> None:
-        q = self.qos
-        self.seat.engine.set_qos(self.seat.index, {"weight": q.weight, "bytes_per_s": q.bytes_per_s,
-                                                   "bytes_burst": q.bytes_burst, "wrs_per_s": q.wrs_per_s,
-                                                   "wrs_burst": q.wrs_burst})
+        # Qos's fields are struct vre_qos's, by name.
+        self.seat.engine.set_qos(self.seat.index, cast(QosConfig, dataclasses.asdict(self.qos)))
 
     def set_qos(self, qos: Qos) -> None:
         """A new weight and limits, from the engine's next turn on (buckets start full)."""

@@ -183,10 +183,9 @@ int vre_sched_set(struct vre_engine *e, const struct vre_sched *sched)
 /* A bucket of `rate` per second saving up `burst` (0: one second's worth), full from now on. */
 static struct vre_bucket bucket_new(uint64_t rate, uint64_t burst, int64_t now)
 {
-	double r = (double)rate;
+	double r = (double)rate, saved = burst ? (double)burst : r;
 
-	return (struct vre_bucket){ .rate = r, .burst = burst ? (double)burst : r, .tokens = burst ? (double)burst : r,
-				    .at = now };
+	return (struct vre_bucket){ .rate = r, .burst = saved, .tokens = saved, .at = now };
 }
 
 int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos)
@@ -203,10 +202,7 @@ int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos
 	    qos->wrs_burst > VRE_MAX_RATE)
 		return vre_fail(e, EINVAL, "a rate or burst above %llu", (unsigned long long)VRE_MAX_RATE);
 	s = &d->share;
-	if (s->throttled_since) {
-		s->counters.throttled_ns += (uint64_t)(now - s->throttled_since);
-		s->throttled_since = 0;
-	}
+	share_unthrottle(s, now);
 	s->weight = qos->weight;
 	s->bytes = bucket_new(qos->bytes_per_s, qos->bytes_burst, now);
 	s->wrs = bucket_new(qos->wrs_per_s, qos->wrs_burst, now);

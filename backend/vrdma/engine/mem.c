@@ -183,23 +183,37 @@ VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint3
 	return moved;
 }
 
+/* Where byte `*off` of a list of segments taken as one run lies: the segment's index, and *off made its offset in it
+ * (n when the run is shorter). */
+static uint32_t seg_seek(const struct seg *segs, uint32_t n, uint64_t *off)
+{
+	uint32_t i = 0;
+
+	while (i < n && *off >= segs[i].len)
+		*off -= segs[i++].len;
+	return i;
+}
+
+/* Segment `s` from its byte `off` on, at most `len` bytes of it. */
+static struct seg seg_part(const struct seg *s, uint64_t off, uint64_t len)
+{
+	struct seg part = *s;
+
+	if (part.mem)
+		part.off += off;
+	else
+		part.buf += off;
+	part.len = part.len - off < len ? part.len - off : len;
+	return part;
+}
+
 VRE_FN uint32_t segs_slice(const struct seg *in, uint32_t n, uint64_t off, uint64_t len, struct seg *out)
 {
-	uint32_t i = 0, k = 0;
+	uint32_t k = 0;
 
-	while (i < n && off >= in[i].len)
-		off -= in[i++].len;
-	for (; i < n && len; i++, off = 0) {
-		struct seg part = in[i];
-		uint64_t chunk = part.len - off < len ? part.len - off : len;
-
-		if (part.mem)
-			part.off += off;
-		else
-			part.buf += off;
-		part.len = chunk;
-		out[k++] = part;
-		len -= chunk;
+	for (uint32_t i = seg_seek(in, n, &off); i < n && len; i++, off = 0) {
+		out[k] = seg_part(&in[i], off, len);
+		len -= out[k++].len;
 	}
 	return k;
 }
@@ -212,26 +226,16 @@ VRE_FN uint32_t segs_slice(const struct seg *in, uint32_t n, uint64_t off, uint6
 VRE_FN uint64_t copy_at(struct seg *segs, uint32_t n, uint64_t off, uint8_t *buf, uint64_t len, bool to_segs)
 {
 	uint64_t done = 0;
-	uint32_t i = 0;
 
-	while (i < n && off >= segs[i].len)
-		off -= segs[i++].len;
-	for (; i < n && done < len; i++, off = 0) {
-		struct seg part = segs[i], flat;
-		uint64_t chunk = part.len - off;
+	for (uint32_t i = seg_seek(segs, n, &off); i < n && done < len; i++, off = 0) {
+		struct seg part = seg_part(&segs[i], off, len - done);
+		struct seg flat = { .buf = buf + done, .len = part.len };
 
-		chunk = chunk < len - done ? chunk : len - done;
-		if (part.mem)
-			part.off += off;
-		else
-			part.buf += off;
-		part.len = chunk;
-		flat = (struct seg){ .buf = buf + done, .len = chunk };
 		if (to_segs)
 			copy_segs(&part, 1, &flat, 1);
 		else
 			copy_segs(&flat, 1, &part, 1);
-		done += chunk;
+		done += part.len;
 	}
 	return done;
 }

@@ -37,10 +37,8 @@ static void charge(struct vre_engine *e, struct vre_device *d, uint64_t bytes, u
 		s->bytes.tokens -= (double)bytes;
 	if (s->wrs.rate > 0)
 		s->wrs.tokens -= wrs;
-	if (s->throttled_since && (bytes || wrs)) {
-		s->counters.throttled_ns += (uint64_t)(e->now - s->throttled_since);
-		s->throttled_since = 0;
-	}
+	if (bytes || wrs)
+		share_unthrottle(s, e->now);
 }
 
 /* Packets a RoCE QP handled (its requester's or its responder's), charged as full packets of its path MTU. */
@@ -274,16 +272,19 @@ int64_t vre_next_deadline(struct vre_engine *e)
 /* Tell every poster to wake us, then look once more: a doorbell rung before it read the flag is seen here. */
 int vre_park(struct vre_engine *e)
 {
+	int64_t now;
+
 	if (e->tx_tail != e->tx_head)
 		return 0;  /* packets the network could not take yet */
 	vre_set_parked_flags(e, 1);
 	e->parked = true;
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	now = engine_clock(e);
 	for (uint32_t i = 0; i < e->devices_hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
 		/* a device its limits hold back waits for its deadline (vre_next_deadline), not for this loop */
-		if (d->share.throttled_since && limits_open_at(d) > engine_clock(e))
+		if (d->share.throttled_since && limits_open_at(d) > now)
 			continue;
 		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
 			struct vre_qp *qp = d->active[j];

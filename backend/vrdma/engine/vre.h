@@ -227,9 +227,9 @@ struct vre_scratch {
 	struct recv_wqe rwqe;
 	struct seg local[MAX_WQE_SGES];
 	struct seg remote[MAX_WQE_SGES];
-	struct seg datagram[MAX_WQE_SGES + 1];
+	struct seg datagram[MAX_WQE_SGES + 1];   /* a UD receive's network header, then the sender's data */
 	struct seg local_piece[MAX_WQE_SGES];    /* the part of each side one piece of a message moves */
-	struct seg remote_piece[MAX_WQE_SGES];   /* a UD receive's network header, then the sender's data */
+	struct seg remote_piece[MAX_WQE_SGES];
 	uint8_t grh[VRDMA_GRH_SIZE];
 };
 
@@ -610,6 +610,15 @@ static inline void bucket_fill(struct vre_bucket *b, int64_t now)
 		b->tokens = b->tokens + earned < b->burst ? b->tokens + earned : b->burst;
 	}
 	b->at = now;
+}
+
+/* The device's limits run it again: the time they held back its work, counted. */
+static inline void share_unthrottle(struct vre_share *s, int64_t now)
+{
+	if (s->throttled_since) {
+		s->counters.throttled_ns += (uint64_t)(now - s->throttled_since);
+		s->throttled_since = 0;
+	}
 }
 
 #include "remote.h"
