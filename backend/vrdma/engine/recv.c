@@ -98,7 +98,7 @@ VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		}
 	}
 	if (qp->cfg.srq != VRE_NO_SRQ || !qp->rq_db)
-		return 0;  /* an SRQ's receives belong to the other QPs sharing it; XRC QPs have no receive queue */
+		return n;  /* an SRQ's receives belong to the other QPs sharing it; XRC QPs have no receive queue */
 	prod = load_acquire(qp->rq_db);
 	if (prod - qp->rq_cons > qp->cfg.rq_depth)
 		return 0;  /* more receives than the ring holds: the index is garbage and names nothing posted (clamping
