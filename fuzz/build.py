@@ -1,7 +1,8 @@
 """Build the data engine's libFuzzer harnesses with Debian's clang, libFuzzer, AddressSanitizer and
 UndefinedBehaviorSanitizer: build/fuzz/engine_fuzz from fuzz/engine/*.c (rings, WQEs, page lists, doorbells) and
 build/fuzz/roce_fuzz from fuzz/roce/*.c (the RoCE transport's state between two hosts), each with the engine's own
-C files (backend/vrdma/engine/*.c).
+C files (backend/vrdma/engine/*.c); and build/fuzz/engine_threads_fuzz, the engine harness with the engine running
+its own thread, under ThreadSanitizer.
 
 Rebuilt only when an input (the sources, the headers, the flags) changed. ``python -m fuzz.build`` builds both;
 ``python -m fuzz.build --coverage [engine|roce]`` reports the line and branch coverage of the engine's files by
@@ -22,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "backend" / "vrdma" / "engine"
 ABI = ROOT / "guest-driver" / "include"  # the device API header, vrdma_dev_api.h
 # The native harnesses: each a folder of C files with one LLVMFuzzerTestOneInput, linked with the engine's files.
-HARNESSES = {"engine": ROOT / "fuzz" / "engine", "roce": ROOT / "fuzz" / "roce"}
+# engine_threads is the engine harness again, the engine running its own thread, under ThreadSanitizer.
+HARNESSES = {"engine": ROOT / "fuzz" / "engine", "roce": ROOT / "fuzz" / "roce",
+             "engine_threads": ROOT / "fuzz" / "engine"}
 INPUT_HEADER = ROOT / "fuzz" / "input.h"  # how both read their input
 OUT = ROOT / "build" / "fuzz" / "engine_fuzz"
 ROCE_OUT = ROOT / "build" / "fuzz" / "roce_fuzz"
@@ -32,6 +35,15 @@ ROCE_OUT = ROOT / "build" / "fuzz" / "roce_fuzz"
 FLAGS = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=fuzzer,address,undefined",
          "-fno-sanitize-recover=undefined", "-Wall", "-Wextra", "-Werror", "-DVRE_CHECK_INVARIANTS", f"-I{ENGINE}",
          f"-I{ABI}", f"-I{INPUT_HEADER.parent}"]
+# ThreadSanitizer cannot share a binary with ASan: the threaded build has it alone (and the engine's invariants).
+# libFuzzer's coverage counters are plain bytes that both of the engine's threads would bump: ThreadSanitizer
+# reports those as races, so the engine's files are not instrumented for coverage in this build (its inputs are the
+# engine harness's corpus, which the ASan build's coverage grew; the harness's own code still guides mutation).
+TSAN_COVERAGE_IGNORE = ROOT / "fuzz" / "engine" / "tsan-coverage-ignore.txt"
+TSAN_FLAGS = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=fuzzer,thread",
+              f"-fsanitize-coverage-ignorelist={TSAN_COVERAGE_IGNORE}", "-Wall", "-Wextra", "-Werror",
+              "-DVRE_CHECK_INVARIANTS", "-DFUZZ_ENGINE_THREAD", f"-I{ENGINE}", f"-I{ABI}", f"-I{INPUT_HEADER.parent}"]
+FLAGS_OF = {"engine": FLAGS, "roce": FLAGS, "engine_threads": TSAN_FLAGS}
 COMPILERS = ("clang-14", "clang")
 
 
@@ -62,16 +74,17 @@ def fuzzer(name: str) -> Path:
     cc = compiler()
     out = OUT.with_name(f"{name}_fuzz")
     sources = [*harness_sources(name), *engine_sources()]
-    digest = hashlib.sha256(" ".join([cc, *FLAGS]).encode())
+    flags = FLAGS_OF[name]
+    digest = hashlib.sha256(" ".join([cc, *flags]).encode())
     for path in [*sources, *sorted(ENGINE.glob("*.h")), *sorted(HARNESSES[name].glob("*.h")),
-                 *(ABI / name for name in DEVICE_API_HEADERS), INPUT_HEADER]:
+                 *(ABI / name for name in DEVICE_API_HEADERS), INPUT_HEADER, TSAN_COVERAGE_IGNORE]:
         digest.update(path.read_bytes())
     key = digest.hexdigest()[:16]
     stamp = out.with_suffix(".stamp")
     if out.exists() and stamp.exists() and stamp.read_text().strip() == key:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([cc, *FLAGS, *map(str, sources), "-lz", "-o", str(out)], check=False,
+    result = subprocess.run([cc, *flags, *map(str, sources), "-lz", "-o", str(out)], check=False,
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise BuildError(f"building {out.name} failed:\n{result.stderr}")

@@ -24,6 +24,12 @@
  * each (op = byte % OP_COUNT, VM = (byte / OP_COUNT) & 1) followed by that operation's operands, until the input
  * ends or MAX_OPS ran. fuzz/engine/seeds.py writes well-formed scenarios in this format (the seed corpus).
  *
+ * Built with FUZZ_ENGINE_THREAD (build/fuzz/engine_threads_fuzz, ThreadSanitizer instead of ASan and UBSan), the
+ * engine runs its own thread for each input, as the backend runs it, and the harness makes every operation under
+ * the engine's lock, as the backend's event loop makes every call: the guest's writes too (the engine reads guest
+ * memory only during a pass, under the lock, so a race ThreadSanitizer reports is one between the engine's thread
+ * and its callers, not the guest's by design). op_poll's own polls then run between the thread's passes.
+ *
  * Beyond the sanitizers the harness asserts what the engine promises its caller: return codes are 0 or a negative
  * errno, its error message is a terminated string, events name a device that exists, a QP is in the state it was
  * last given (or in error), and a memory table it refuses leaves it with no memory at all (so the whole arena is
@@ -464,12 +470,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		open_device(e, dev);
 		read_memory(&in, e, dev);
 	}
+#ifdef FUZZ_ENGINE_THREAD
+	int events_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	const struct vre_thread_config thread = { .budget = 16, .park_after_ns = 20000, .events_fd = events_fd };
+
+	CHECK(events_fd >= 0 && vre_thread_start(e, &thread) == 0);
+#endif
 	for (uint32_t n = 0; n < MAX_OPS && in.left; n++) {
 		uint8_t b = u8(&in);
 
+		vre_lock(e);
 		ops[b % OP_COUNT](&in, e, (b / OP_COUNT) & 1);
 		CHECK(strnlen(vre_error(e), 256) < 256);
+		vre_unlock(e);
+#ifdef FUZZ_ENGINE_THREAD
+		vre_kick(e);  /* as a guest's wake-up would: a parked thread looks again */
+#endif
 	}
+#ifdef FUZZ_ENGINE_THREAD
+	vre_thread_stop(e);
+	close(events_fd);
+#endif
 	take_events(e, EVENT_BATCH);
 	for (uint32_t dev = 0; verbose && dev < NDEV; dev++) {
 		struct vre_counters c;

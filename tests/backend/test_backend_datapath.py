@@ -284,6 +284,8 @@ def test_cq_overflow_is_an_error_never_an_overwrite(backend: BackendProcess, pai
 def test_garbage_producer_index_fails_only_that_qp(backend: BackendProcess, pair: tuple[Side, Side]) -> None:
     a, b = pair
     b.verbs.ring(b.qp.sq.db, 0x7FFF0000)  # far more WQEs than the ring holds
+    if b.verbs.parked(b.qp.sq.db):
+        b.verbs.fe.wake()  # as a poster does when it finds the engine parked
     deadline = time.monotonic() + 10
     while backend.counters("vm1")["engine"]["qp_fatal"] < 1:
         assert time.monotonic() < deadline

@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASHES = ROOT / "fuzz" / "crashes"
-FUZZERS = {"engine": None, "roce": None, "vhost_user": "fuzz.vhost_user_fuzz", "commands": "fuzz.commands_fuzz"}
+FUZZERS = {"engine": None, "engine_threads": None, "roce": None, "vhost_user": "fuzz.vhost_user_fuzz",
+           "commands": "fuzz.commands_fuzz"}
 
 pytestmark = pytest.mark.fuzz
 

@@ -26,7 +26,7 @@ def test_every_fuzzer_runs_clean_for_a_few_seconds() -> None:
                                    f"{result.stderr[-10000:]}"
     results = json.loads((ROOT / "build" / "fuzz" / "smoke-results.json").read_text())
     interfaces = {entry["interface"]: entry for entry in results["interfaces"]}
-    assert set(interfaces) == {"engine", "roce", "vhost-user", "commands", "campaign"}
+    assert set(interfaces) == {"engine", "engine-threads", "roce", "vhost-user", "commands", "campaign"}
     for name, entry in interfaces.items():
         assert entry["inputs"] > 0, f"{name} ran no inputs"
     # Each coverage-guided fuzzer starts by replaying its corpus, so a smoke reaches about the corpus's coverage. A

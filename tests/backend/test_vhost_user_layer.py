@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 
@@ -35,6 +37,7 @@ class FakeModel:
         self.disconnect_reason: str | None = None
         self.started: list[tuple[int, bool]] = []
         self.memory: list[MemoryRegion] = []
+        self.paused = 0
 
     def device_features(self) -> int:
         return 0
@@ -62,6 +65,10 @@ class FakeModel:
 
     def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.disconnect_reason = reason
+
+    def data_path_paused(self) -> AbstractContextManager[None]:
+        self.paused += 1  # a memory message: the model's data path is held around it
+        return contextlib.nullcontext()
 
 
 class Frontend:

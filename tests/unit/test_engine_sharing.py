@@ -15,7 +15,7 @@ import pytest
 from vrdma.device import abi
 from vrdma.device.qos import Qos
 from vrdma.testing.inprocess import LocalVm, LocalVms, Side
-from vrdma.testing.simulated_guest import ALL_ACCESS, PBL, Buffer, SimMr, SimQp
+from vrdma.testing.simulated_guest import Buffer, SimMr, SimQp
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 PAGE = 4096
@@ -37,27 +37,11 @@ def pair(vms: LocalVms, a: LocalVm, b: LocalVm, mr_size: int = 1 * MIB, depth: i
 
 
 def cycled_mr(vm: LocalVm, pd: int, length: int, backing_pages: int, fill: bytes = b"") -> tuple[SimMr, Buffer]:
-    """An MR of ``length`` bytes whose pages are ``backing_pages`` pages of guest memory named over and over (a
-    page list may name one page many times): a 1 GiB MR without 1 GiB of memory."""
-    verbs = vm.verbs
-    backing = verbs.alloc(backing_pages * PAGE)
+    """An MR of ``length`` bytes over ``backing_pages`` pages of guest memory named over and over (and those pages)."""
+    backing = vm.verbs.alloc(backing_pages * PAGE)
     if fill:
-        verbs.memory.write(backing.gpa, fill)
-    npages = length // PAGE
-    lists = []
-    for first in range(0, npages, PBL):
-        page = verbs.memory.alloc(PAGE, PAGE)
-        count = min(PBL, npages - first)
-        verbs.memory.write(page, struct.pack(f"<{count}Q", *(backing.gpa + ((first + i) % backing_pages) * PAGE
-                                                             for i in range(count))))
-        lists.append(page)
-    directory = verbs.memory.alloc(PAGE, PAGE)
-    verbs.memory.write(directory, struct.pack(f"<{len(lists)}Q", *lists))
-    iova = 1 << 40
-    resp = verbs.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", pd=pd, access=ALL_ACCESS,
-                      iova=iova, length=length, page_offset=0,
-                      pages={"addr": directory, "npages": npages, "levels": 2})
-    return SimMr(int(resp.handle), int(resp.lkey), int(resp.rkey), Buffer(iova, length)), backing
+        vm.verbs.memory.write(backing.gpa, fill)
+    return vm.verbs.reg_mr_cycled(pd, length, backing), backing
 
 
 @dataclass

@@ -237,6 +237,12 @@ class Backend:
         self.guard: FaultGuard | None = FaultGuard(self.loop)
         self.engine = Engine(max_vms)
         self.fabric = Fabric(self.engine, max_vms)
+        # The data path in the engine's own thread; the loop keeps the control path and delivers the events the
+        # thread reports (docs/backend.md, "The engine's thread").
+        limits = self.fabric.limits
+        self._engine_events = self.engine.start_thread(limits.poll_budget, limits.park_after_idle_us * 1000)
+        self.fabric.engine_thread_started()
+        self.loop.add_reader(self._engine_events, self._deliver_engine_events)
         self.endpoints: dict[str, VmEndpoint] = {}
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
@@ -249,10 +255,7 @@ class Backend:
                 self.roce = open_sockets()
                 udp6 = self.roce.udp6.fileno() if self.roce.udp6 is not None else -1
                 self.engine.attach_network(self.roce.rx.fileno(), self.roce.tx.fileno(), udp6)
-                # Readable wakes a parked loop; the engine reads the sockets when it polls.
-                for fd in (self.roce.rx.fileno(), udp6):
-                    if fd >= 0:
-                        self.loop.add_reader(fd, lambda: None)
+                self.engine.kick()  # a parked engine thread watches the sockets from its next sleep on
                 log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
                          ROCE_PORT)
             for spec in specs:
@@ -286,10 +289,15 @@ class Backend:
         """What the metrics report, taken now (on the loop's thread)."""
         from vrdma.daemon.metrics import Snapshot
 
+        engine_seconds, engine_work = self.fabric.engine_time()
         return Snapshot(vms={name: vm.counters_snapshot() for name, vm in self.endpoints.items()},
                         network=self.engine.net_counters() if self.roce is not None else None,
-                        vm_slots=self.max_vms, engine_seconds=self.fabric.engine_ns / 1e9,
-                        engine_work=self.fabric.engine_work)
+                        vm_slots=self.max_vms, engine_seconds=engine_seconds, engine_work=engine_work)
+
+    def _deliver_engine_events(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._engine_events)  # first: a notice written after the events are taken stays
+        self.fabric.deliver_events()
 
     def add_vm(self, spec: EndpointSpec) -> VmEndpoint:
         """Serve one more VM: its socket listens (or its fd is served) when this returns. Refused, with the reason,
@@ -382,6 +390,12 @@ class Backend:
         self.notifier.ping_if_due()
 
     def close(self) -> None:
+        if self.engine.threaded:
+            # The data path stops first: what follows (VMs' memory and doorbell regions unmapped, sockets closed)
+            # then meets no pass of the engine's.
+            self.loop.remove_reader(self._engine_events)
+            self.engine.stop_thread()
+            self.fabric.engine_thread_stopped()
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
@@ -392,9 +406,6 @@ class Backend:
             endpoint.close("the backend is stopping")
         self.endpoints = {}
         if self.roce is not None:
-            self.loop.remove_reader(self.roce.rx.fileno())
-            if self.roce.udp6 is not None:
-                self.loop.remove_reader(self.roce.udp6.fileno())
             self.engine.attach_network(-1, -1, -1)
             self.roce.close()
             self.roce = None

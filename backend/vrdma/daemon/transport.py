@@ -8,6 +8,7 @@ response is written only into the device-writable buffers the driver supplied.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 
 from vrdma.device import abi
 from vrdma.device.constants import EventType
@@ -108,7 +109,13 @@ class VirtioRdmaTransport:
             self.process_commands(device)
         elif index == EVENT:
             self.deliver_events()
-        # WAKE carries no buffers: the kick itself woke the loop, which runs the data engine next.
+        elif index == WAKE:
+            # No buffers: the kick is the message. A guest rang a doorbell while the engine was parked.
+            self.rdma.fabric.kick()
+
+    def data_path_paused(self) -> AbstractContextManager[None]:
+        """The data engine held between passes while the vhost-user layer remaps guest memory."""
+        return self.rdma.fabric.paused()
 
     def memory_changed(self, device: VhostUserConnection) -> None:
         regions = device.memory_regions()

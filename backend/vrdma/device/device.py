@@ -68,7 +68,7 @@ class RdmaDevice:
         self.qos = qos
         # Whether the VM's driver asked for the parked engine's periodic look at the doorbells (its fences may not
         # be real: VRDMA_F_DOORBELL_RECHECK, set when the transport negotiates features).
-        self.doorbell_recheck = False
+        self._doorbell_recheck = False
         # What the engine's QoS counters said when the device was last reopened (they start again at zero there).
         self.qos_carried = dict.fromkeys(QOS_COUNTERS, 0)
         self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
@@ -83,6 +83,15 @@ class RdmaDevice:
         self.seat = EngineSeat(self.fabric.engine, self.fabric.attach(self))
         self._open_engine_device()
         self.objects = DeviceObjects(name, self.seat, limits, self.identity, self.set_alive, self.fabric.route)
+
+    @property
+    def doorbell_recheck(self) -> bool:
+        return self._doorbell_recheck
+
+    @doorbell_recheck.setter
+    def doorbell_recheck(self, wanted: bool) -> None:
+        self._doorbell_recheck = wanted
+        self.fabric.recheck_changed()
 
     @property
     def engine_index(self) -> int:
@@ -101,6 +110,7 @@ class RdmaDevice:
         """A new weight and limits, from the engine's next turn on (buckets start full)."""
         self.qos = qos
         self._apply_qos()
+        self.fabric.kick()  # a parked engine sleeps by the old limits' deadline
 
     def qos_counters(self) -> dict[str, int]:
         """What its share and limits did to it since the device was made (across resets)."""

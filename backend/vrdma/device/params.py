@@ -78,8 +78,8 @@ class DeviceLimits:
     # the guest's memory fence between its doorbell store and its read of the parked flag, and a guest that does
     # not really fence (TCG elides barriers when the machine has one vCPU) can miss the flag. Bounded, not lost.
     park_recheck_ms: int = _limit(10)
-    # One turn of the engine polls in C this long before the event loop looks at its descriptors again (control
-    # commands wait at most this much).
+    # Without the engine's own thread (in-process tests: Fabric.run), one turn of the engine polls in C this long
+    # before the event loop looks at its descriptors again. The daemon's engine thread passes without pause.
     spin_us: int = _limit(200)
 
 

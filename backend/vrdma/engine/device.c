@@ -10,6 +10,20 @@
 
 #include "vre.h"
 
+/* The engine's lock (thread.c uses it): recursive, so that a caller may hold it across calls that take it too. */
+static int lock_init(struct vre_engine *e)
+{
+	pthread_mutexattr_t attr;
+	int err;
+
+	e->thread.kick_fd = -1;
+	if (pthread_mutexattr_init(&attr))
+		return -1;
+	err = pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE) || pthread_mutex_init(&e->thread.lock, &attr);
+	pthread_mutexattr_destroy(&attr);
+	return err ? -1 : 0;
+}
+
 struct vre_engine *vre_engine_new(uint32_t max_devices)
 {
 	struct vre_engine *e = aligned_alloc(64, sizeof(*e));  /* the scratch is cache-line aligned */
@@ -24,10 +38,16 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	}
 	e->ndevices = max_devices;
 	e->rx_fd = e->tx_fd = e->udp6_fd = -1;
+	if (lock_init(e)) {
+		free(e->devices);
+		free(e);
+		return NULL;
+	}
 	/* 64 KiB a turn and a piece: ~2 us of copying at memory speed, what one VM's bulk transfer may keep another's
 	 * small message waiting; a work request costs about what copying 2 KiB does (docs/backend.md). */
 	e->sched = (struct vre_sched){ .quantum_bytes = 64 << 10, .piece_bytes = 64 << 10, .wr_cost_bytes = 2048 };
 	if (gid_index_init(e)) {
+		pthread_mutex_destroy(&e->thread.lock);
 		free(e->devices);
 		free(e);
 		return NULL;
@@ -45,6 +65,7 @@ void vre_engine_free(struct vre_engine *e)
 	free(e->gid_slots);
 	free(e->tx);
 	free(e->rx);
+	pthread_mutex_destroy(&e->thread.lock);
 	free(e);
 }
 

@@ -265,6 +265,7 @@ struct vre_qos_counters {
 };
 
 struct vre_engine *vre_engine_new(uint32_t max_devices);
+/* After vre_thread_stop, if its thread was started. */
 void vre_engine_free(struct vre_engine *e);
 const char *vre_error(struct vre_engine *e);
 
@@ -301,6 +302,38 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 int vre_qp_state(struct vre_engine *e, uint32_t dev, uint32_t slot);
 int vre_qp_counters(struct vre_engine *e, uint32_t dev, uint32_t slot, struct vre_qp_counters *out);
 void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
+
+/*
+ * The engine's own thread (thread.c). Without it the caller polls (vre_poll, vre_spin, vre_park: in-process tests and
+ * fuzzers do). With it the thread polls, spins, parks and wakes by itself, and every call of this API from another
+ * thread is made between vre_lock and vre_unlock: the thread holds the lock for one pass at a time and steps aside
+ * while a caller waits, so a call waits for at most one pass. The lock is recursive: a caller may hold it across
+ * several calls (while guest memory is remapped, say). `events_fd` (an eventfd of the caller's) is written when events
+ * wait for vre_take_events.
+ */
+struct vre_thread_config {
+	uint32_t budget;          /* vre_poll's */
+	uint32_t reserved;
+	uint64_t park_after_ns;   /* idle this long, then park */
+	int32_t events_fd;
+};
+
+struct vre_thread_stats {
+	uint64_t busy_ns;         /* time in passes that did work */
+	uint64_t work;            /* WQEs, pieces and packets those passes handled */
+	uint64_t passes;
+	uint64_t parks;           /* times it parked and slept */
+};
+
+int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *config);
+void vre_thread_stop(struct vre_engine *e);
+void vre_lock(struct vre_engine *e);
+void vre_unlock(struct vre_engine *e);
+/* Wake a parked engine thread (a guest's wake-up; new deadlines, limits or sockets): from any thread, no lock. */
+void vre_kick(struct vre_engine *e);
+/* While parked, look at the doorbells at least every period_ns even unwoken (0: only when woken). */
+void vre_thread_recheck(struct vre_engine *e, uint64_t period_ns);
+void vre_thread_stats(struct vre_engine *e, struct vre_thread_stats *out);
 
 uint32_t vre_poll(struct vre_engine *e, uint32_t budget);
 uint32_t vre_spin(struct vre_engine *e, uint32_t budget, uint64_t spin_ns);

@@ -7,6 +7,12 @@ its structs into plain Python values.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
 from vrdma.engine.api import (
     COUNTERS,
     MAX_GIDS,
@@ -52,15 +58,70 @@ EVENT_BATCH = 256
 PACKET_ROOM = 9216  # the largest UDP payload a RoCE packet has (a jumbo frame's)
 
 
+def _free(raw: Any) -> None:
+    lib.vre_thread_stop(raw)  # its thread first, if it was started: it runs on this memory
+    lib.vre_engine_free(raw)
+
+
 class Engine:
-    """The C data engine (a vrdma.engine.api.DataEngine)."""
+    """The C data engine (a vrdma.engine.api.DataEngine). Every method but the thread's own takes the engine's lock
+    (engine.h): with the engine's thread running, a call waits for at most the pass in progress."""
 
     def __init__(self, max_devices: int) -> None:
         raw = lib.vre_engine_new(max_devices)
         if raw == ffi.NULL:
             raise MemoryError("cannot allocate the data engine")
-        self._e = ffi.gc(raw, lib.vre_engine_free)
+        self._e = ffi.gc(raw, _free)
         self._events = ffi.new("struct vre_event[]", EVENT_BATCH)
+        self._events_fd = -1
+        self.threaded = False
+
+    # -- the engine's own thread (the daemon's; in-process tests poll the engine themselves) ----------------------
+
+    def start_thread(self, budget: int, park_after_ns: int) -> int:
+        """Run the data path in the engine's own thread from now on; return the eventfd it makes readable when
+        events wait for take_events (the caller watches it and drains it before taking them)."""
+        self._events_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        config = ffi.new("struct vre_thread_config *", {"budget": budget, "park_after_ns": park_after_ns,
+                                                          "events_fd": self._events_fd})
+        ret = lib.vre_thread_start(self._e, config)
+        if ret < 0:
+            os.close(self._events_fd)
+            self._events_fd = -1
+            self._check(ret)
+        self.threaded = True
+        return self._events_fd
+
+    def stop_thread(self) -> None:
+        """The thread finishes its pass and ends (the caller polls from now on). Never under the lock."""
+        lib.vre_thread_stop(self._e)
+        if self._events_fd >= 0:
+            os.close(self._events_fd)
+            self._events_fd = -1
+        self.threaded = False
+
+    def kick(self) -> None:
+        """Wake a parked engine thread (a guest's wake-up, a change of deadlines or sockets)."""
+        lib.vre_kick(self._e)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the engine between passes: its thread touches no guest memory until this ends (calls made meanwhile
+        are fine: the lock is recursive)."""
+        lib.vre_lock(self._e)
+        try:
+            yield
+        finally:
+            lib.vre_unlock(self._e)
+
+    def set_recheck(self, period_ns: int) -> None:
+        """While parked, look at the doorbells at least this often unwoken (0: only when woken)."""
+        lib.vre_thread_recheck(self._e, period_ns)
+
+    def thread_stats(self) -> dict[str, int]:
+        out = ffi.new("struct vre_thread_stats *")
+        lib.vre_thread_stats(self._e, out)
+        return {name: int(getattr(out, name)) for name in ("busy_ns", "work", "passes", "parks")}
 
     def _check(self, ret: int) -> int:
         if ret < 0:
@@ -230,3 +291,24 @@ class Engine:
 
     def unpark(self) -> None:
         lib.vre_unpark(self._e)
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _under_lock(method: _Method) -> _Method:
+    @functools.wraps(method)
+    def locked(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        lib.vre_lock(self._e)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            lib.vre_unlock(self._e)
+    return locked  # type: ignore[return-value]
+
+
+# Every call into the engine from the event loop's thread, under the engine's lock; not the thread's own controls.
+_UNLOCKED = {"start_thread", "stop_thread", "kick", "paused"}
+for _name, _method in list(vars(Engine).items()):
+    if callable(_method) and not _name.startswith("_") and _name not in _UNLOCKED:
+        setattr(Engine, _name, _under_lock(_method))

@@ -316,5 +316,6 @@ uint32_t vre_take_events(struct vre_engine *e, struct vre_event *out, uint32_t m
 
 	while (e->ev_head != e->ev_tail && n < max)
 		out[n++] = e->events[e->ev_head++ % EVENT_RING];
+	e->thread.events_told = false;  /* an engine thread tells of the next ones */
 	return n;
 }

@@ -5,6 +5,7 @@
  *
  * The rooms, one job each, in layers (pyproject.toml's [tool.vrdma.engine-layers]; a file calls only files of the
  * layers below its own, and `make lint` checks it from the object files):
+ *   thread.c (the engine's own thread and its lock);
  *   poll.c (the loop and the per-QP scheduler), device.c (engines and devices opened and closed);
  *   net.c (every arriving packet, parsed, routed and handed to its QP);
  *   req.c (the requester to a QP of this engine), rcomp.c (the completer of a QP whose peer is on another host);
@@ -29,6 +30,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -239,6 +241,20 @@ struct vre_gid_slot {
 	uint32_t index;
 };
 
+/* The engine's own thread and the lock it shares with its callers (thread.c). */
+struct vre_thread {
+	pthread_mutex_t lock;     /* recursive; held by the thread for one pass, by a caller for one call (or more) */
+	pthread_t id;
+	bool running;
+	uint32_t stop;            /* atomic: the thread ends at its next pass */
+	uint32_t waiters;         /* atomic: callers waiting for the lock (the thread steps aside for them) */
+	int kick_fd;              /* eventfd: vre_kick wakes a parked thread */
+	struct vre_thread_config config;
+	uint64_t recheck_ns;
+	bool events_told;         /* events_fd was written since the caller last took events */
+	struct vre_thread_stats stats;
+};
+
 struct vre_engine {
 	uint32_t ndevices;                /* device slots, made once: VMs added later take a free one */
 	uint32_t devices_hi;              /* one past the highest open device: the loops over devices stop here */
@@ -258,6 +274,7 @@ struct vre_engine {
 	uint32_t tx_head, tx_tail;
 	uint8_t *rx;              /* sockio.c's receive buffers */
 	struct vre_net_counters net;
+	struct vre_thread thread;
 	struct vre_sched sched;   /* the scheduler's sizes (vre_sched_set) */
 	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
 	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines, away from the event ring */

@@ -20,10 +20,14 @@ struct fg_range {
 	uint32_t owner;           /* 0: free slot */
 };
 
-/* Read by the handler, written only by the thread that takes the faults (never concurrently with it). */
+/* Read by the handler in whichever thread faults (the event loop's, the data engine's); written by the event loop's
+ * thread: a slot's owner is stored last when it is taken and first when it is freed (release), and read first by the
+ * handler (acquire), so the handler never uses a half-written slot. The backend changes the ranges of guest memory
+ * only while the engine's thread is held between passes (vhost-user's memory messages), and a VM's ranges go only
+ * after its engine device has closed: no fault can be in a range that is changing. */
 static struct fg_range ranges[FG_MAX_RANGES];
-static volatile uint64_t pending[FG_MAX_OWNERS];
-static volatile uint64_t total[FG_MAX_OWNERS];
+static uint64_t pending[FG_MAX_OWNERS];  /* atomic: counted in the handler, taken by the event loop */
+static uint64_t total[FG_MAX_OWNERS];
 static int wake_r = -1, wake_w = -1;
 
 static void on_sigbus(int sig, siginfo_t *info, void *context)
@@ -35,15 +39,17 @@ static void on_sigbus(int sig, siginfo_t *info, void *context)
 	for (unsigned int i = 0; i < FG_MAX_RANGES; i++) {
 		struct fg_range *r = &ranges[i];
 
-		if (!r->owner || addr - r->start >= r->length)
+		uint32_t owner = __atomic_load_n(&r->owner, __ATOMIC_ACQUIRE);
+
+		if (!owner || addr - r->start >= r->length)
 			continue;
 		/* mmap is a plain system call: safe here. The range stays registered (the owner removes it when it
 		 * tears the mapping down); a second fault in it cannot happen, its pages are anonymous now. */
 		if (mmap((void *)r->start, r->length, PROT_READ | PROT_WRITE,
 			 MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED)
 			break;
-		pending[r->owner]++;
-		total[r->owner]++;
+		__atomic_add_fetch(&pending[owner], 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&total[owner], 1, __ATOMIC_RELAXED);
 		if (write(wake_w, "!", 1) < 0) {
 			/* a full pipe already says "look" */
 		}
@@ -86,7 +92,7 @@ int fg_add(uint64_t start, uint64_t length, uint32_t owner)
 		return -1;
 	for (unsigned int i = 0; i < FG_MAX_RANGES; i++) {
 		if (!ranges[i].owner) {
-			ranges[i].start = (uintptr_t)start;
+			ranges[i].start = (uintptr_t)start;  /* a free slot: the handler skips it until owner is set */
 			/* the replacement mapping covers whole pages */
 			ranges[i].length = (uintptr_t)((length + (uint64_t)page - 1) / (uint64_t)page * (uint64_t)page);
 			__atomic_store_n(&ranges[i].owner, owner, __ATOMIC_RELEASE);
@@ -117,14 +123,13 @@ uint64_t fg_take_faults(uint32_t owner)
 
 	if (owner >= FG_MAX_OWNERS)
 		return 0;
-	n = pending[owner];
-	pending[owner] = 0;
+	n = __atomic_exchange_n(&pending[owner], 0, __ATOMIC_RELAXED);
 	return n;
 }
 
 uint64_t fg_faults_total(uint32_t owner)
 {
-	return owner < FG_MAX_OWNERS ? total[owner] : 0;
+	return owner < FG_MAX_OWNERS ? __atomic_load_n(&total[owner], __ATOMIC_RELAXED) : 0;
 }
 
 int fg_remap_shared(uint64_t start, uint64_t length, int fd)

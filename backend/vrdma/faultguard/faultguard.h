@@ -10,7 +10,8 @@
  * fault for the owner; the event loop learns of it through a pipe and closes that owner's device. A SIGBUS at an
  * address the guard does not know is a real bug: the default action runs (a core dump, not a silent recovery).
  *
- * Single-threaded by design, like the backend: ranges are changed only from the thread that also takes the faults.
+ * Faults may be taken in any thread (the event loop's, the data engine's); ranges are changed from the event loop's
+ * thread only, never while a fault in them can happen (faultguard.c says how).
  *
  * The text between FAULTGUARD-API-BEGIN and FAULTGUARD-API-END is also the cffi declaration (_build.py).
  */

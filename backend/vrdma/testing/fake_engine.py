@@ -8,6 +8,7 @@ test reaches the model's rollback paths; ``calls`` records every call, in order.
 
 from __future__ import annotations
 
+import contextlib
 import errno as errnos
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ class FakeEngine:
         self.calls: list[tuple[str, int, int]] = []  # (call, device, slot or -1)
         self._refuse: int | None = None
         self.schedule: api.SchedConfig | None = None
+        self.kicks = 0
+        self.recheck_ns = 0
 
     def refuse_next(self, errno: int = errnos.EINVAL) -> None:
         self._refuse = errno
@@ -111,6 +114,20 @@ class FakeEngine:
 
     def roce_counters(self, dev: int) -> dict[str, int]:
         return dict.fromkeys(api.ROCE_COUNTERS, 0)
+
+    # -- the engine's thread (the fake has none: the model's calls are made as they come) ---------------------------
+
+    def kick(self) -> None:
+        self.kicks += 1
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def set_recheck(self, period_ns: int) -> None:
+        self.recheck_ns = period_ns
+
+    def thread_stats(self) -> dict[str, int]:
+        return dict.fromkeys(("busy_ns", "work", "passes", "parks"), 0)
 
     # -- sharing the engine (the fake moves nothing, so it keeps the settings and counts nothing) -----------------
 

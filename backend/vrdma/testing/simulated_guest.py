@@ -214,6 +214,24 @@ class SimVerbs:
                          iova=buf.gpa, length=size, page_offset=0, pages=self.page_list(buf))
         return SimMr(int(resp.handle), int(resp.lkey), int(resp.rkey), buf)
 
+    def reg_mr_cycled(self, pd: int, length: int, backing: Buffer, iova: int = 1 << 40) -> SimMr:
+        """An MR of ``length`` bytes at ``iova`` whose pages are ``backing``'s pages named over and over (a page
+        list may name one page many times): a 1 GiB MR without 1 GiB of guest memory."""
+        count = backing.size // PAGE
+        gpas = [backing.gpa + (i % count) * PAGE for i in range(length // PAGE)]
+        lists = []
+        for first in range(0, len(gpas), PBL):
+            page = self.memory.alloc(PAGE, PAGE)
+            chunk = gpas[first:first + PBL]
+            self.memory.write(page, struct.pack(f"<{len(chunk)}Q", *chunk))
+            lists.append(page)
+        directory = self.memory.alloc(PAGE, PAGE)
+        self.memory.write(directory, struct.pack(f"<{len(lists)}Q", *lists))
+        resp = self.call("VRDMA_CMD_REG_MR", "vrdma_cmd_reg_mr", "vrdma_resp_reg_mr", pd=pd, access=ALL_ACCESS,
+                         iova=iova, length=length, page_offset=0,
+                         pages={"addr": directory, "npages": len(gpas), "levels": 2})
+        return SimMr(int(resp.handle), int(resp.lkey), int(resp.rkey), Buffer(iova, length))
+
     def alloc_mr(self, pd: int, max_pages: int) -> tuple[int, int]:
         """A fast-registration MR (the kernel's): its handle and key."""
         resp = self.call("VRDMA_CMD_ALLOC_MR", "vrdma_cmd_alloc_mr", "vrdma_resp_alloc_mr", pd=pd,

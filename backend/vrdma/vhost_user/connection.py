@@ -11,10 +11,12 @@ device behind the ``DeviceModel``; this is the vhost-user side of it, named for 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import socket
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,6 +83,9 @@ class DeviceModel(Protocol):
     def queue_kicked(self, device: VhostUserConnection, index: int) -> None: ...
     def memory_changed(self, device: VhostUserConnection) -> None: ...
     def disconnected(self, device: VhostUserConnection, reason: str) -> None: ...
+    # Held while a memory message remaps guest memory and memory_changed runs: nothing of the device's that runs
+    # in another thread may touch guest memory meanwhile.
+    def data_path_paused(self) -> AbstractContextManager[None]: ...
 
 
 class CloseCause(enum.Enum):
@@ -204,24 +209,29 @@ class VhostUserConnection:
                 self.close(f"protocol error: SET_PROTOCOL_FEATURES with features never offered: {unoffered:#x}",
                            CloseCause.PROTOCOL_ERROR)
                 return
-        fds = ffi.new("int[]", message.fds or [0])
-        status = lib.vrdma_vu_dispatch(self._vu, message.request, message.flags, message.payload,
-                                       len(message.payload), fds, len(message.fds))
-        message.fds = []  # libvhost-user owns them now
-        if status != 0 or self._broken():
-            self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}",
-                       CloseCause.PROTOCOL_ERROR)
-            return
+        remaps = message.request in MEMORY_TABLE_REQUESTS
+        # libvhost-user unmaps and maps guest memory in dispatch; the model learns the new table after: whatever the
+        # model runs in another thread waits between the two (and the fault guard's ranges change meanwhile too).
+        with self.model.data_path_paused() if remaps else contextlib.nullcontext():
+            fds = ffi.new("int[]", message.fds or [0])
+            status = lib.vrdma_vu_dispatch(self._vu, message.request, message.flags, message.payload,
+                                           len(message.payload), fds, len(message.fds))
+            message.fds = []  # libvhost-user owns them now
+            if status != 0 or self._broken():
+                self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}",
+                           CloseCause.PROTOCOL_ERROR)
+                return
+            if remaps:
+                try:
+                    if self._guard is not None:
+                        self._guard.guard_ranges([r.mapping for r in self.memory_regions()])
+                    self.model.memory_changed(self)
+                except Exception as err:  # the model's failure ends this VM's connection, never the process
+                    log.exception("%s: the device model failed on the new memory table", self.name)
+                    self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
+                    return
         if message.request == protocol.Request.SET_BACKEND_REQ_FD:
             self._map_shared_memory()
-        if message.request in MEMORY_TABLE_REQUESTS:
-            try:
-                if self._guard is not None:
-                    self._guard.guard_ranges([r.mapping for r in self.memory_regions()])
-                self.model.memory_changed(self)
-            except Exception as err:  # the model's failure ends this VM's connection, never the process
-                log.exception("%s: the device model failed on the new memory table", self.name)
-                self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
 
     def _map_shared_memory(self) -> None:
         """The backend channel is up: map what the model shares (a frontend without shared memory regions, e.g.

@@ -1,0 +1,127 @@
+"""The data engine in a thread of its own beside the event loop (engine/thread.c): the control path answers while
+data moves, a device takes several commands at once, and control changes racing traffic (a new memory table, objects
+made and destroyed) move not one wrong byte. The sanitizer tier runs this module against the ASan build too; the
+engine's threads under ThreadSanitizer are `make fuzz`'s engine-threads interface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+
+import pytest
+from backend_process import GID, BackendProcess, start_side, two_vms
+from backend_process import SimSide as Side
+
+from vrdma.device import abi
+from vrdma.device.constants import CommandOpcode
+from vrdma.testing.frontend import Frontend
+from vrdma.vhost_user import protocol
+from vrdma.vhost_user.protocol import Request
+
+pytestmark = pytest.mark.backend
+
+GIB, MIB = 1 << 30, 1 << 20
+WRITE = abi.const("VRDMA_WR_RDMA_WRITE")
+SUCCESS = abi.const("VRDMA_WC_SUCCESS")
+
+
+def make_side(fe: Frontend, backend: BackendProcess, name: str) -> Side:
+    return start_side(fe, backend, name, GID[name], 64 << 10)
+
+
+@pytest.fixture
+def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
+    with two_vms(backend, make_side, GID) as sides:
+        yield sides
+
+
+def query_device() -> bytes:
+    return abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": CommandOpcode.QUERY_DEVICE}))
+
+
+def test_commands_are_answered_while_gigabytes_are_copied(pair: tuple[Side, Side]) -> None:
+    """vm1 queues eight 1 GiB WRITEs into vm0; vm0's and vm1's commands (a device query, and a QP query the engine
+    answers) are answered while they are copied, not after: the engine's thread moves the data, the event loop
+    answers."""
+    a, b = pair
+    backing_b, backing_a = b.verbs.alloc(16 * 4096), a.verbs.alloc(16 * 4096)
+    src = b.verbs.reg_mr_cycled(b.pd, GIB, backing_b)
+    dst = a.verbs.reg_mr_cycled(a.pd, GIB, backing_a)
+    for i in range(8):
+        b.verbs.post_send(b.qp, WRITE, [(src.addr, GIB, src.lkey)], wr_id=i, remote_addr=dst.addr, rkey=dst.rkey,
+                          signaled=i == 7)
+    answered = 0
+    deadline = time.monotonic() + 120
+    while not (done := b.verbs.poll_cq(b.cq)):
+        assert time.monotonic() < deadline, "8 GiB of WRITEs did not complete within 120 s"
+        if answered < 50:  # (each command takes guest memory of the simulated frontend for good)
+            a.verbs.fe.command(query_device(), abi.sizeof("vrdma_resp_query_device"))
+            assert b.verbs.query_qp(b.qp).qp_state == abi.const("VRDMA_QPS_RTS")  # the engine's QP state
+            answered += 1
+        else:
+            time.sleep(0.01)  # polling for the completion
+    assert [(c.wr_id, c.status) for c in done] == [(7, SUCCESS)]
+    assert answered >= 3, f"only {answered} rounds of commands answered while 8 GiB were copied"
+
+
+def test_two_commands_of_one_device_in_flight_at_once_are_both_answered(pair: tuple[Side, Side]) -> None:
+    """Two control chains posted with one kick: the device answers both, each in its own chain."""
+    a, _ = pair
+    fe = a.verbs.fe
+    vq = fe.queues[abi.const("VRDMA_QUEUE_CONTROL")]
+    port = abi.to_bytes(abi.new("vrdma_cmd_query_port", hdr={"opcode": CommandOpcode.QUERY_PORT, "seq": 2},
+                                port=1))
+    device = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": CommandOpcode.QUERY_DEVICE, "seq": 1}))
+    first, first_in = vq.add([device], [abi.sizeof("vrdma_resp_query_device")])
+    second, second_in = vq.add([port], [abi.sizeof("vrdma_resp_query_port")])
+    vq.notify()
+    used: dict[int, int] = {}
+    deadline = time.monotonic() + 10
+    while len(used) < 2 and time.monotonic() < deadline:
+        used.update(vq.wait_used(10))
+    assert set(used) == {first, second}
+    answers = {head: abi.from_bytes("vrdma_resp_hdr", fe.memory.read(gpas[0], abi.sizeof("vrdma_resp_hdr")))
+               for head, gpas in ((first, first_in), (second, second_in))}
+    assert (answers[first].opcode, answers[first].seq, answers[first].status) == (CommandOpcode.QUERY_DEVICE, 1, 0)
+    assert (answers[second].opcode, answers[second].seq, answers[second].status) == (CommandOpcode.QUERY_PORT, 2, 0)
+
+
+def test_memory_tables_and_destroys_racing_traffic_move_no_wrong_byte(pair: tuple[Side, Side]) -> None:
+    """vm1 keeps 512 KiB WRITEs of distinct patterns flowing into vm0 while vm0's memory table is sent again and
+    again (libvhost-user maps it anew: every host address the engine holds changes) and MRs and CQs are made and
+    destroyed on both: every WRITE completes and every byte in vm0 is the one written."""
+    a, b = pair
+    chunks, size = 12, 512 << 10
+    src = b.verbs.reg_mr(b.pd, chunks * size)
+    dst = a.verbs.reg_mr(a.pd, chunks * size)
+    patterns = [hashlib.sha256(bytes([i])).digest() * (size // 32) for i in range(chunks)]
+    for i, pattern in enumerate(patterns):
+        b.verbs.memory.write(src.addr + i * size, pattern)
+    region = protocol.MEMORY_HEADER.pack(1, 0) + a.verbs.fe.memory.region()
+    posted = completed = 0
+
+    def reap(at_least: int) -> None:
+        nonlocal completed
+        deadline = time.monotonic() + 10
+        while completed < at_least:
+            for cqe in b.verbs.poll_cq(b.cq):
+                assert cqe.status == SUCCESS, cqe
+                completed += 1
+            assert time.monotonic() < deadline, f"{completed} of {at_least} WRITEs completed"
+
+    for _ in range(24):
+        for i in range(chunks):
+            b.verbs.post_send(b.qp, WRITE, [(src.addr + i * size, size, src.lkey)], wr_id=posted,
+                              remote_addr=dst.addr + i * size, rkey=dst.rkey)
+            posted += 1
+        a.verbs.fe.acked(Request.SET_MEM_TABLE, region, fds=[a.verbs.fe.memory.fd])  # mapped anew
+        extra = a.verbs.reg_mr(a.pd, 64 * 4096)
+        cq = b.verbs.create_cq(16)
+        a.verbs.call("VRDMA_CMD_DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=extra.handle)
+        b.verbs.call("VRDMA_CMD_DESTROY_CQ", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=cq.handle)
+        reap(posted - chunks)  # the round before this one: this one's WRITEs may still be moving meanwhile
+    reap(posted)
+    for i, pattern in enumerate(patterns):
+        assert a.verbs.memory.read(dst.addr + i * size, size) == pattern, f"chunk {i} holds other bytes"
