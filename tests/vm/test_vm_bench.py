@@ -21,7 +21,7 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
     assert run.returncode == 0, f"vrdma bench failed (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-8000:]}"
     results = {r["name"]: r for r in json.loads(out.read_text())}
     assert {"backend_control_rtt_p50_us", "backend_control_rtt_p99_us", "backend_idle_cpu_pct", "memcpy_1mib_gbps",
-            "backend_idle_cpu_no_recheck_pct",
+            "backend_idle_cpu_no_recheck_pct", "backend_command_time_p50_us", "backend_command_time_p99_us",
             "backend_db_to_cqe_p50_us", "backend_db_to_cqe_p99_us", "backend_write_rate_8b_mops",
             "backend_write_bw_1mib_gbps", "backend_cpu_s_per_gb", "backend_reg_mr_1gib_ms",
             # the noisy neighbour: the victim alone and beside floods, and what the floods moved

@@ -40,8 +40,10 @@ def rows() -> list[tuple[str, str, str]]:
          "Python's `memoryview` copy of 1 MiB, in the benchmark process",
          "`memcpy_1mib_gbps` (+ `sweep`), `memcpy_1mib_python_gbps`"),
         ("backend, control", f"{_n(CONTROL_ITERATIONS)} QUERY_DEVICE round trips (`--iterations`, after "
-         f"{_n(n.WARMUP)} to warm up) through the simulated frontend against a real `vrdma backend`",
-         "`backend_control_rtt_p50_us`, `_p99_us`"),
+         f"{_n(n.WARMUP)} to warm up) through the simulated frontend against a real `vrdma backend`; then the "
+         "backend's own time per command over the last 4,096 (its admin counters' `command_time_us`: from taking "
+         "the chain off the control queue to the used ring)",
+         "`backend_control_rtt_p50_us`, `_p99_us`, `backend_command_time_p50_us`, `_p99_us`"),
         ("backend, data path at native speed", "the simulated frontend plays two VMs (memfd memory, real "
          "vhost-user), set up through the control path by `vrdma.testing.simulated_guest`; a C driver "
          "(`vrdma/testing/loadgen.c`) writes WQEs, rings doorbells (and wakes a parked engine) and polls CQEs "

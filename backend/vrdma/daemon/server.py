@@ -173,7 +173,8 @@ class VmEndpoint:
                                "config_reads": conn.config_reads if conn is not None else 0,
                                "shared_memory_maps": conn.shared_memory_maps if conn is not None else 0,
                                "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
-                               "device_resets": self.transport.device_resets}}
+                               "device_resets": self.transport.device_resets},
+                "command_time_us": self.transport.command_time()}
 
     def close(self, reason: str) -> None:
         if self.connection is not None:
