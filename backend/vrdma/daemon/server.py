@@ -395,6 +395,7 @@ class Backend:
             # The data path stops first: what follows (VMs' memory and doorbell regions unmapped, sockets closed)
             # then meets no pass of the engine's.
             self.loop.remove_reader(self._engine_events)
+            log.info("the engine's thread: %s", ", ".join(f"{k} {v}" for k, v in self.engine.thread_stats().items()))
             self.engine.stop_thread()
             self.fabric.engine_thread_stopped()
         if self.metrics is not None:

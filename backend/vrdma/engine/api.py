@@ -39,6 +39,10 @@ ROCE_COUNTERS = ("tx_packets", "rx_packets", "retransmits", "timeouts", "seq_nak
                  "resp_drop_sequence", "resp_drop_resource", "resp_drop_rkey")
 # What a device's share and limits did to it (struct vre_qos_counters).
 QOS_COUNTERS = ("turns", "throttled_ns", "deferred_bytes", "pieced_messages")
+# struct vre_thread_stats: what the engine's thread did (busy_ns and work feed the metrics; the rest tells, in the log
+# at shutdown, how it idled: parks, and what ended each sleep).
+THREAD_STATS = ("busy_ns", "work", "passes", "parks", "park_declined", "woken_by_kick", "woken_by_packet",
+                "woken_by_time", "lock_waits", "sleep_ns")
 NET_COUNTERS = ("rx_packets", "rx_malformed", "rx_bad_icrc", "rx_no_qp", "rx_not_peer", "tx_packets", "tx_dropped")
 
 

@@ -323,6 +323,12 @@ struct vre_thread_stats {
 	uint64_t work;            /* WQEs, pieces and packets those passes handled */
 	uint64_t passes;
 	uint64_t parks;           /* times it parked and slept */
+	uint64_t park_declined;   /* times it meant to park and found work in the last look */
+	uint64_t woken_by_kick;   /* sleeps a kick ended (a guest's wake-up, a control change) */
+	uint64_t woken_by_packet; /* sleeps a RoCE socket ended */
+	uint64_t woken_by_time;   /* sleeps a deadline or the recheck period ended */
+	uint64_t lock_waits;      /* passes that waited for the lock a caller held */
+	uint64_t sleep_ns;        /* time parked */
 };
 
 int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *config);

@@ -29,6 +29,7 @@ from vrdma.engine.api import (
     QP_XRC_TGT,
     ROCE_COUNTERS,
     SRQ_KERNEL,
+    THREAD_STATS,
     CqConfig,
     EngineError,
     EngineEvent,
@@ -121,7 +122,7 @@ class Engine:
     def thread_stats(self) -> dict[str, int]:
         out = ffi.new("struct vre_thread_stats *")
         lib.vre_thread_stats(self._e, out)
-        return {name: int(getattr(out, name)) for name in ("busy_ns", "work", "passes", "parks")}
+        return {name: int(getattr(out, name)) for name in THREAD_STATS}
 
     def _check(self, ret: int) -> int:
         if ret < 0:

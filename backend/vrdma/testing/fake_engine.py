@@ -127,7 +127,7 @@ class FakeEngine:
         self.recheck_ns = period_ns
 
     def thread_stats(self) -> dict[str, int]:
-        return dict.fromkeys(("busy_ns", "work", "passes", "parks"), 0)
+        return dict.fromkeys(api.THREAD_STATS, 0)
 
     # -- sharing the engine (the fake moves nothing, so it keeps the settings and counts nothing) -----------------
 
