@@ -25,10 +25,12 @@
  * ends or MAX_OPS ran. fuzz/engine/seeds.py writes well-formed scenarios in this format (the seed corpus).
  *
  * Built with FUZZ_ENGINE_THREAD (build/fuzz/engine_threads_fuzz, ThreadSanitizer instead of ASan and UBSan), the
- * engine runs its own thread for each input, as the backend runs it, and the harness makes every operation under
- * the engine's lock, as the backend's event loop makes every call: the guest's writes too (the engine reads guest
- * memory only during a pass, under the lock, so a race ThreadSanitizer reports is one between the engine's thread
- * and its callers, not the guest's by design). op_poll's own polls then run between the thread's passes.
+ * engine runs two threads for each input, as the backend runs them (one VM each to start with: a WRITE from one VM
+ * into the other is one thread delivering into the other's device), and the harness makes every operation under
+ * every lock of the engine's (vre_lock), as the backend's event loop makes its calls: the guest's writes too (the
+ * engine reads guest memory only under its device's lock, so a race ThreadSanitizer reports is one between the
+ * engine's threads, or between them and their callers, not the guest's by design). op_poll's own polls then run
+ * between the threads' passes.
  *
  * Beyond the sanitizers the harness asserts what the engine promises its caller: return codes are 0 or a negative
  * errno, its error message is a terminated string, events name a device that exists, a QP is in the state it was
@@ -472,8 +474,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 #ifdef FUZZ_ENGINE_THREAD
 	int events_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	const struct vre_thread_config thread = { .budget = 16, .park_after_ns = 20000, .events_fd = events_fd };
+	struct vre_thread_config thread = { .budget = 16, .threads = 2, .park_after_ns = 20000, .events_fd = events_fd };
 
+	for (uint32_t i = 0; i < VRE_MAX_THREADS; i++)
+		thread.cpus[i] = -1;
 	CHECK(events_fd >= 0 && vre_thread_start(e, &thread) == 0);
 #endif
 	for (uint32_t n = 0; n < MAX_OPS && in.left; n++) {
@@ -484,7 +488,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		CHECK(strnlen(vre_error(e), 256) < 256);
 		vre_unlock(e);
 #ifdef FUZZ_ENGINE_THREAD
-		vre_kick(e);  /* as a guest's wake-up would: a parked thread looks again */
+		vre_kick(e, VRE_NO_DEVICE);  /* as a guest's wake-up would: a parked thread looks again */
 #endif
 	}
 #ifdef FUZZ_ENGINE_THREAD

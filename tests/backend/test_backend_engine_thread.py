@@ -1,7 +1,9 @@
-"""The data engine in a thread of its own beside the event loop (engine/thread.c): the control path answers while
+"""The data engine in threads of its own beside the event loop (engine/thread.c): the control path answers while
 data moves, a device takes several commands at once, and control changes racing traffic (a new memory table, objects
-made and destroyed) move not one wrong byte. The sanitizer tier runs this module against the ASan build too; the
-engine's threads under ThreadSanitizer are `make fuzz`'s engine-threads interface.
+made and destroyed) move not one wrong byte, with one engine thread and with two (each VM on its own thread: a WRITE
+from one into the other is one thread delivering into the other's device); with two, busy VMs spread over both.
+The sanitizer tier runs this module against the ASan build too; the engine's threads under ThreadSanitizer are
+`make fuzz`'s engine-threads interface.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from backend_process import GID, BackendProcess, start_side, two_vms
@@ -31,10 +34,12 @@ def make_side(fe: Frontend, backend: BackendProcess, name: str) -> Side:
     return start_side(fe, backend, name, GID[name], 64 << 10)
 
 
-@pytest.fixture
-def pair(backend: BackendProcess) -> Iterator[tuple[Side, Side]]:
+@pytest.fixture(params=[1, 2], ids=["one engine thread", "two engine threads"])
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    backend = BackendProcess(tmp_path, options=["--engine-threads", str(request.param)])
     with two_vms(backend, make_side, GID) as sides:
         yield sides
+    assert backend.stop() == 0, backend.log_text()
 
 
 def query_device() -> bytes:
@@ -125,3 +130,45 @@ def test_memory_tables_and_destroys_racing_traffic_move_no_wrong_byte(pair: tupl
     reap(posted)
     for i, pattern in enumerate(patterns):
         assert a.verbs.memory.read(dst.addr + i * size, size) == pattern, f"chunk {i} holds other bytes"
+
+
+def test_two_engine_threads_run_two_busy_vms_one_each(tmp_path: Path) -> None:
+    """Two pairs, vm0 -> vm1 and vm2 -> vm3, each flooding 1 MiB WRITEs, with two engine threads: the VMs are given
+    out in turn (vm0 and vm2 to one thread), and the other thread, with nothing to do, takes one of the two busy
+    senders; every WRITE completes and both threads moved data."""
+    backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2", "vm3"), options=["--engine-threads", "2"])
+    try:
+        with (backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2,
+              backend.frontend("vm3") as fe3):
+            sides = [start_side(fe, backend, f"vm{i}", GID[f"vm{i}"], 4 * MIB) for i, fe in enumerate((fe0, fe1, fe2,
+                                                                                                       fe3))]
+            for sender, receiver in ((0, 1), (2, 3)):
+                a, b = sides[sender], sides[receiver]
+                a.verbs.connect(a.qp, b.qp.qpn, GID[f"vm{receiver}"])
+                b.verbs.connect(b.qp, a.qp.qpn, GID[f"vm{sender}"])
+            threads = {name: vm["engine_thread"] for name, vm in backend.admin_ask("counters")["vms"].items()}
+            assert threads == {"vm0": 0, "vm1": 1, "vm2": 0, "vm3": 1}, threads
+            rounds, depth = 16, 32
+            for _ in range(rounds):
+                for sender, receiver in ((0, 1), (2, 3)):
+                    a, b = sides[sender], sides[receiver]
+                    for i in range(depth):
+                        a.verbs.post_send(a.qp, WRITE, [(a.mr.addr, MIB, a.mr.lkey)], wr_id=i,
+                                          remote_addr=b.mr.addr + (i % 4) * MIB, rkey=b.mr.rkey,
+                                          signaled=i == depth - 1)
+                for sender in (0, 2):
+                    a = sides[sender]
+                    done = a.verbs.poll_cq(a.cq)
+                    deadline = time.monotonic() + 60
+                    while not done:
+                        assert time.monotonic() < deadline, f"vm{sender}'s {depth} WRITEs did not complete"
+                        time.sleep(0.001)  # the engine runs in the backend process: poll what it wrote
+                        done = a.verbs.poll_cq(a.cq)
+                    assert [(c.wr_id, c.status) for c in done] == [(depth - 1, SUCCESS)]
+            counters = backend.admin_ask("counters")
+        threads = {name: vm["engine_thread"] for name, vm in counters["vms"].items()}
+        assert threads["vm0"] != threads["vm2"], f"both busy senders on one thread: {threads}"
+        assert sum(t["devices_taken"] for t in counters["engine_threads"]) >= 1, counters["engine_threads"]
+        assert all(t["work"] > 0 for t in counters["engine_threads"]), counters["engine_threads"]
+    finally:
+        assert backend.stop() == 0, backend.log_text()

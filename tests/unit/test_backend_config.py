@@ -25,6 +25,7 @@ doorbell-dir = "db"
 roce = true
 max-vms = 8
 metrics = "127.0.0.1:9717"
+engine-cpus = "1,3-4"
 
 [vm.vm0]
 socket-path = "/run/vrdma/vm0.sock"
@@ -42,6 +43,7 @@ doorbell = "/dev/shm/guest.doorbell"
     assert loaded.admin_socket == Path("/run/vrdma/admin.sock")
     assert loaded.doorbell_dir == tmp_path / "db"
     assert loaded.roce and loaded.max_vms == 8 and loaded.metrics == "127.0.0.1:9717"
+    assert loaded.engine_threads == 3 and loaded.engine_cpus == [1, 3, 4]  # one thread per CPU listed
     vm0, guest = loaded.vms
     assert (vm0.name, vm0.socket_path, vm0.mac) == ("vm0", Path("/run/vrdma/vm0.sock"), bytes.fromhex("525400767200"))
     assert vm0.doorbell_path == tmp_path / "db" / "vm0.doorbell"
@@ -54,11 +56,20 @@ def test_an_empty_file_is_the_defaults(tmp_path: Path) -> None:
     loaded = load(tmp_path, "")
     assert loaded == config.BackendConfig()
     assert loaded.max_vms == config.DEFAULT_MAX_VMS
+    assert loaded.engine_threads == config.DEFAULT_ENGINE_THREADS == 1 and loaded.engine_cpus is None
 
 
 BAD = {
-    "unknown key": ('max-vm = 3\n', "unknown key(s) 'max-vm' (known: admin-socket, doorbell-dir, max-vms, metrics, "
-                                    "roce, vm)"),
+    "unknown key": ('max-vm = 3\n', "unknown key(s) 'max-vm' (known: admin-socket, doorbell-dir, engine-cpus, "
+                                    "engine-threads, max-vms, metrics, roce, vm)"),
+    "engine threads 0": ('engine-threads = 0\n', "engine-threads must be 1 to 64, not 0"),
+    "engine threads as string": ('engine-threads = "2"\n', "engine-threads must be a whole number, not '2'"),
+    "engine cpus as number": ('engine-cpus = 3\n', 'a CPU list is a string like "0,2-3", not 3'),
+    "engine cpus not a list": ('engine-cpus = "0,x"\n', "'x' in '0,x' is not a CPU number or a range N-M"),
+    "engine cpus backwards": ('engine-cpus = "3-1"\n', "'3-1' in '3-1' is not a range of CPUs 0 to 4095"),
+    "engine cpus twice": ('engine-cpus = "0-2,1"\n', "CPU(s) 1 listed twice in '0-2,1'"),
+    "engine cpus and count disagree": ('engine-threads = 3\nengine-cpus = "0-1"\n',
+                                       "3 engine thread(s) but 2 CPU(s) in engine-cpus"),
     "int as string": ('max-vms = "3"\n', "max-vms must be a whole number, not '3'"),
     "bool as int": ('max-vms = true\n', "max-vms must be a whole number, not True"),
     "roce as string": ('roce = "yes"\n', "roce must be true or false, not 'yes'"),

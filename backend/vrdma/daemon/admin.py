@@ -3,7 +3,8 @@ commands a caller adds (test hooks).
 
 One JSON object per line in each direction over a unix stream socket; each connection asks one question:
 
-    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}, "network": {...}}
+    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}, "network": {...},
+                                                       "engine_threads": [{"busy_ns": ..., "work": ...}, ...]}
     {"command": "vm-list"}                         -> {"ok": true, "vms": [{"name": "vm0", "socket-path": ...}, ...]}
     {"command": "vm-add", "name": "vm2", "socket-path": "/run/vrdma/vm2.sock", "mac": "52:54:00:..",
      "doorbell": "/dev/shm/vm2.doorbell"}          -> {"ok": true, "vm": {"name": "vm2", ...}}
@@ -71,9 +72,11 @@ TIMEOUT = 2.0
 class AdminSocket:
     def __init__(self, path: Path, loop: EventLoop, backend: VmRegistry,
                  extensions: dict[str, AdminCommand] | None = None,
-                 network: Callable[[], dict[str, int]] | None = None) -> None:
+                 network: Callable[[], dict[str, int]] | None = None,
+                 engine_threads: Callable[[], list[dict[str, int]]] | None = None) -> None:
         self.path = path
         self.network = network
+        self.engine_threads = engine_threads
         self.loop = loop
         self.backend = backend
         self.extensions = dict(extensions or {})
@@ -121,7 +124,8 @@ class AdminSocket:
     def _counters(self, request: dict[str, Any]) -> dict[str, Any]:
         _fields(request, set())
         return {"ok": True, "vms": {name: vm.counters_snapshot() for name, vm in self.backend.served().items()},
-                "network": self.network() if self.network is not None else None}
+                "network": self.network() if self.network is not None else None,
+                "engine_threads": self.engine_threads() if self.engine_threads is not None else []}
 
     def _vm_list(self, request: dict[str, Any]) -> dict[str, Any]:
         _fields(request, set())

@@ -8,6 +8,8 @@ its socket path, its MAC and its doorbell path the same way wherever they came f
 
       admin-socket = "/run/vrdma/admin.sock"
       max-vms = 64
+      engine-threads = 2       # optional: threads running the data path (default 1)
+      engine-cpus = "2-3"      # optional: pin them, thread i on the i-th CPU listed
 
       [vm.vm0]
       socket-path = "/run/vrdma/vm0.sock"
@@ -39,6 +41,9 @@ DEFAULT_ADMIN_SOCKET = "/run/vrdma/admin.sock"
 # The engine's device slots, made once at start: VMs added later take a free one.
 DEFAULT_MAX_VMS = 64
 MAX_VMS_LIMIT = 1024
+# The engine's threads (docs/backend.md, "The engine's threads"): one keeps a core busy only while there is traffic.
+DEFAULT_ENGINE_THREADS = 1
+MAX_ENGINE_THREADS = 64  # VRE_MAX_THREADS
 # A VM name is part of file names (NAME.doorbell), log lines and metric labels.
 VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 UNIX_PATH_MAX = 107
@@ -71,6 +76,38 @@ class BackendConfig:
     roce: bool = False
     max_vms: int = DEFAULT_MAX_VMS
     metrics: str | None = None
+    engine_threads: int = DEFAULT_ENGINE_THREADS
+    engine_cpus: list[int] | None = None
+
+
+def parse_cpu_list(text: object, what: str) -> list[int]:
+    """A CPU list as taskset -c and cpuset(7) write it: ``0,2-3``, in that order, each CPU once."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{what}: a CPU list is a string like \"0,2-3\", not {text!r}")
+    cpus: list[int] = []
+    for item in text.split(","):
+        first, sep, last = item.strip().partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()):
+            raise ConfigError(f"{what}: {item.strip()!r} in {text!r} is not a CPU number or a range N-M")
+        low, high = int(first), int(last) if sep else int(first)
+        if high < low or high >= 4096:
+            raise ConfigError(f"{what}: {item.strip()!r} in {text!r} is not a range of CPUs 0 to 4095")
+        cpus += range(low, high + 1)
+    twice = sorted({cpu for cpu in cpus if cpus.count(cpu) > 1})
+    if twice:
+        raise ConfigError(f"{what}: CPU(s) {', '.join(map(str, twice))} listed twice in {text!r}")
+    if len(cpus) > MAX_ENGINE_THREADS:
+        raise ConfigError(f"{what}: {len(cpus)} CPUs in {text!r}, at most {MAX_ENGINE_THREADS} (one per thread)")
+    return cpus
+
+
+def settle_engine_threads(config: BackendConfig, what: str) -> None:
+    """The thread count and the CPU list agree: CPUs alone give the count; a count and CPUs must match."""
+    if not 1 <= config.engine_threads <= MAX_ENGINE_THREADS:
+        raise ConfigError(f"{what}: engine-threads must be 1 to {MAX_ENGINE_THREADS}, not {config.engine_threads}")
+    if config.engine_cpus is not None and len(config.engine_cpus) != config.engine_threads:
+        raise ConfigError(f"{what}: {config.engine_threads} engine thread(s) but {len(config.engine_cpus)} CPU(s) "
+                          f"in engine-cpus: list one CPU per thread")
 
 
 def check_vm_name(name: object, what: str) -> str:
@@ -131,7 +168,7 @@ def vm_spec(name: object, socket_path: object, *, mac: object = None, doorbell: 
 
 
 # The file's keys: top level, and each [vm.NAME] table.
-_TOP = {"admin-socket", "doorbell-dir", "roce", "max-vms", "metrics", "vm"}
+_TOP = {"admin-socket", "doorbell-dir", "roce", "max-vms", "metrics", "engine-threads", "engine-cpus", "vm"}
 _VM = {"socket-path", "mac", "doorbell", "qos"}
 _KIND_NAMES: dict[type, str] = {int: "a whole number", str: "a string", bool: "true or false", dict: "a table"}
 
@@ -170,6 +207,11 @@ def from_table(data: dict[str, Any], path: Path) -> BackendConfig:
         raise ConfigError(f"{path}: max-vms must be 1 to {MAX_VMS_LIMIT}, not {config.max_vms}")
     if "metrics" in data:
         config.metrics = check_listen_address(typed("metrics", str, ""), f"{path}: metrics")
+    if "engine-cpus" in data:
+        config.engine_cpus = parse_cpu_list(data["engine-cpus"], f"{path}: engine-cpus")
+    config.engine_threads = typed("engine-threads", int,
+                                  len(config.engine_cpus) if config.engine_cpus else DEFAULT_ENGINE_THREADS)
+    settle_engine_threads(config, str(path))
     vms = typed("vm", dict, {})
     for name, table in vms.items():
         what = f"{path}: [vm.{name}]"

@@ -37,6 +37,14 @@ def configuration(args: argparse.Namespace) -> BackendConfig:
     if args.metrics is not None:
         config.metrics = backend_config.check_listen_address(args.metrics, "--metrics")
     config.roce = config.roce or args.roce
+    if args.engine_cpus is not None:
+        config.engine_cpus = backend_config.parse_cpu_list(args.engine_cpus, "--engine-cpus")
+        config.engine_threads = len(config.engine_cpus)
+    if args.engine_threads is not None:
+        config.engine_threads = args.engine_threads
+        if args.engine_cpus is None:
+            config.engine_cpus = None  # the file's CPUs were for its own count
+    backend_config.settle_engine_threads(config, "--engine-threads/--engine-cpus")
     config.vms += endpoint_specs(args, config.doorbell_dir)
     names = [vm.name for vm in config.vms]
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -84,7 +92,8 @@ def run(args: argparse.Namespace, admin_extensions: dict[str, AdminCommand] | No
         raise BackendError("--test-hooks needs --admin-socket (the hooks are reached through it)")
     with Backend(config.vms, admin_socket=config.admin_socket, admin_extensions=admin_extensions,
                  roce=config.roce, max_vms=config.max_vms, doorbell_dir=config.doorbell_dir,
-                 metrics=config.metrics) as backend:
+                 metrics=config.metrics, engine_threads=config.engine_threads,
+                 engine_cpus=config.engine_cpus) as backend:
         backend.announce_ready(args.ready_fd)
         backend.run()
     return 0

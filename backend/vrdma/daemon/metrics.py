@@ -13,7 +13,8 @@ for the answer (SNAPSHOT_TIMEOUT). The counters are those `vrdma admin counters`
     vrdma_network_<counter>_total                 what arrived from other hosts that no QP took, what went out
     vrdma_qos_<...>{vm="..."}                  its share of the engine: turns, throttled seconds, deferred bytes,
                                               pieced messages (counters); weight and limits (gauges)
-    vrdma_vms, vrdma_vm_slots, vrdma_engine_seconds_total, vrdma_engine_work_total
+    vrdma_vms, vrdma_vm_slots, vrdma_engine_seconds_total, vrdma_engine_work_total, vrdma_engine_threads,
+    vrdma_engine_thread_busy_seconds_total{thread}, vrdma_engine_thread_work_total{thread}
 
 docs/operating.md lists them with their meaning.
 """
@@ -27,7 +28,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -57,6 +58,7 @@ class Snapshot:
     vm_slots: int
     engine_seconds: float
     engine_work: int
+    engine_threads: list[dict[str, int]] = field(default_factory=list)  # each thread's (api.THREAD_STATS)
 
 
 class _Server(ThreadingHTTPServer):
@@ -167,6 +169,16 @@ def families(snap: Snapshot) -> list[Metric]:
                                    "running work)", value=snap.engine_seconds))
     out.append(CounterMetricFamily("vrdma_engine_work", "WQEs and packets the data engine handled",
                                    value=snap.engine_work))
+    out.append(GaugeMetricFamily("vrdma_engine_threads", "the engine's threads (--engine-threads)",
+                                 value=len(snap.engine_threads)))
+    busy = CounterMetricFamily("vrdma_engine_thread_busy_seconds", "time an engine thread spent in passes that "
+                               "did work", labels=["thread"])
+    work = CounterMetricFamily("vrdma_engine_thread_work", "WQEs, pieces and packets an engine thread handled",
+                               labels=["thread"])
+    for thread, stats in enumerate(snap.engine_threads):
+        busy.add_metric([str(thread)], stats["busy_ns"] / 1e9)
+        work.add_metric([str(thread)], stats["work"])
+    out += [busy, work]
     per_vm("vrdma_vm_connected", "1 while the VM's QEMU is connected", GaugeMetricFamily,
            lambda c: int(c["connection"]["state"] == "connected"))
     per_vm("vrdma_commands", "control commands the VM's driver sent", CounterMetricFamily, lambda c: c["commands"])

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-from vrdma.daemon.config import DEFAULT_MAX_VMS, MAX_VMS_LIMIT
+from vrdma.daemon.config import DEFAULT_ENGINE_THREADS, DEFAULT_MAX_VMS, MAX_ENGINE_THREADS, MAX_VMS_LIMIT
 
 DESCRIPTION = ("Serve one vrdma device (virtio ID 42) per VM over vhost-user. Runs in the foreground until SIGTERM "
                "or SIGINT.")
@@ -34,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-vms", type=_vm_count, metavar="N",
                         help=f"serve at most N VMs at once, counting those added later (default "
                              f"{DEFAULT_MAX_VMS})")
+    parser.add_argument("--engine-threads", type=_thread_count, metavar="N",
+                        help=f"run the data path in N threads (1 to {MAX_ENGINE_THREADS}, default "
+                             f"{DEFAULT_ENGINE_THREADS}, or one per CPU of --engine-cpus): each runs the VMs given "
+                             "to it, and an idle one takes a busy VM from a thread running two")
+    parser.add_argument("--engine-cpus", metavar="LIST",
+                        help="pin the engine's threads, thread i to the i-th CPU of LIST (taskset's form: 0,2-3); "
+                             "one CPU per thread")
     parser.add_argument("--metrics", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics (per-VM counters, objects, engine time) at "
                              "http://HOST:PORT/metrics; HOST defaults to 127.0.0.1")
@@ -45,11 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the backend's capabilities as JSON and exit")
 
 
-def _vm_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_VMS_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_VMS_LIMIT}: {value}")
-    return value
+def _whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}: {value}")
+        return value
+    return parse
+
+
+_thread_count = _whole_number(1, MAX_ENGINE_THREADS)
+_vm_count = _whole_number(1, MAX_VMS_LIMIT)

@@ -32,6 +32,7 @@ from vrdma.device import abi
 from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
 from vrdma.device.params import DEFAULT_LIMITS
+from vrdma.engine.api import EngineError
 from vrdma.engine.native import Engine
 from vrdma.errors import VrdmaError
 from vrdma.faultguard import FaultGuard
@@ -224,12 +225,13 @@ class Backend:
     def __init__(self, specs: list[EndpointSpec], admin_socket: Path | None = None,
                  admin_extensions: dict[str, AdminCommand] | None = None, roce: bool = False,
                  max_vms: int = DEFAULT_MAX_VMS, doorbell_dir: Path | None = None,
-                 metrics: str | None = None) -> None:
+                 metrics: str | None = None, engine_threads: int = 1, engine_cpus: list[int] | None = None) -> None:
         """``admin_extensions``: commands the admin socket answers besides its own (test hooks); ``roce``: speak
         RoCE v2 to other hosts for destinations no VM here holds (vrdma.daemon.roce); ``max_vms``: how many VMs it
         may serve at once (``specs`` and those added later); ``doorbell_dir``: where the doorbell regions of VMs
         added through the admin socket without one go (default: beside their socket); ``metrics``: serve
-        Prometheus metrics on this [HOST:]PORT (vrdma.daemon.metrics)."""
+        Prometheus metrics on this [HOST:]PORT (vrdma.daemon.metrics); ``engine_threads``: the engine's threads,
+        pinned to ``engine_cpus`` (one CPU each) if given."""
         if len(specs) > max_vms:
             raise BackendError(f"{len(specs)} VMs declared but --max-vms is {max_vms}")
         self.max_vms = max_vms
@@ -238,12 +240,7 @@ class Backend:
         self.guard: FaultGuard | None = FaultGuard(self.loop)
         self.engine = Engine(max_vms)
         self.fabric = Fabric(self.engine, max_vms)
-        # The data path in the engine's own thread; the loop keeps the control path and delivers the events the
-        # thread reports (docs/backend.md, "The engine's thread").
-        limits = self.fabric.limits
-        self._engine_events = self.engine.start_thread(limits.poll_budget, limits.park_after_idle_us * 1000)
-        self.fabric.engine_thread_started()
-        self.loop.add_reader(self._engine_events, self._deliver_engine_events)
+        self._engine_events = -1
         self.endpoints: dict[str, VmEndpoint] = {}
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
@@ -256,15 +253,15 @@ class Backend:
                 self.roce = open_sockets()
                 udp6 = self.roce.udp6.fileno() if self.roce.udp6 is not None else -1
                 self.engine.attach_network(self.roce.rx.fileno(), self.roce.tx.fileno(), udp6)
-                self.engine.kick()  # a parked engine thread watches the sockets from its next sleep on
                 log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
                          ROCE_PORT)
+            self._start_engine(engine_threads, engine_cpus)
             for spec in specs:
                 self.add_vm(spec)
             if admin_socket is not None:
                 try:
                     self.admin = AdminSocket(admin_socket, self.loop, self, admin_extensions,
-                                             self.engine.net_counters if roce else None)
+                                             self.engine.net_counters if roce else None, self.engine_threads)
                 except OSError as err:  # (an over-long path raises with no errno: its text says it)
                     raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror or err}") \
                         from err
@@ -293,7 +290,32 @@ class Backend:
         engine_seconds, engine_work = self.fabric.engine_time()
         return Snapshot(vms={name: vm.counters_snapshot() for name, vm in self.endpoints.items()},
                         network=self.engine.net_counters() if self.roce is not None else None,
-                        vm_slots=self.max_vms, engine_seconds=engine_seconds, engine_work=engine_work)
+                        vm_slots=self.max_vms, engine_seconds=engine_seconds, engine_work=engine_work,
+                        engine_threads=self.engine_threads())
+
+    def engine_threads(self) -> list[dict[str, int]]:
+        """What each of the engine's threads did (api.THREAD_STATS), thread 0 first."""
+        return [self.engine.thread_stats(thread) for thread in range(self.engine.threads)]
+
+    def _start_engine(self, threads: int, cpus: list[int] | None) -> None:
+        """The data path in the engine's threads (after the network is attached: they watch its sockets); the loop
+        keeps the control path and delivers the events they report (docs/backend.md, "The engine's threads")."""
+        if cpus is not None:
+            allowed = os.sched_getaffinity(0)
+            outside = [cpu for cpu in cpus if cpu not in allowed]
+            if outside:
+                raise BackendError(f"--engine-cpus: CPU(s) {', '.join(map(str, outside))} not among those this "
+                                   f"process may run on ({_cpu_list(allowed)})")
+        limits = self.fabric.limits
+        try:
+            self._engine_events = self.engine.start_threads(threads, limits.poll_budget,
+                                                            limits.park_after_idle_us * 1000, cpus)
+        except EngineError as err:
+            raise BackendError(f"cannot start the engine's threads: {err}") from err
+        self.fabric.engine_thread_started()
+        self.loop.add_reader(self._engine_events, self._deliver_engine_events)
+        log.info("the engine runs in %d thread(s)%s", threads,
+                 f" on CPU(s) {_cpu_list(cpus)}" if cpus else "")
 
     def _deliver_engine_events(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -395,8 +417,10 @@ class Backend:
             # The data path stops first: what follows (VMs' memory and doorbell regions unmapped, sockets closed)
             # then meets no pass of the engine's.
             self.loop.remove_reader(self._engine_events)
-            log.info("the engine's thread: %s", ", ".join(f"{k} {v}" for k, v in self.engine.thread_stats().items()))
-            self.engine.stop_thread()
+            for thread in range(self.engine.threads):
+                log.info("engine thread %d: %s", thread,
+                         ", ".join(f"{k} {v}" for k, v in self.engine.thread_stats(thread).items()))
+            self.engine.stop_threads()
             self.fabric.engine_thread_stopped()
         if self.metrics is not None:
             self.metrics.close()
@@ -431,3 +455,7 @@ def capabilities() -> dict[str, object]:
         "config-size": abi.sizeof("vrdma_config"),
         "features": [],
     }
+
+
+def _cpu_list(cpus: list[int] | set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))

@@ -118,11 +118,11 @@ class VirtioRdmaTransport:
         # miss the parked flag and so not kick WAKE, but it keeps the other queues busy while it works (commands,
         # event buffers after each event), and a look then costs one eventfd write where waiting for the recheck
         # costs milliseconds per message.
-        self.rdma.fabric.kick()
+        self.rdma.fabric.kick(self.rdma.engine_index)
 
     def data_path_paused(self) -> AbstractContextManager[None]:
         """The data engine held between passes while the vhost-user layer remaps guest memory."""
-        return self.rdma.fabric.paused()
+        return self.rdma.fabric.paused(self.rdma.engine_index)
 
     def memory_changed(self, device: VhostUserConnection) -> None:
         regions = device.memory_regions()

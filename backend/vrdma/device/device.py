@@ -110,7 +110,7 @@ class RdmaDevice:
         """A new weight and limits, from the engine's next turn on (buckets start full)."""
         self.qos = qos
         self._apply_qos()
-        self.fabric.kick()  # a parked engine sleeps by the old limits' deadline
+        self.fabric.kick(self.engine_index)  # a parked engine thread sleeps by the old limits' deadline
 
     def qos_counters(self) -> dict[str, int]:
         """What its share and limits did to it since the device was made (across resets)."""
@@ -172,7 +172,9 @@ class RdmaDevice:
                 "engine": self.seat.engine.counters(self.seat.index),
                 "roce": self.seat.engine.roce_counters(self.seat.index),
                 "qos": {**self.qos.as_table(), **self.qos_counters()},
-                "doorbell_recheck": self.doorbell_recheck}
+                "doorbell_recheck": self.doorbell_recheck,
+                # the engine thread that runs it now (None: the engine has no threads: in-process)
+                "engine_thread": self.seat.engine.device_owner(self.seat.index)}
 
     # -- events -------------------------------------------------------------------------------------------
 

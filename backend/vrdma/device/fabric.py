@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits
-from vrdma.engine.api import DataEngine
+from vrdma.engine.api import NO_DEVICE, DataEngine
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +69,16 @@ class Fabric:
     def engine_thread_stopped(self) -> None:
         self.threaded = False
 
-    def kick(self) -> None:
-        """A guest rang a doorbell while the engine was parked: wake its thread (without one, the event loop's next
-        turn runs the engine anyway)."""
+    def kick(self, index: int = NO_DEVICE) -> None:
+        """A guest rang a doorbell while the engine was parked: wake the thread that runs its device (every thread,
+        by default; without threads, the event loop's next turn runs the engine anyway)."""
         if self.threaded:
-            self.engine.kick()
+            self.engine.kick(index)
 
-    def paused(self) -> AbstractContextManager[None]:
-        """The engine held between two passes (guest memory about to be remapped)."""
-        return self.engine.paused()
+    def paused(self, index: int = NO_DEVICE) -> AbstractContextManager[None]:
+        """Device ``index`` (every device, by default) held between two turns (its guest memory about to be
+        remapped)."""
+        return self.engine.paused(index)
 
     def recheck_changed(self) -> None:
         """A device's driver asked for the doorbell recheck, or one that had asked went: the period the thread

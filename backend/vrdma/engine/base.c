@@ -32,16 +32,21 @@ VRE_FN struct vre_device *vre_dev(struct vre_engine *e, uint32_t dev)
 	return dev < e->ndevices && e->devices[dev].open ? &e->devices[dev] : NULL;
 }
 
+/* Under the lock of device `dev` (whose counter counts a dropped event); any thread may post, so the ring has its own. */
 VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data)
 {
-	if (e->ev_tail - e->ev_head >= EVENT_RING) {
-		if (dev < e->ndevices)
-			e->devices[dev].counters.events_dropped++;
-		return;
+	bool full;
+
+	events_lock(e);
+	full = e->ev_tail - e->ev_head >= EVENT_RING;
+	if (!full) {
+		e->events[e->ev_tail % EVENT_RING] = (struct vre_event){ .dev = dev, .type = type, .handle = handle,
+									 .data = data };
+		e->ev_tail++;
 	}
-	e->events[e->ev_tail % EVENT_RING] = (struct vre_event){ .dev = dev, .type = type, .handle = handle,
-								 .data = data };
-	e->ev_tail++;
+	events_unlock(e);
+	if (full && dev < e->ndevices)
+		e->devices[dev].counters.events_dropped++;
 }
 
 static volatile uint32_t *db_word(struct vre_device *d, uint32_t page, uint32_t slot)
@@ -67,28 +72,23 @@ VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index)
  * the engine keeps (set at once if the engine is parked now). Parking then writes the pages that have queues,
  * not the whole region, which is mostly unused.
  */
-VRE_FN volatile uint32_t *vre_db_claim(struct vre_engine *e, struct vre_device *d, uint32_t index)
+VRE_FN volatile uint32_t *vre_db_claim(struct vre_device *d, uint32_t index)
 {
 	uint32_t page = VRDMA_DB_PAGE(index);
 	volatile uint32_t *slot = vre_db_slot(d, index);
 
 	store_release(slot, 0);
 	d->db_pages_used[page / 64] |= 1ULL << (page % 64);
-	if (e->parked)
+	if (d->parked)
 		store_release(db_word(d, page, VRDMA_DB_SLOT_PARKED), 1);
 	return slot;
 }
 
-VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value)
+VRE_FN void vre_set_parked_flags(struct vre_device *d, uint32_t value)
 {
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
-		struct vre_device *d = &e->devices[i];
-
-		for (uint32_t w = 0; d->open && w < DIV_ROUND_UP(d->lim.doorbell_pages, 64); w++) {
-			for (uint64_t bits = d->db_pages_used[w]; bits; bits &= bits - 1)
-				store_release(db_word(d, w * 64 + (uint32_t)__builtin_ctzll(bits), VRDMA_DB_SLOT_PARKED),
-					      value);
-		}
+	for (uint32_t w = 0; d->open && w < DIV_ROUND_UP(d->lim.doorbell_pages, 64); w++) {
+		for (uint64_t bits = d->db_pages_used[w]; bits; bits &= bits - 1)
+			store_release(db_word(d, w * 64 + (uint32_t)__builtin_ctzll(bits), VRDMA_DB_SLOT_PARKED), value);
 	}
 }
 

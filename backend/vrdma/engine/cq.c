@@ -51,7 +51,7 @@ VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *c
 	}
 	/* Moderated: announce after mod_count completions, or mod_period_us after the first (vre_poll's timer). */
 	if (++cq->mod_pending == 1 && cq->mod_period_us) {
-		cq->mod_deadline = e->now + (int64_t)cq->mod_period_us * 1000;
+		cq->mod_deadline = ctx(e)->now + (int64_t)cq->mod_period_us * 1000;
 		if (!d->mod_next || cq->mod_deadline < d->mod_next)
 			d->mod_next = cq->mod_deadline;
 	}
@@ -68,14 +68,14 @@ VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d)
 {
 	int64_t next = 0;
 
-	if (!d->mod_next || e->now < d->mod_next)
+	if (!d->mod_next || ctx(e)->now < d->mod_next)
 		return;
 	for (uint32_t i = 0; i < d->lim.max_cq; i++) {
 		struct vre_cq *cq = d->cqs[i];
 
 		if (!cq || !cq->mod_deadline)
 			continue;
-		if (e->now >= cq->mod_deadline)
+		if (ctx(e)->now >= cq->mod_deadline)
 			cq_announce(e, d, cq, load_acquire(cq->arm));
 		else if (!next || cq->mod_deadline < next)
 			next = cq->mod_deadline;
@@ -99,7 +99,7 @@ int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	if (!cq)
 		return err;
 	cq->cfg = *c;
-	cq->arm = vre_db_claim(e, d, c->db);
+	cq->arm = vre_db_claim(d, c->db);
 	memset(mem_at(&cq->ring, 0), 0, sizeof(struct vrdma_cq_ring_hdr));
 	d->cqs[slot] = cq;
 	return 0;

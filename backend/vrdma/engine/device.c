@@ -10,20 +10,6 @@
 
 #include "vre.h"
 
-/* The engine's lock (thread.c uses it): recursive, so that a caller may hold it across calls that take it too. */
-static int lock_init(struct vre_engine *e)
-{
-	pthread_mutexattr_t attr;
-	int err;
-
-	e->thread.kick_fd = -1;
-	if (pthread_mutexattr_init(&attr))
-		return -1;
-	err = pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE) || pthread_mutex_init(&e->thread.lock, &attr);
-	pthread_mutexattr_destroy(&attr);
-	return err ? -1 : 0;
-}
-
 struct vre_engine *vre_engine_new(uint32_t max_devices)
 {
 	struct vre_engine *e = aligned_alloc(64, sizeof(*e));  /* the scratch is cache-line aligned */
@@ -38,7 +24,8 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	}
 	e->ndevices = max_devices;
 	e->rx_fd = e->tx_fd = e->udp6_fd = -1;
-	if (lock_init(e)) {
+	e->caller.engine = e;
+	if (vre_locks_init(e)) {
 		free(e->devices);
 		free(e);
 		return NULL;
@@ -47,7 +34,7 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	 * small message waiting; a work request costs about what copying 2 KiB does (docs/backend.md). */
 	e->sched = (struct vre_sched){ .quantum_bytes = 64 << 10, .piece_bytes = 64 << 10, .wr_cost_bytes = 2048 };
 	if (gid_index_init(e)) {
-		pthread_mutex_destroy(&e->thread.lock);
+		vre_locks_destroy(e);
 		free(e->devices);
 		free(e);
 		return NULL;
@@ -65,8 +52,16 @@ void vre_engine_free(struct vre_engine *e)
 	free(e->gid_slots);
 	free(e->tx);
 	free(e->rx);
-	pthread_mutex_destroy(&e->thread.lock);
+	vre_locks_destroy(e);
 	free(e);
+}
+
+/* Everything of a device from `parked` on back to zero: its lock, owner and open flag are the threads' (vre.h). */
+static void device_clear(struct vre_device *d)
+{
+	size_t from = offsetof(struct vre_device, parked);
+
+	memset((uint8_t *)d + from, 0, sizeof(*d) - from);
 }
 
 /* A device's tables, and the device back to closed. */
@@ -78,7 +73,7 @@ static void free_tables(struct vre_device *d)
 	free(d->qps);
 	free(d->active);
 	free(d->db_pages_used);
-	memset(d, 0, sizeof(*d));
+	device_clear(d);
 }
 
 int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_limits *limits,
@@ -96,7 +91,7 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	    limits->max_inline > VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe) || !limits->max_pages_total ||
 	    !doorbell_base)
 		return vre_fail(e, EINVAL, "unusable device limits");
-	memset(d, 0, sizeof(*d));
+	device_clear(d);
 	d->lim = *limits;
 	d->doorbells = (uint8_t *)(uintptr_t)doorbell_base;
 	d->mrs = calloc(limits->max_mr, sizeof(*d->mrs));
@@ -111,11 +106,16 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	}
 	d->gsi = -1;
 	d->share.weight = VRE_DEFAULT_WEIGHT;
-	d->open = true;
+	/* Under every lock (vre_lock): a thread looking for its devices reads these without one. */
+	__atomic_store_n(&d->owner, vre_new_owner(e, dev), __ATOMIC_RELEASE);
+	__atomic_store_n(&d->open, true, __ATOMIC_RELEASE);
 	if (dev >= e->devices_hi)
-		e->devices_hi = dev + 1;
-	if (e->parked)
-		vre_set_parked_flags(e, 1);
+		__atomic_store_n(&e->devices_hi, dev + 1, __ATOMIC_RELEASE);
+	if (e->caller_parked) {
+		vre_set_parked_flags(d, 1);
+		d->parked = true;
+	}
+	vre_kick(e, dev);  /* its thread, if parked, parks the new device too */
 	return 0;
 }
 
@@ -134,9 +134,10 @@ void vre_device_close(struct vre_engine *e, uint32_t dev)
 		vre_cq_destroy(e, dev, i);
 	for (uint32_t i = 0; i < d->lim.max_mr; i++)
 		vre_mr_destroy(e, dev, i);
+	__atomic_store_n(&d->open, false, __ATOMIC_RELEASE);
 	free_tables(d);
 	while (e->devices_hi && !e->devices[e->devices_hi - 1].open)
-		e->devices_hi--;
+		__atomic_store_n(&e->devices_hi, e->devices_hi - 1, __ATOMIC_RELEASE);
 }
 
 /* Objects keep their guest-physical pages: translate them again; what no longer maps is unusable. */

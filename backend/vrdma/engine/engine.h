@@ -304,18 +304,24 @@ int vre_qp_counters(struct vre_engine *e, uint32_t dev, uint32_t slot, struct vr
 void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
 
 /*
- * The engine's own thread (thread.c). Without it the caller polls (vre_poll, vre_spin, vre_park: in-process tests and
- * fuzzers do). With it the thread polls, spins, parks and wakes by itself, and every call of this API from another
- * thread is made between vre_lock and vre_unlock: the thread holds the lock for one pass at a time and steps aside
- * while a caller waits, so a call waits for at most one pass. The lock is recursive: a caller may hold it across
- * several calls (while guest memory is remapped, say). `events_fd` (an eventfd of the caller's) is written when events
- * wait for vre_take_events.
+ * The engine's threads (thread.c). Without them the caller polls (vre_poll, vre_spin, vre_park: in-process tests and
+ * fuzzers do). With them each thread polls, spins, parks and wakes by itself for the devices it owns (given out in
+ * turn as devices open; a thread with nothing to do takes a busy device from a thread with two or more), and every
+ * call of this API from another thread is made under a lock: vre_lock_device for a call about one device (a call
+ * naming device `dev`: its objects, its memory, its counters), vre_lock for any other (every device's, the GID
+ * index's, the network's). A thread holds a device's lock for that device's turn and lets a waiting caller have it
+ * first, so a call waits for at most one turn. The locks are recursive: a caller may hold them across several calls
+ * (while guest memory is remapped, say). `events_fd` (an eventfd of the caller's) is written when events wait for
+ * vre_take_events, which takes a lock of its own (call it without one).
  */
+#define VRE_MAX_THREADS 64
+
 struct vre_thread_config {
 	uint32_t budget;          /* vre_poll's */
-	uint32_t reserved;
+	uint32_t threads;         /* how many, 1 to VRE_MAX_THREADS */
 	uint64_t park_after_ns;   /* idle this long, then park */
 	int32_t events_fd;
+	int32_t cpus[VRE_MAX_THREADS];  /* thread i runs on CPU cpus[i] only; -1: wherever the kernel puts it */
 };
 
 struct vre_thread_stats {
@@ -327,19 +333,29 @@ struct vre_thread_stats {
 	uint64_t woken_by_kick;   /* sleeps a kick ended (a guest's wake-up, a control change) */
 	uint64_t woken_by_packet; /* sleeps a RoCE socket ended */
 	uint64_t woken_by_time;   /* sleeps a deadline or the recheck period ended */
-	uint64_t lock_waits;      /* passes that waited for the lock a caller held */
+	uint64_t lock_waits;      /* device turns put off because a caller held or wanted the device */
 	uint64_t sleep_ns;        /* time parked */
+	uint64_t devices_taken;   /* busy devices it took from a busier thread */
 };
 
+/* The threads start with every device open (and those opened later) given out to them; the network must be attached
+ * before (vre_net_attach refuses while they run). */
 int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *config);
 void vre_thread_stop(struct vre_engine *e);
+uint32_t vre_thread_count(struct vre_engine *e);
 void vre_lock(struct vre_engine *e);
 void vre_unlock(struct vre_engine *e);
-/* Wake a parked engine thread (a guest's wake-up; new deadlines, limits or sockets): from any thread, no lock. */
-void vre_kick(struct vre_engine *e);
+void vre_lock_device(struct vre_engine *e, uint32_t dev);  /* dev out of range: as vre_lock */
+void vre_unlock_device(struct vre_engine *e, uint32_t dev);
+/* Wake the parked thread that owns `dev` (a guest's wake-up; new deadlines or limits), or every thread
+ * (VRE_NO_DEVICE): from any thread, no lock. */
+void vre_kick(struct vre_engine *e, uint32_t dev);
 /* While parked, look at the doorbells at least every period_ns even unwoken (0: only when woken). */
 void vre_thread_recheck(struct vre_engine *e, uint64_t period_ns);
-void vre_thread_stats(struct vre_engine *e, struct vre_thread_stats *out);
+/* Every thread's, summed (thread VRE_MAX_THREADS), or thread `thread`'s; -1: no such thread. */
+int vre_thread_stats(struct vre_engine *e, uint32_t thread, struct vre_thread_stats *out);
+/* The engine thread that runs device `dev`, or -1. */
+int vre_device_owner(struct vre_engine *e, uint32_t dev);
 
 uint32_t vre_poll(struct vre_engine *e, uint32_t budget);
 uint32_t vre_spin(struct vre_engine *e, uint32_t budget, uint64_t spin_ns);

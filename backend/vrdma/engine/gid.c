@@ -81,16 +81,19 @@ static void index_remove(struct vre_engine *e, uint32_t dev, uint32_t index)
 	}
 }
 
+/* Under the GID index's lock: any thread routes, a caller changes the index under every lock. */
 VRE_FN struct vre_device *gid_route(struct vre_engine *e, const uint8_t *gid)
 {
 	uint32_t best = EMPTY;
 
+	gid_lock(e);
 	for (uint32_t i = gid_hash(gid) & e->gid_mask; e->gid_slots[i].dev != EMPTY; i = (i + 1) & e->gid_mask) {
 		const struct vre_gid_slot *s = &e->gid_slots[i];
 
 		if (s->dev < best && !memcmp(slot_key(e, s), gid, 16))
 			best = s->dev;
 	}
+	gid_unlock(e);
 	return best == EMPTY ? NULL : &e->devices[best];
 }
 

@@ -8,7 +8,9 @@ its structs into plain Python values.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 from vrdma.engine.api import (
     COUNTERS,
     MAX_GIDS,
+    MAX_THREADS,
     NET_COUNTERS,
     NO_DEVICE,
     NO_SRQ,
@@ -51,9 +54,10 @@ except ImportError as err:  # pragma: no cover - the message is the point
 __all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEvent", "ffi", "lib"]
 
 # The typed interface declares engine.h's sentinels without importing C: hold the two equal.
-assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, QP_XRC_INI, QP_XRC_TGT, SRQ_KERNEL, MAX_GIDS) == \
+assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, QP_XRC_INI, QP_XRC_TGT, SRQ_KERNEL, MAX_GIDS,
+        MAX_THREADS) == \
     (lib.VRE_NO_DEVICE, lib.VRE_NO_SRQ, lib.VRE_QP_KERNEL, lib.VRE_QP_UD, lib.VRE_QP_GSI, lib.VRE_QP_UC,
-     lib.VRE_QP_XRC_INI, lib.VRE_QP_XRC_TGT, lib.VRE_SRQ_KERNEL, lib.VRE_MAX_GIDS), \
+     lib.VRE_QP_XRC_INI, lib.VRE_QP_XRC_TGT, lib.VRE_SRQ_KERNEL, lib.VRE_MAX_GIDS, lib.VRE_MAX_THREADS), \
     "vrdma.engine.api disagrees with engine.h"
 EVENT_BATCH = 256
 PACKET_ROOM = 9216  # the largest UDP payload a RoCE packet has (a jumbo frame's)
@@ -65,8 +69,9 @@ def _free(raw: Any) -> None:
 
 
 class Engine:
-    """The C data engine (a vrdma.engine.api.DataEngine). Every method but the thread's own takes the engine's lock
-    (engine.h): with the engine's thread running, a call waits for at most the pass in progress."""
+    """The C data engine (a vrdma.engine.api.DataEngine). Every method but the threads' own takes a lock of the
+    engine's (engine.h): the device's for a method about one device (its first argument, ``dev``), every lock for the
+    others; with the engine's threads running, a call waits for at most the turn in progress."""
 
     def __init__(self, max_devices: int) -> None:
         raw = lib.vre_engine_new(max_devices)
@@ -75,54 +80,75 @@ class Engine:
         self._e = ffi.gc(raw, _free)
         self._events = ffi.new("struct vre_event[]", EVENT_BATCH)
         self._events_fd = -1
-        self.threaded = False
+        self.threads = 0
 
-    # -- the engine's own thread (the daemon's; in-process tests poll the engine themselves) ----------------------
+    # -- the engine's threads (the daemon's; in-process tests poll the engine themselves) --------------------------
 
-    def start_thread(self, budget: int, park_after_ns: int) -> int:
-        """Run the data path in the engine's own thread from now on; return the eventfd it makes readable when
-        events wait for take_events (the caller watches it and drains it before taking them)."""
+    @property
+    def threaded(self) -> bool:
+        return self.threads > 0
+
+    def start_threads(self, count: int, budget: int, park_after_ns: int, cpus: list[int] | None = None) -> int:
+        """Run the data path in ``count`` threads of the engine's own from now on (thread i on CPU cpus[i], if
+        given); return the eventfd they make readable when events wait for take_events (the caller watches it and
+        drains it before taking them). The network must be attached before."""
+        if not 1 <= count <= MAX_THREADS:
+            raise EngineError(f"engine threads: {count} is not 1 to {MAX_THREADS}", errno.EINVAL)
+        pinned = list(cpus or [])
+        if pinned and len(pinned) != count:
+            raise EngineError(f"engine threads: {count} threads but {len(pinned)} CPUs", errno.EINVAL)
         self._events_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        config = ffi.new("struct vre_thread_config *", {"budget": budget, "park_after_ns": park_after_ns,
+        config = ffi.new("struct vre_thread_config *", {"budget": budget, "threads": count,
+                                                          "park_after_ns": park_after_ns,
                                                           "events_fd": self._events_fd})
+        for i in range(MAX_THREADS):
+            config.cpus[i] = pinned[i] if i < len(pinned) else -1
         ret = lib.vre_thread_start(self._e, config)
         if ret < 0:
             os.close(self._events_fd)
             self._events_fd = -1
             self._check(ret)
-        self.threaded = True
+        self.threads = count
         return self._events_fd
 
-    def stop_thread(self) -> None:
-        """The thread finishes its pass and ends (the caller polls from now on). Never under the lock."""
+    def stop_threads(self) -> None:
+        """The threads finish their passes and end (the caller polls from now on). Never under a lock."""
         lib.vre_thread_stop(self._e)
         if self._events_fd >= 0:
             os.close(self._events_fd)
             self._events_fd = -1
-        self.threaded = False
+        self.threads = 0
 
-    def kick(self) -> None:
-        """Wake a parked engine thread (a guest's wake-up, a change of deadlines or sockets)."""
-        lib.vre_kick(self._e)
+    def kick(self, dev: int = NO_DEVICE) -> None:
+        """Wake the parked engine thread that runs ``dev`` (a guest's wake-up, a change of its deadlines), or every
+        thread."""
+        lib.vre_kick(self._e, dev)
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Hold the engine between passes: its thread touches no guest memory until this ends (calls made meanwhile
-        are fine: the lock is recursive)."""
-        lib.vre_lock(self._e)
+    def paused(self, dev: int = NO_DEVICE) -> Iterator[None]:
+        """Hold device ``dev`` (every device, by default) between turns: no engine thread touches its guest memory
+        until this ends (calls made meanwhile are fine: the locks are recursive)."""
+        lib.vre_lock_device(self._e, dev)
         try:
             yield
         finally:
-            lib.vre_unlock(self._e)
+            lib.vre_unlock_device(self._e, dev)
 
     def set_recheck(self, period_ns: int) -> None:
         """While parked, look at the doorbells at least this often unwoken (0: only when woken)."""
         lib.vre_thread_recheck(self._e, period_ns)
 
-    def thread_stats(self) -> dict[str, int]:
+    def thread_stats(self, thread: int | None = None) -> dict[str, int]:
+        """What the threads did, summed, or what thread ``thread`` did (api.THREAD_STATS)."""
         out = ffi.new("struct vre_thread_stats *")
-        lib.vre_thread_stats(self._e, out)
+        if lib.vre_thread_stats(self._e, MAX_THREADS if thread is None else thread, out) < 0:
+            raise EngineError(f"no engine thread {thread}", errno.ENOENT)
         return {name: int(getattr(out, name)) for name in THREAD_STATS}
+
+    def device_owner(self, dev: int) -> int | None:
+        """The engine thread that runs device ``dev`` now (None: no threads, or no such device)."""
+        owner = int(lib.vre_device_owner(self._e, dev))
+        return owner if owner >= 0 else None
 
     def _check(self, ret: int) -> int:
         if ret < 0:
@@ -298,6 +324,16 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _under_lock(method: _Method) -> _Method:
+    if list(inspect.signature(method).parameters)[1:2] == ["dev"]:
+        @functools.wraps(method)
+        def device_locked(self: Engine, dev: int, *args: Any, **kwargs: Any) -> Any:
+            lib.vre_lock_device(self._e, dev)
+            try:
+                return method(self, dev, *args, **kwargs)
+            finally:
+                lib.vre_unlock_device(self._e, dev)
+        return device_locked  # type: ignore[return-value]
+
     @functools.wraps(method)
     def locked(self: Engine, *args: Any, **kwargs: Any) -> Any:
         lib.vre_lock(self._e)
@@ -308,8 +344,11 @@ def _under_lock(method: _Method) -> _Method:
     return locked  # type: ignore[return-value]
 
 
-# Every call into the engine from the event loop's thread, under the engine's lock; not the thread's own controls.
-_UNLOCKED = {"start_thread", "stop_thread", "kick", "paused"}
+# Every call into the engine from the event loop's thread, under the lock of the device it is about (a method whose
+# first argument is `dev`) or every lock; not the threads' own controls, nor take_events (the event ring has a lock
+# of its own, engine.h).
+_UNLOCKED = {"start_threads", "stop_threads", "kick", "paused", "set_recheck", "thread_stats", "device_owner",
+             "take_events", "threaded"}
 for _name, _method in list(vars(Engine).items()):
     if callable(_method) and not _name.startswith("_") and _name not in _UNLOCKED:
         setattr(Engine, _name, _under_lock(_method))

@@ -20,12 +20,16 @@ void vre_clock_set(struct vre_engine *e, int64_t now_ns)
 {
 	e->clock = now_ns > 0 ? now_ns : 0;
 	if (e->clock)
-		e->now = e->clock;
+		ctx(e)->now = e->clock;
 }
 
 void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out)
 {
-	*out = e->net;
+	const uint64_t *from = (const uint64_t *)&e->net;
+	uint64_t *to = (uint64_t *)out;
+
+	for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); i++)
+		to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
 }
 
 void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roce_counters *out)
@@ -38,45 +42,66 @@ void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roc
 /* -- arriving packets ------------------------------------------------------------------------------------------ */
 
 static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);
+static int roce_deliver(struct vre_engine *e, struct vre_device *d, const struct vre_roce_pkt *pkt,
+			const uint8_t *udp_payload, const struct vre_roce_addr *addr);
 
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
 {
 	int ret = roce_input(e, udp_payload, len, addr);
 
+	net_lock(e);
 	net_assert(e);
+	net_unlock(e);
 	return ret;
 }
 
 static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
 {
-	const struct roce_op *op;
 	struct vre_roce_pkt pkt;
 	struct vre_device *d;
-	struct vre_qp *qp;
-	bool uc;
 	int err;
 
-	e->now = e->clock ? e->clock : e->now ? e->now : vre_monotonic_ns();
-	e->net.rx_packets++;
+	ctx(e)->now = e->clock ? e->clock : ctx(e)->now ? ctx(e)->now : vre_monotonic_ns();
+	net_count(&e->net.rx_packets, 1);
 	err = vre_roce_parse(udp_payload, len, addr, &pkt);
 	if (err) {
 		if (err == -EILSEQ)
-			e->net.rx_bad_icrc++;
+			net_count(&e->net.rx_bad_icrc, 1);
 		else
-			e->net.rx_malformed++;
+			net_count(&e->net.rx_malformed, 1);
 		return err;
 	}
 	d = gid_route(e, addr->dst);
-	qp = d ? qp_by_qpn(e, dev_index(e, d), pkt.dest_qpn) : NULL;
+	if (!d) {
+		net_count(&e->net.rx_no_qp, 1);
+		return -ENOENT;
+	}
+	/* The packet's device, then the network (it may answer): thread 0 receives for every thread's devices. */
+	device_lock_blocking(d);
+	net_lock(e);
+	err = d->open ? roce_deliver(e, d, &pkt, udp_payload, addr) : -ENOENT;
+	net_unlock(e);
+	device_unlock(d);
+	return err;
+}
+
+static int roce_deliver(struct vre_engine *e, struct vre_device *d, const struct vre_roce_pkt *pkt_in,
+			const uint8_t *udp_payload, const struct vre_roce_addr *addr)
+{
+	const struct vre_roce_pkt pkt = *pkt_in;
+	const struct roce_op *op;
+	struct vre_qp *qp = qp_by_qpn(e, dev_index(e, d), pkt.dest_qpn);
+	bool uc;
+
 	if (!qp) {
-		e->net.rx_no_qp++;
+		net_count(&e->net.rx_no_qp, 1);
 		return -ENOENT;
 	}
 	op = roce_op(pkt.opcode);
 	/* A datagram: any source may send a UD or GSI QP one with its Q_Key. */
 	if (roce_transport_of(pkt.opcode) == ROCE_UD) {
 		if (!(qp->cfg.flags & VRE_QP_UD)) {
-			e->net.rx_not_peer++;
+			net_count(&e->net.rx_not_peer, 1);
 			return -EPERM;
 		}
 		d->roce.rx_packets++;
@@ -87,7 +112,7 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 	uc = qp->cfg.flags & VRE_QP_UC;
 	if (!qp->net || memcmp(qp->net->addr.dst, addr->src, 16) || memcmp(qp->net->addr.src, addr->dst, 16) ||
 	    roce_transport_of(pkt.opcode) != (uc ? ROCE_UC : ROCE_RC) || (uc && roce_is_answer(op))) {
-		e->net.rx_not_peer++;
+		net_count(&e->net.rx_not_peer, 1);
 		return -EPERM;
 	}
 	d->roce.rx_packets++;

@@ -23,7 +23,7 @@ static bool limits_allow(const struct vre_device *d, const struct vre_qp *qp)
 static void throttled(struct vre_engine *e, struct vre_device *d)
 {
 	if (!d->share.throttled_since)
-		d->share.throttled_since = e->now > 0 ? e->now : 1;
+		d->share.throttled_since = ctx(e)->now > 0 ? ctx(e)->now : 1;
 }
 
 /* What the device's turn and limits pay for work just done: `bytes` of data and `wrs` work requests started, each
@@ -38,7 +38,7 @@ static void charge(struct vre_engine *e, struct vre_device *d, uint64_t bytes, u
 	if (s->wrs.rate > 0)
 		s->wrs.tokens -= wrs;
 	if (bytes || wrs)
-		share_unthrottle(s, e->now);
+		share_unthrottle(s, ctx(e)->now);
 }
 
 /* Packets a RoCE QP handled (its requester's or its responder's), charged as full packets of its path MTU. */
@@ -51,12 +51,14 @@ static void charge_packets(struct vre_engine *e, struct vre_device *d, const str
  * them in the error state. */
 static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget)
 {
-	struct send_wqe *w = &e->scratch.wqe;
+	struct send_wqe *w = &ctx(e)->scratch.wqe;
 	uint32_t prod, n = 0, k;
 	uint32_t state = qp->attr.state;
 
 	if (qp->net && (state == VRDMA_QPS_RTR || state == VRDMA_QPS_RTS) && qp->ring.valid) {
+		net_lock(e);
 		n = responder_poll(e, d, qp, budget);  /* READ responses it owes its peer on another host */
+		net_unlock(e);
 		charge_packets(e, d, qp, n);
 	}
 	if (state != VRDMA_QPS_RTS && state != VRDMA_QPS_ERR)
@@ -66,7 +68,7 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 		return 0;
 	}
 	if (qp->rnr_until) {
-		if (e->now < qp->rnr_until)
+		if (ctx(e)->now < qp->rnr_until)
 			return n;
 		qp->rnr_until = 0;
 	}
@@ -81,7 +83,9 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 			throttled(e, d);
 			return n;
 		}
+		net_lock(e);
 		k = remote_poll(e, d, qp, prod, budget);
+		net_unlock(e);
 		charge_packets(e, d, qp, k);
 		return n + k;
 	}
@@ -102,7 +106,11 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 			continue;
 		}
 		x = execute_send(e, d, qp, w);
-		charge(e, d, e->moved, 1, starts && x != EXEC_WAIT);
+		if (x == EXEC_BUSY) {
+			n--;  /* nothing done: the WQE is still at the head */
+			break;
+		}
+		charge(e, d, ctx(e)->moved, 1, starts && x != EXEC_WAIT);
 		if (x == EXEC_WAIT)
 			break;
 	}
@@ -132,8 +140,8 @@ static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t
 
 	if (!n)
 		return 0;
-	bucket_fill(&s->bytes, e->now);
-	bucket_fill(&s->wrs, e->now);
+	bucket_fill(&s->bytes, ctx(e)->now);
+	bucket_fill(&s->wrs, ctx(e)->now);
 	s->turn++;
 	s->deficit += turn_worth(e, d);
 	for (k = 0; k < n && s->deficit > 0; k++)
@@ -146,61 +154,114 @@ static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t
 	return work;
 }
 
+/* Whether device `d` is one this pass runs: a thread's own (w), or every open device (w NULL: the caller polls). */
+static bool runs(const struct vre_device *d, const struct vre_worker *w)
+{
+	return __atomic_load_n(&d->open, __ATOMIC_ACQUIRE) &&
+	       (!w || __atomic_load_n(&d->owner, __ATOMIC_ACQUIRE) == w->index);
+}
+
+/* The device for this pass, locked: not while a caller waits for it (the caller has it first) or holds it. */
+static bool take_device(struct vre_device *d, struct vre_worker *w)
+{
+	if (w && __atomic_load_n(&d->waiters, __ATOMIC_ACQUIRE)) {
+		__atomic_fetch_add(&w->stats.lock_waits, 1, __ATOMIC_RELAXED);
+		return false;
+	}
+	if (device_trylock(d))
+		return true;
+	if (w)
+		__atomic_fetch_add(&w->stats.lock_waits, 1, __ATOMIC_RELAXED);
+	return false;
+}
+
 /*
  * A round in which nobody ran, while devices are still in debt (a piece, or a RoCE QP's packets, larger than their
  * turn is worth): the rounds that would pass doing nothing until the first of them may run again are passed at
  * once, every indebted device earning what it would have earned in them. Without this a round could do no work with
- * work waiting and no timer to wake for it.
+ * work waiting and no timer to wake for it. (A thread's devices only: each thread's rounds are its own.)
  */
-static bool skip_idle_rounds(struct vre_engine *e)
+static bool skip_idle_rounds(struct vre_engine *e, struct vre_worker *w, uint32_t hi)
 {
 	int64_t rounds = INT64_MAX;
 
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
+	for (uint32_t i = 0; i < hi; i++) {
 		struct vre_device *d = &e->devices[i];
-		int64_t worth = turn_worth(e, d), need;
+		int64_t worth, need;
 
-		if (!d->open || !d->nactive || d->share.deficit >= 0)
+		if (!runs(d, w) || !take_device(d, w))
 			continue;
-		need = (1 - d->share.deficit + worth - 1) / worth;  /* turns until its deficit is positive */
-		rounds = need < rounds ? need : rounds;
+		worth = turn_worth(e, d);
+		if (d->open && d->nactive && d->share.deficit < 0) {
+			need = (1 - d->share.deficit + worth - 1) / worth;  /* turns until its deficit is positive */
+			rounds = need < rounds ? need : rounds;
+		}
+		device_unlock(d);
 	}
 	if (rounds == INT64_MAX)
 		return false;
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
+	for (uint32_t i = 0; i < hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
+		if (!runs(d, w) || !take_device(d, w))
+			continue;
 		if (d->open && d->nactive && d->share.deficit < 0)
 			d->share.deficit += (rounds - 1) * turn_worth(e, d);  /* the next turn adds the last one */
+		device_unlock(d);
 	}
 	return true;
 }
 
-uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
+/* The packets waiting to go, sent (under the network's lock: any thread queues them). */
+static void flush_network(struct vre_engine *e)
 {
-	uint32_t work = 0;
-
-	e->now = engine_clock(e);
-	if (net_on(e) && !e->capture)
-		work += sock_recv(e, budget, vre_roce_input);
-	for (uint32_t round = 0; round < 2; round++) {
-		for (uint32_t i = 0; i < e->devices_hi; i++) {
-			struct vre_device *d = &e->devices[i];
-
-			if (d->open)
-				work += device_turn(e, d, budget);
-		}
-		if (work || !skip_idle_rounds(e))
-			break;
-	}
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
-		if (e->devices[i].open)
-			cq_timers(e, &e->devices[i]);
-	}
+	if (!net_on(e))
+		return;
+	net_lock(e);
 	if (e->tx_tail != e->tx_head)
 		sock_send(e);
 	net_assert(e);
+	net_unlock(e);
+}
+
+VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint32_t budget)
+{
+	uint32_t work = 0, busy = 0, hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
+
+	ctx(e)->now = engine_clock(e);
+	if ((!w || w->index == 0) && net_on(e) && !e->capture)
+		work += sock_recv(e, budget, vre_roce_input);
+	for (uint32_t round = 0; round < 2; round++) {
+		for (uint32_t i = 0; i < hi; i++) {
+			struct vre_device *d = &e->devices[i];
+			uint32_t done = 0;
+
+			if (!runs(d, w) || !take_device(d, w))
+				continue;
+			if (d->open) {
+				done = device_turn(e, d, budget);
+				if (round == 0)
+					cq_timers(e, d);
+			}
+			device_unlock(d);
+			if (round == 0) {
+				__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);
+				busy += done != 0;
+			}
+			work += done;
+		}
+		if (work || !skip_idle_rounds(e, w, hi))
+			break;
+	}
+	if (w)
+		__atomic_store_n(&w->busy_devices, busy, __ATOMIC_RELEASE);
+	flush_network(e);
 	return work;
+}
+
+uint32_t vre_poll(struct vre_engine *e, uint32_t budget)
+{
+	return vre_poll_owned(e, NULL, budget);
 }
 
 /*
@@ -221,7 +282,7 @@ uint32_t vre_spin(struct vre_engine *e, uint32_t budget, uint64_t spin_ns)
 			break;  /* events to deliver, or a fixed clock that would never reach `until` */
 		if (!done)
 			__builtin_ia32_pause();  /* only while idle: a busy pass goes straight on to the next */
-	} while (e->now < until);
+	} while (ctx(e)->now < until);
 	return work;
 }
 
@@ -240,82 +301,163 @@ static int64_t limits_open_at(const struct vre_device *d)
 	return bytes > wrs ? bytes : wrs;
 }
 
-int64_t vre_next_deadline(struct vre_engine *e)
+/* The earliest deadline of one device (under its lock), or `next`. */
+static int64_t device_deadline(struct vre_device *d, int64_t next)
 {
-	int64_t next = -1;
+	for (uint32_t j = 0; d->open && j < d->nactive; j++) {
+		struct vre_qp *qp = d->active[j];
+		int64_t t = qp->rnr_until;
 
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
-		struct vre_device *d = &e->devices[i];
+		if (t && (next < 0 || t < next))
+			next = t;
+		t = qp->net ? qp->net->deadline : 0;
+		if (t && (next < 0 || t < next))
+			next = t;
+	}
+	if (d->open && d->mod_next && (next < 0 || d->mod_next < next))
+		next = d->mod_next;
+	if (d->open && d->share.throttled_since) {
+		int64_t t = limits_open_at(d);
 
-		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
-			struct vre_qp *qp = d->active[j];
-			int64_t t = qp->rnr_until;
-
-			if (t && (next < 0 || t < next))
-				next = t;
-			t = qp->net ? qp->net->deadline : 0;
-			if (t && (next < 0 || t < next))
-				next = t;
-		}
-		if (d->open && d->mod_next && (next < 0 || d->mod_next < next))
-			next = d->mod_next;
-		if (d->open && d->share.throttled_since) {
-			int64_t t = limits_open_at(d);
-
-			if (next < 0 || t < next)
-				next = t;
-		}
+		if (next < 0 || t < next)
+			next = t;
 	}
 	return next;
 }
 
-/* Tell every poster to wake us, then look once more: a doorbell rung before it read the flag is seen here. */
-int vre_park(struct vre_engine *e)
+VRE_FN int64_t vre_next_deadline_owned(struct vre_engine *e, struct vre_worker *w)
 {
-	int64_t now;
+	uint32_t hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
+	int64_t next = -1;
 
-	if (e->tx_tail != e->tx_head)
-		return 0;  /* packets the network could not take yet */
-	vre_set_parked_flags(e, 1);
-	e->parked = true;
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	now = engine_clock(e);
-	for (uint32_t i = 0; i < e->devices_hi; i++) {
+	for (uint32_t i = 0; i < hi; i++) {
 		struct vre_device *d = &e->devices[i];
 
-		/* a device its limits hold back waits for its deadline (vre_next_deadline), not for this loop */
-		if (d->share.throttled_since && limits_open_at(d) > now)
+		if (!runs(d, w))
 			continue;
-		for (uint32_t j = 0; d->open && j < d->nactive; j++) {
-			struct vre_qp *qp = d->active[j];
+		device_lock_blocking(d);
+		next = device_deadline(d, next);
+		device_unlock(d);
+	}
+	return next;
+}
 
-			/* a remote QP's started WQEs wait for ACKs, not for this loop */
-			uint32_t started = qp->net && qp->attr.state == VRDMA_QPS_RTS ? qp->net->sq_next : qp->sq_head;
+int64_t vre_next_deadline(struct vre_engine *e)
+{
+	return vre_next_deadline_owned(e, NULL);
+}
 
-			if (((qp->attr.state == VRDMA_QPS_RTS || qp->attr.state == VRDMA_QPS_ERR) &&
-			     load_acquire(qp->sq_db) != started && !qp->rnr_until) || net_busy(qp)) {
-				vre_unpark(e);
-				return 0;
-			}
+/* Whether the device has work its poster would not wake it for (under its lock). */
+static bool device_pending(struct vre_device *d, int64_t now)
+{
+	/* a device its limits hold back waits for its deadline (vre_next_deadline), not for this loop */
+	if (d->share.throttled_since && limits_open_at(d) > now)
+		return false;
+	for (uint32_t j = 0; d->open && j < d->nactive; j++) {
+		struct vre_qp *qp = d->active[j];
+
+		/* a remote QP's started WQEs wait for ACKs, not for this loop */
+		uint32_t started = qp->net && qp->attr.state == VRDMA_QPS_RTS ? qp->net->sq_next : qp->sq_head;
+
+		if (((qp->attr.state == VRDMA_QPS_RTS || qp->attr.state == VRDMA_QPS_ERR) &&
+		     load_acquire(qp->sq_db) != started && !qp->rnr_until) || net_busy(qp))
+			return true;
+	}
+	return false;
+}
+
+static bool network_pending(struct vre_engine *e)
+{
+	bool pending;
+
+	if (!net_on(e))
+		return false;
+	net_lock(e);
+	pending = e->tx_tail != e->tx_head;
+	net_unlock(e);
+	return pending;
+}
+
+/* Tell every poster of the devices to wake us, then look once more: a doorbell rung before it read the flag is seen
+ * here. (A thread's devices, or, w NULL, every device: the caller's.) */
+VRE_FN int vre_park_owned(struct vre_engine *e, struct vre_worker *w)
+{
+	uint32_t hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
+	int64_t now;
+
+	if ((!w || w->index == 0) && network_pending(e))
+		return 0;  /* packets the network could not take yet */
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		if (!runs(d, w))
+			continue;
+		device_lock_blocking(d);
+		if (d->open && !d->parked) {
+			vre_set_parked_flags(d, 1);
+			d->parked = true;
+		}
+		device_unlock(d);
+	}
+	if (!w)
+		e->caller_parked = true;
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	now = engine_clock(e);
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = &e->devices[i];
+		bool pending;
+
+		if (!runs(d, w))
+			continue;
+		device_lock_blocking(d);
+		pending = device_pending(d, now);
+		device_unlock(d);
+		if (pending) {
+			vre_unpark_owned(e, w);
+			return 0;
 		}
 	}
 	return 1;
 }
 
+VRE_FN void vre_unpark_owned(struct vre_engine *e, struct vre_worker *w)
+{
+	uint32_t hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
+
+	if (!w)
+		e->caller_parked = false;
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		if (!w ? !__atomic_load_n(&d->open, __ATOMIC_ACQUIRE) : !runs(d, w))
+			continue;
+		device_lock_blocking(d);
+		if (d->parked) {
+			vre_set_parked_flags(d, 0);
+			d->parked = false;
+		}
+		device_unlock(d);
+	}
+}
+
+int vre_park(struct vre_engine *e)
+{
+	return vre_park_owned(e, NULL);
+}
+
 void vre_unpark(struct vre_engine *e)
 {
-	if (!e->parked)
-		return;
-	e->parked = false;
-	vre_set_parked_flags(e, 0);
+	vre_unpark_owned(e, NULL);
 }
 
 uint32_t vre_take_events(struct vre_engine *e, struct vre_event *out, uint32_t max)
 {
 	uint32_t n = 0;
 
+	events_lock(e);
 	while (e->ev_head != e->ev_tail && n < max)
 		out[n++] = e->events[e->ev_head++ % EVENT_RING];
-	e->thread.events_told = false;  /* an engine thread tells of the next ones */
+	e->threads.events_told = false;  /* an engine thread tells of the next ones */
+	events_unlock(e);
 	return n;
 }

@@ -116,8 +116,8 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	if (!qp)
 		return err;
 	qp->cfg = *c;
-	qp->sq_db = vre_db_claim(e, d, c->sq_db);
-	qp->rq_db = own_rq ? vre_db_claim(e, d, c->rq_db) : NULL;
+	qp->sq_db = vre_db_claim(d, c->sq_db);
+	qp->rq_db = own_rq ? vre_db_claim(d, c->rq_db) : NULL;
 	memset(mem_at(&qp->ring, 0), 0, sizeof(struct vrdma_qp_ring_hdr));
 	qp->attr.state = VRDMA_QPS_RESET;
 	qp->attr.dest_dev = VRE_NO_DEVICE;

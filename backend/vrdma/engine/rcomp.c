@@ -37,7 +37,7 @@ static void ask_again(struct vre_qp *qp)
 static void ack_upto(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t psn)
 {
 	struct vre_remote *n = qp->net;
-	struct send_wqe *w = &e->scratch.wqe;
+	struct send_wqe *w = &ctx(e)->scratch.wqe;
 
 	while (qp->sq_head != n->sq_next && qp->attr.state == VRDMA_QPS_RTS) {
 		struct vre_sent *s = sent_of(qp, qp->sq_head);
@@ -86,7 +86,7 @@ static struct vre_sent *answered(struct vre_engine *e, struct vre_device *d, str
 	s = sent_of(qp, qp->sq_head);
 	if (s->kind != kind || psn_diff(psn, s->first_psn) < 0 || psn_diff(psn, last_psn(s)) > 0)
 		return NULL;
-	sq_wqe(qp, qp->sq_head, &e->scratch.wqe);  /* where its answer goes (checked again by the caller) */
+	sq_wqe(qp, qp->sq_head, &ctx(e)->scratch.wqe);  /* where its answer goes (checked again by the caller) */
 	return s;
 }
 
@@ -138,7 +138,7 @@ static void read_response(struct vre_engine *e, struct vre_device *d, struct vre
 		d->roce.dropped++;
 		return;
 	}
-	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
+	if (local_of(e, d, qp, &ctx(e)->scratch.wqe, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
 		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);  /* its memory went away, or the guest changed it */
 		return;
 	}
@@ -147,7 +147,7 @@ static void read_response(struct vre_engine *e, struct vre_device *d, struct vre
 	qp->retry_left = qp->attr.retry_cnt;
 	if (k == s->npkts - 1) {
 		count_rx(d, qp, s->len, s->npkts);
-		retire_head(e, d, qp, &e->scratch.wqe, VRDMA_WC_SUCCESS, s->len);
+		retire_head(e, d, qp, &ctx(e)->scratch.wqe, VRDMA_WC_SUCCESS, s->len);
 		return;
 	}
 	if (psn_diff(n->una_psn, n->cur_psn) > 0)
@@ -165,13 +165,13 @@ static void atomic_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp
 		unexpected_answer(e, d, qp, pkt->psn);
 		return;
 	}
-	if (local_of(e, d, qp, &e->scratch.wqe, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
+	if (local_of(e, d, qp, &ctx(e)->scratch.wqe, &r) != VRDMA_WC_SUCCESS || r.len != s->len) {
 		requester_error(e, d, qp, VRDMA_WC_LOC_PROT_ERR);
 		return;
 	}
 	copy_at(r.local, r.nlocal, 0, (uint8_t *)&orig, 8, true);
 	qp->net->una_psn = psn_add(pkt->psn, 1);
-	retire_head(e, d, qp, &e->scratch.wqe, VRDMA_WC_SUCCESS, 8);
+	retire_head(e, d, qp, &ctx(e)->scratch.wqe, VRDMA_WC_SUCCESS, 8);
 }
 
 VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
@@ -217,7 +217,7 @@ VRE_FN void remote_response(struct vre_engine *e, struct vre_device *d, struct v
 		d->counters.rnr_waits++;
 		qp->counters.rnr_waits++;
 		rewind_to(qp, n->una_psn);  /* the NAK's PSN, or a READ before it whose answer was lost */
-		qp->rnr_until = e->now + rnr_wait_ns(value);
+		qp->rnr_until = ctx(e)->now + rnr_wait_ns(value);
 		n->deadline = 0;
 		return;
 	case AETH_NAK:

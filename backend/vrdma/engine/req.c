@@ -18,7 +18,7 @@ static void piece_moved(struct vre_engine *e, struct vre_device *d, struct vre_q
 {
 	struct vre_piece *p = &qp->piece;
 
-	e->moved = r->piece;
+	ctx(e)->moved = r->piece;
 	if (r->first)
 		*p = (struct vre_piece){ .len = r->len, .opcode = r->w->hdr.opcode, .turn = d->share.turn };
 	else if (p->turn != d->share.turn)
@@ -28,18 +28,17 @@ static void piece_moved(struct vre_engine *e, struct vre_device *d, struct vre_q
 	p->done = r->off + r->piece;
 }
 
-/* One send WQE, start to finish. */
-VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp,
-			      const struct send_wqe *w)
+/* One send WQE, start to finish, its destination device's lock held (or its own). */
+static enum exec execute(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w)
 {
 	struct vre_request r = { .e = e, .d = d, .qp = qp, .w = w, .op = vre_opcode(w->hdr.opcode),
-				 .local = e->scratch.local };
+				 .local = ctx(e)->scratch.local };
 	struct vre_piece *p = &qp->piece;
 	uint8_t status;
 	struct vre_device *dd;
 	struct vre_qp *dqp;
 
-	e->moved = 0;
+	ctx(e)->moved = 0;
 	if (!p->done) {
 		d->counters.send_wqes++;
 		qp->counters.send_wqes++;
@@ -57,7 +56,7 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		goto local_error;
 	if (qp->cfg.flags & VRE_QP_UD) {
 		ud_send(&r);  /* a datagram: sent (and completed) whether or not anyone takes it */
-		e->moved = r.len;
+		ctx(e)->moved = r.len;
 		return EXEC_DONE;
 	}
 	if (p->done && (r.len != p->len || w->hdr.opcode != p->opcode)) {
@@ -93,7 +92,7 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		}
 		if (qp->attr.timeout)
 			qp->retry_left--;
-		qp->rnr_until = e->now + retry_wait_ns(qp);
+		qp->rnr_until = ctx(e)->now + retry_wait_ns(qp);
 		return EXEC_WAIT;
 	}
 
@@ -106,7 +105,7 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		}
 		if (qp->attr.rnr_retry != RNR_INFINITE)
 			qp->rnr_left--;
-		qp->rnr_until = e->now + rnr_wait_ns(dqp->attr.min_rnr_timer);
+		qp->rnr_until = ctx(e)->now + rnr_wait_ns(dqp->attr.min_rnr_timer);
 		d->counters.rnr_waits++;
 		qp->counters.rnr_waits++;
 		return EXEC_WAIT;
@@ -134,4 +133,40 @@ local_error:
 	complete_send(e, d, qp, &w->hdr, status, 0);
 	qp_to_error(e, d, qp, 0);
 	return EXEC_DONE;
+}
+
+/*
+ * The device a WQE delivers into: its connected peer's, or a datagram's (routed by its GID). Neither changes while
+ * the sender's device is locked (a QP's destination is set under its device's lock, the GID index under every lock).
+ */
+static struct vre_device *destination(struct vre_engine *e, struct vre_qp *qp, const struct send_wqe *w)
+{
+	if (qp->cfg.flags & VRE_QP_UD)
+		return gid_route(e, w->hdr.ud.dgid);
+	return qp->attr.dest_dev < e->ndevices ? &e->devices[qp->attr.dest_dev] : NULL;
+}
+
+/* Tries for another thread's device before giving up for this pass: a few microseconds, never a wait (two threads
+ * delivering into each other's devices would wait for each other). */
+#define DESTINATION_TRIES 64
+
+VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w)
+{
+	struct vre_device *dd = destination(e, qp, w);
+	enum exec x;
+
+	if (!dd || dd == d)
+		return execute(e, d, qp, w);
+	for (uint32_t tries = 0;; tries++) {
+		if (!__atomic_load_n(&dd->waiters, __ATOMIC_ACQUIRE) && device_trylock(dd))
+			break;
+		if (tries == DESTINATION_TRIES) {
+			ctx(e)->moved = 0;
+			return EXEC_BUSY;  /* the WQE stays at the head: the next pass tries again */
+		}
+		__builtin_ia32_pause();
+	}
+	x = execute(e, d, qp, w);
+	device_unlock(dd);
+	return x;
 }

@@ -37,7 +37,7 @@ static void count_bytes(const struct vre_request *r, struct vre_device *dd, stru
  */
 static void move_piece(const struct vre_request *r, struct seg *far, uint32_t nfar, bool to_local)
 {
-	struct vre_scratch *s = &r->e->scratch;
+	struct vre_scratch *s = &ctx(r->e)->scratch;
 	struct seg *local = r->local, *remote = far;
 	uint32_t nlocal = r->nlocal, nremote = nfar;
 
@@ -84,7 +84,7 @@ static enum resp receive_of(const struct vre_request *r, struct vre_device *dd, 
 		return uc ? RESP_DROPPED : invalid_request(r, dd, dqp);  /* a later piece, and no receive under way */
 	if (!r->last && !held->wqe && !(held->wqe = malloc(sizeof(*held->wqe))))
 		return RESP_RNR;  /* no memory to hold it: the requester tries again later */
-	taken = take_recv(e, dd, dqp, rx, &e->scratch.rwqe, rmax_sge);
+	taken = take_recv(e, dd, dqp, rx, &ctx(e)->scratch.rwqe, rmax_sge);
 	if (taken == TAKE_EMPTY)
 		return uc ? RESP_DROPPED : RESP_RNR;  /* UC: no RNR NAK, the message is lost */
 	if (taken == TAKE_BROKEN) {
@@ -95,9 +95,9 @@ static enum resp receive_of(const struct vre_request *r, struct vre_device *dd, 
 		qp_to_error(e, r->d, r->qp, 0);
 		return RESP_FAILED;
 	}
-	*rw = &e->scratch.rwqe;
+	*rw = &ctx(e)->scratch.rwqe;
 	if (!r->last) {
-		memcpy(held->wqe, &e->scratch.rwqe, sizeof(*held->wqe));
+		memcpy(held->wqe, &ctx(e)->scratch.rwqe, sizeof(*held->wqe));
 		held->max_sge = *rmax_sge;
 		held->held = true;
 		*rw = held->wqe;
@@ -110,7 +110,7 @@ static enum resp deliver(const struct vre_request *r, struct vre_device *dd, str
 			 const struct vre_rx *rx, struct vre_mr *rmr, uint64_t roff)
 {
 	struct vre_engine *e = r->e;
-	struct vre_scratch *s = &e->scratch;
+	struct vre_scratch *s = &ctx(e)->scratch;
 	const struct vrdma_send_wqe *h = &r->w->hdr;
 	uint32_t rmax_sge = 0, nremote = 0;
 	bool uc = dqp->cfg.flags & VRE_QP_UC;

@@ -83,7 +83,7 @@ VRE_FN void arm_timer(struct vre_engine *e, struct vre_qp *qp)
 {
 	bool waits = qp->sq_head != qp->net->sq_next && !qp->rnr_until && !(qp->cfg.flags & VRE_QP_UC);
 
-	qp->net->deadline = waits ? e->now + retry_wait_ns(qp) : 0;
+	qp->net->deadline = waits ? ctx(e)->now + retry_wait_ns(qp) : 0;
 }
 
 /* The oldest WQE is done: completed with `status` (and `len`, its message length, on success). */
@@ -108,7 +108,7 @@ VRE_FN void retire_head(struct vre_engine *e, struct vre_device *d, struct vre_q
 /* The requester fails: the WQE at the head completes with `status`, the rest are flushed in the error state. */
 VRE_FN void requester_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint8_t status)
 {
-	struct send_wqe *w = &e->scratch.wqe;
+	struct send_wqe *w = &ctx(e)->scratch.wqe;
 
 	if (qp->sq_head != qp->net->sq_next) {
 		sq_wqe(qp, qp->sq_head, w);
@@ -122,7 +122,7 @@ VRE_FN uint8_t local_of(struct vre_engine *e, struct vre_device *d, struct vre_q
 			struct vre_request *r)
 {
 	*r = (struct vre_request){ .e = e, .d = d, .qp = qp, .w = w, .op = vre_opcode(w->hdr.opcode),
-				   .local = e->scratch.local };
+				   .local = ctx(e)->scratch.local };
 	return wqe_local_data(r);
 }
 
@@ -136,7 +136,7 @@ VRE_FN uint8_t local_of(struct vre_engine *e, struct vre_device *d, struct vre_q
 static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t prod)
 {
 	struct vre_remote *n = qp->net;
-	struct send_wqe *w = &e->scratch.wqe;
+	struct send_wqe *w = &ctx(e)->scratch.wqe;
 	const struct vre_opcode *op;
 	struct vre_request r;
 	uint8_t status;
@@ -192,7 +192,7 @@ static bool start_next(struct vre_engine *e, struct vre_device *d, struct vre_qp
 static bool send_packets(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t *budget)
 {
 	struct vre_remote *n = qp->net;
-	struct send_wqe *w = &e->scratch.wqe;
+	struct send_wqe *w = &ctx(e)->scratch.wqe;
 	struct vre_sent *s = sent_of(qp, n->sq_cur);
 	bool uc = qp->cfg.flags & VRE_QP_UC;
 	const struct vrdma_send_wqe *h;
@@ -282,7 +282,7 @@ VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct v
 	struct vre_remote *n = qp->net;
 	uint32_t left = budget;
 
-	if (n->deadline && e->now >= n->deadline) {
+	if (n->deadline && ctx(e)->now >= n->deadline) {
 		d->roce.timeouts++;
 		if (qp->attr.timeout && qp->retry_left == 0) {
 			requester_error(e, d, qp, VRDMA_WC_RETRY_EXC_ERR);
@@ -291,7 +291,7 @@ VRE_FN uint32_t remote_poll(struct vre_engine *e, struct vre_device *d, struct v
 		if (qp->attr.timeout)
 			qp->retry_left--;
 		rewind_to(qp, n->una_psn);
-		n->deadline = e->now + retry_wait_ns(qp);
+		n->deadline = ctx(e)->now + retry_wait_ns(qp);
 	}
 	while (left && qp->attr.state == VRDMA_QPS_RTS) {
 		if (n->sq_cur == n->sq_next && !start_next(e, d, qp, prod))

@@ -31,7 +31,7 @@ static void send_response(struct vre_engine *e, struct vre_device *d, struct vre
 	if (slot)
 		tx_queue(e, d, &qp->net->addr, slot, pkt, 0);
 	else
-		e->net.tx_dropped++;
+		net_count(&e->net.tx_dropped, 1);
 }
 
 static void send_ack(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t aeth, uint32_t psn)
@@ -126,7 +126,7 @@ static uint8_t send_data(struct vre_engine *e, struct vre_device *d, struct vre_
 		      const uint8_t *payload, uint32_t len)
 {
 	struct vre_remote *n = qp->net;
-	struct vre_scratch *s = &e->scratch;
+	struct vre_scratch *s = &ctx(e)->scratch;
 	uint32_t nsegs = 0;
 	uint64_t room = 0;
 	uint8_t status = sges_to_segs(d, rx->pd, rx->kernel, n->rwqe->sge, n->rwqe->hdr.num_sge, true, UINT64_MAX,

@@ -62,8 +62,8 @@ static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, v
 	input(e, udp + 8, udp_len - 8, &addr);
 	return;
 malformed:
-	e->net.rx_packets++;
-	e->net.rx_malformed++;
+	net_count(&e->net.rx_packets, 1);
+	net_count(&e->net.rx_malformed, 1);
 }
 
 /* IPv6 packets from the IPv6 UDP socket: their source, their destination (IPV6_PKTINFO), their UDP payload. */
@@ -102,8 +102,8 @@ static uint32_t recv6(struct vre_engine *e, uint32_t budget, vre_input_fn input)
 			}
 		}
 		if (!have_dst || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) || ipv4_mapped(addr.dst)) {
-			e->net.rx_packets++;
-			e->net.rx_malformed++;
+			net_count(&e->net.rx_packets, 1);
+			net_count(&e->net.rx_malformed, 1);
 			continue;
 		}
 		memcpy(addr.src, &from[i].sin6_addr, 16);
@@ -139,8 +139,8 @@ VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget, vre_input_fn in
 			break;
 		for (int i = 0; i < got; i++) {
 			if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
-				e->net.rx_packets++;
-				e->net.rx_malformed++;
+				net_count(&e->net.rx_packets, 1);
+				net_count(&e->net.rx_malformed, 1);
 				continue;
 			}
 			ipv4_packet(e, iov[i].iov_base, msgs[i].msg_len, input);
@@ -229,11 +229,11 @@ VRE_FN void sock_send(struct vre_engine *e)
 			if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR)
 				return;  /* the next poll tries again */
 			/* this packet cannot go (no route, too big for the link): lost, as on a wire */
-			e->net.tx_dropped++;
+			net_count(&e->net.tx_dropped, 1);
 			e->tx_head++;
 			continue;
 		}
-		e->net.tx_packets += (uint32_t)sent;
+		net_count(&e->net.tx_packets, (uint32_t)sent);
 		e->tx_head += (uint32_t)sent;
 	}
 }

@@ -29,7 +29,7 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 	if (!srq)
 		return err;
 	srq->cfg = *c;
-	srq->db = vre_db_claim(e, d, c->db);
+	srq->db = vre_db_claim(d, c->db);
 	srq->limit = c->limit;
 	memset(mem_at(&srq->ring, 0), 0, sizeof(struct vrdma_srq_ring_hdr));
 	d->srqs[slot] = srq;

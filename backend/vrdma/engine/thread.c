@@ -1,208 +1,335 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * The engine's own thread (vre_thread_start): the data path runs here, beside the backend's event loop, which keeps
- * the control path (commands, vhost-user, the admin socket). They meet at one lock, the engine's: the thread holds
- * it for one pass at a time (every device's turn, at most about a piece of each busy VM: poll.c), and every call the
- * event loop makes takes it, so a command waits for at most one pass, never for a spin or a whole transfer, and no
- * control change (a destroy, a new memory table) ever meets a pass half done. A caller that waits gets the lock at
- * the end of the pass it waits behind: the thread steps aside while anyone waits.
+ * The engine's threads (vre_thread_start): the data path runs here, beside the backend's event loop, which keeps the
+ * control path (commands, vhost-user, the admin socket).
  *
- * Idle for park_after_ns, the thread parks (poll.c's vre_park: the parked slot of every doorbell page, one more
- * look) and sleeps in ppoll(2) on its kick eventfd (vre_kick: a guest's wake-up, a change of deadlines or sockets),
- * the RoCE sockets, until the next deadline (a retry, a moderation timer, a limited VM's bucket) and, while a driver
- * asked for it, at most the recheck period. Events for the model wake the event loop through its eventfd.
+ * Each thread runs the devices it owns (struct vre_device.owner: given out in turn as they open); a thread that
+ * finds nothing to do takes a busy device from a thread running two or more (balance), so two busy VMs do not share
+ * a thread while another idles. The unit of locking is the device: whatever a device holds (its objects, its guest
+ * memory, its counters) is touched only under its lock. Its owner takes it for the device's turn; a thread
+ * delivering into another device (a WRITE from a VM of its own into a VM of another thread's) tries that device's
+ * lock and, if it is taken, leaves the work request for its next pass, so a thread never waits holding a lock and
+ * no two threads wait for each other. A caller takes the lock of the device its call is about (vre_lock_device), or
+ * every lock for a call about the engine (vre_lock: devices in index order, then the GID index's, then the
+ * network's); a thread lets a waiting caller have a device first (waiters), so a call waits for at most one turn,
+ * never for a spin or a whole transfer, and no control change (a destroy, a new memory table) ever meets a turn
+ * half done. Lock order: devices, the GID index, the network, the event ring.
+ *
+ * The network (RoCE v2) is received by thread 0 only, which takes the lock of each packet's device to handle it;
+ * packets go out from whichever thread built them, through the one queue the network lock guards. Each thread has
+ * its own context (struct vre_ctx: its clock and its scratch for a WQE's copies).
+ *
+ * Idle for park_after_ns, a thread parks its devices (the parked slot of every doorbell page, one more look: poll.c)
+ * and sleeps in ppoll(2) on its kick eventfd (vre_kick: a guest's wake-up, a change of deadlines or devices), the
+ * RoCE sockets (thread 0), until the next deadline of its devices (a retry, a moderation timer, a limited VM's
+ * bucket) and, while a driver asked for it, at most the recheck period. Events for the model wake the event loop
+ * through its eventfd.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE  /* ppoll */
+#define _GNU_SOURCE  /* ppoll, pthread_setaffinity_np */
 #endif
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "vre.h"
 
-static void *engine_main(void *arg);
+static void *worker_main(void *arg);
 
-void vre_lock(struct vre_engine *e)
+static void stat_add(uint64_t *field, uint64_t n)
 {
-	__atomic_add_fetch(&e->thread.waiters, 1, __ATOMIC_ACQ_REL);
-	pthread_mutex_lock(&e->thread.lock);
-	__atomic_sub_fetch(&e->thread.waiters, 1, __ATOMIC_ACQ_REL);
+	__atomic_fetch_add(field, n, __ATOMIC_RELAXED);
 }
 
-void vre_unlock(struct vre_engine *e)
+/* -- events --------------------------------------------------------------------------------------------------- */
+
+/* After a pass: write the events eventfd once for events the caller has not been told of. */
+static void tell_events(struct vre_engine *e)
 {
-	pthread_mutex_unlock(&e->thread.lock);
+	bool tell;
+
+	events_lock(e);
+	tell = e->ev_head != e->ev_tail && !e->threads.events_told;
+	e->threads.events_told |= tell;
+	events_unlock(e);
+	if (tell)
+		(void)eventfd_write(e->threads.config.events_fd, 1);
 }
 
-void vre_kick(struct vre_engine *e)
-{
-	int fd = __atomic_load_n(&e->thread.kick_fd, __ATOMIC_ACQUIRE);
+/* -- starting, stopping, waking ------------------------------------------------------------------------------- */
 
-	if (fd >= 0)
-		(void)eventfd_write(fd, 1);  /* a counter already non-zero says "look" too */
+static void stop_workers(struct vre_engine *e, struct vre_worker *w, uint32_t n)
+{
+	for (uint32_t k = 0; k < n; k++)
+		__atomic_store_n(&w[k].stop, 1, __ATOMIC_RELEASE);
+	for (uint32_t k = 0; k < n; k++) {
+		if (w[k].kick_fd >= 0)
+			(void)eventfd_write(w[k].kick_fd, 1);
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		if (w[k].started)
+			pthread_join(w[k].id, NULL);
+	}
+	__atomic_store_n(&e->threads.count, 0, __ATOMIC_RELEASE);
+	for (uint32_t k = 0; k < n; k++) {
+		if (w[k].kick_fd >= 0)
+			close(w[k].kick_fd);
+	}
+	e->threads.workers = NULL;
+	free(w);
+}
+
+static int pin(struct vre_engine *e, struct vre_worker *w)
+{
+	cpu_set_t set;
+	int err;
+
+	if (w->cpu < 0)
+		return 0;
+	if (w->cpu >= CPU_SETSIZE)
+		return vre_fail(e, EINVAL, "engine thread %u: no CPU %d", w->index, w->cpu);
+	CPU_ZERO(&set);
+	CPU_SET(w->cpu, &set);
+	err = pthread_setaffinity_np(w->id, sizeof(set), &set);
+	return err ? vre_fail(e, err, "engine thread %u: cannot run on CPU %d: %s", w->index, w->cpu, strerror(err)) : 0;
 }
 
 int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *config)
 {
-	struct vre_thread *t = &e->thread;
+	struct vre_worker *w;
+	uint32_t n = config->threads;
 	int err;
 
-	if (t->running)
-		return vre_fail(e, EBUSY, "the engine's thread is running");
-	if (!config->budget || config->events_fd < 0)
-		return vre_fail(e, EINVAL, "an engine thread needs a budget and an events fd");
-	t->config = *config;
-	t->stop = 0;
-	t->events_told = false;
-	t->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (t->kick_fd < 0)
-		return vre_fail(e, errno, "no eventfd for the engine's thread: %s", strerror(errno));
-	err = pthread_create(&t->id, NULL, engine_main, e);
-	if (err) {
-		close(t->kick_fd);
-		t->kick_fd = -1;
-		return vre_fail(e, err, "cannot start the engine's thread: %s", strerror(err));
+	if (e->threads.count)
+		return vre_fail(e, EBUSY, "the engine's threads are running");
+	if (!config->budget || config->events_fd < 0 || n < 1 || n > VRE_MAX_THREADS)
+		return vre_fail(e, EINVAL, "engine threads need a budget, an events fd and a count of 1 to %u",
+				VRE_MAX_THREADS);
+	w = calloc(n, sizeof(*w));
+	if (!w)
+		return vre_fail(e, ENOMEM, "no memory for %u engine threads", n);
+	e->threads.config = *config;
+	e->threads.events_told = false;
+	for (uint32_t k = 0; k < n; k++) {
+		w[k] = (struct vre_worker){ .engine = e, .index = k, .cpu = config->cpus[k], .ctx.engine = e };
+		w[k].kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (w[k].kick_fd < 0) {
+			err = errno;
+			for (uint32_t j = 0; j < k; j++)
+				close(w[j].kick_fd);
+			free(w);
+			return vre_fail(e, err, "no eventfd for an engine thread: %s", strerror(err));
+		}
 	}
-	t->running = true;
+	vre_unpark(e);  /* the caller's parking ends: each thread parks its own devices */
+	for (uint32_t i = 0; i < e->devices_hi; i++)
+		__atomic_store_n(&e->devices[i].owner, i % n, __ATOMIC_RELAXED);
+	e->threads.workers = w;
+	__atomic_store_n(&e->threads.count, n, __ATOMIC_RELEASE);
+	for (uint32_t k = 0; k < n; k++) {
+		err = pthread_create(&w[k].id, NULL, worker_main, &w[k]);
+		if (err) {
+			stop_workers(e, w, n);
+			return vre_fail(e, err, "cannot start engine thread %u: %s", k, strerror(err));
+		}
+		w[k].started = true;
+		if (pin(e, &w[k])) {
+			char why[sizeof(e->error)];
+
+			memcpy(why, e->error, sizeof(why));
+			stop_workers(e, w, n);
+			return vre_fail(e, EINVAL, "%s", why);
+		}
+	}
 	return 0;
 }
 
-/* Not under the lock: the thread takes it to finish its pass. */
+/* Not under a lock: the threads take them to finish their passes. */
 void vre_thread_stop(struct vre_engine *e)
 {
-	struct vre_thread *t = &e->thread;
+	uint32_t n;
+	struct vre_worker *w = vre_workers(e, &n);
 
-	if (!t->running)
+	if (!n)
 		return;
-	__atomic_store_n(&t->stop, 1, __ATOMIC_RELEASE);
-	vre_kick(e);
-	pthread_join(t->id, NULL);
-	t->running = false;
-	close(t->kick_fd);
-	__atomic_store_n(&t->kick_fd, -1, __ATOMIC_RELEASE);
+	stop_workers(e, w, n);
 	vre_unpark(e);  /* posters need not wake an engine nobody runs: the caller polls now */
 }
 
 void vre_thread_recheck(struct vre_engine *e, uint64_t period_ns)
 {
-	e->thread.recheck_ns = period_ns;
-	vre_kick(e);  /* a parked thread sleeps by the old period */
+	__atomic_store_n(&e->threads.recheck_ns, period_ns, __ATOMIC_RELEASE);
+	vre_kick(e, VRE_NO_DEVICE);  /* a parked thread sleeps by the old period */
 }
 
-void vre_thread_stats(struct vre_engine *e, struct vre_thread_stats *out)
+int vre_thread_stats(struct vre_engine *e, uint32_t thread, struct vre_thread_stats *out)
 {
-	*out = e->thread.stats;
+	uint32_t n;
+	struct vre_worker *w = vre_workers(e, &n);
+
+	if (thread != VRE_MAX_THREADS && thread >= n)
+		return -1;
+	*out = (struct vre_thread_stats){ 0 };
+	for (uint32_t k = 0; k < n; k++) {
+		const uint64_t *from = (const uint64_t *)&w[k].stats;
+		uint64_t *to = (uint64_t *)out;
+
+		if (thread != VRE_MAX_THREADS && k != thread)
+			continue;
+		for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); i++)
+			to[i] += __atomic_load_n(&from[i], __ATOMIC_RELAXED);
+	}
+	return 0;
 }
 
-/* While a caller waits for the lock, let it have it: the thread's next pass waits for it, not the other way. */
-static void step_aside(struct vre_thread *t)
+int vre_device_owner(struct vre_engine *e, uint32_t dev)
 {
-	while (__atomic_load_n(&t->waiters, __ATOMIC_ACQUIRE))
-		sched_yield();
+	if (dev >= e->ndevices || !__atomic_load_n(&e->devices[dev].open, __ATOMIC_ACQUIRE) || !vre_thread_count(e))
+		return -1;
+	return (int)__atomic_load_n(&e->devices[dev].owner, __ATOMIC_RELAXED);
 }
 
-/* One pass under the lock; the events eventfd written once for events the caller has not been told of. */
-static uint32_t pass(struct vre_engine *e)
+/* -- a thread ------------------------------------------------------------------------------------------------- */
+
+/* One pass over the thread's devices (and, for thread 0, the network); the events it produced told. */
+static uint32_t pass(struct vre_worker *w)
 {
-	struct vre_thread *t = &e->thread;
+	struct vre_engine *e = w->engine;
 	int64_t start = vre_monotonic_ns();
-	bool tell;
-	uint32_t work;
+	uint32_t work = vre_poll_owned(e, w, e->threads.config.budget);
 
-	if (pthread_mutex_trylock(&t->lock)) {
-		t->stats.lock_waits++;
-		pthread_mutex_lock(&t->lock);
-	}
-	work = vre_poll(e, t->config.budget);
-	tell = e->ev_head != e->ev_tail && !t->events_told;
-	t->events_told |= tell;
-	t->stats.passes++;
+	tell_events(e);
+	stat_add(&w->stats.passes, 1);
 	if (work) {
-		t->stats.work += work;
-		t->stats.busy_ns += (uint64_t)(vre_monotonic_ns() - start);
+		stat_add(&w->stats.work, work);
+		stat_add(&w->stats.busy_ns, (uint64_t)(vre_monotonic_ns() - start));
 	}
-	pthread_mutex_unlock(&t->lock);
-	if (tell)
-		(void)eventfd_write(t->config.events_fd, 1);
 	return work;
 }
 
-/* Parked: sleep until a kick, a packet, the next deadline or the recheck period, whichever comes first. */
-static void park_and_sleep(struct vre_engine *e)
+/*
+ * Nothing to do: take a device that had work in its last turn from a thread that had two or more such (and wake
+ * a parked thread for one, below). One at a time, so that two idle threads share a busy one's devices out.
+ */
+static bool balance(struct vre_worker *w)
 {
-	struct vre_thread *t = &e->thread;
-	struct pollfd fds[3] = { { .fd = t->kick_fd, .events = POLLIN } };
+	struct vre_engine *e = w->engine;
+	uint32_t n, hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
+	struct vre_worker *all = vre_workers(e, &n);
+
+	for (uint32_t k = 0; k < n; k++) {
+		if (k == w->index || __atomic_load_n(&all[k].busy_devices, __ATOMIC_ACQUIRE) < 2)
+			continue;
+		for (uint32_t i = 0; i < hi; i++) {
+			struct vre_device *d = &e->devices[i];
+
+			if (!__atomic_load_n(&d->open, __ATOMIC_ACQUIRE) ||
+			    __atomic_load_n(&d->owner, __ATOMIC_ACQUIRE) != k || !__atomic_load_n(&d->worked, __ATOMIC_ACQUIRE))
+				continue;
+			if (!device_trylock(d))
+				continue;
+			if (d->open && d->owner == k) {
+				__atomic_store_n(&d->owner, w->index, __ATOMIC_RELEASE);
+				__atomic_sub_fetch(&all[k].busy_devices, 1, __ATOMIC_ACQ_REL);
+				device_unlock(d);
+				stat_add(&w->stats.devices_taken, 1);
+				return true;
+			}
+			device_unlock(d);
+		}
+	}
+	return false;
+}
+
+/* A thread with two or more busy devices wakes a parked one, which may then take one (balance). */
+static void wake_idle(struct vre_worker *w)
+{
+	uint32_t n;
+	struct vre_worker *all = vre_workers(w->engine, &n);
+
+	if (__atomic_load_n(&w->busy_devices, __ATOMIC_ACQUIRE) < 2)
+		return;
+	for (uint32_t k = 0; k < n; k++) {
+		if (k != w->index && __atomic_load_n(&all[k].busy_devices, __ATOMIC_ACQUIRE) == 0) {
+			(void)eventfd_write(all[k].kick_fd, 1);
+			return;
+		}
+	}
+}
+
+/* Parked: sleep until a kick, a packet, the next deadline or the recheck period, whichever comes first. */
+static void park_and_sleep(struct vre_worker *w)
+{
+	struct vre_engine *e = w->engine;
+	struct pollfd fds[3] = { { .fd = w->kick_fd, .events = POLLIN } };
 	struct timespec wait, *timeout = NULL;
-	int64_t deadline, until = -1;
+	uint64_t recheck = __atomic_load_n(&e->threads.recheck_ns, __ATOMIC_ACQUIRE);
+	int64_t deadline, until = -1, slept;
 	nfds_t n = 1;
 	eventfd_t drained;
-	int parked, ready = -1;
-	int64_t slept;
+	int ready = -1;
 
-	pthread_mutex_lock(&t->lock);
-	parked = vre_park(e);
-	deadline = vre_next_deadline(e);
-	if (parked) {
-		t->stats.parks++;
-		if (!e->capture) {
-			for (int i = 0, fd; i < 2; i++) {
-				fd = i ? e->udp6_fd : e->rx_fd;
-				if (fd >= 0)
-					fds[n++] = (struct pollfd){ .fd = fd, .events = POLLIN };
-			}
-		}
-		if (deadline >= 0) {
-			until = deadline - vre_monotonic_ns();
-			until = until > 0 ? until : 0;  /* already due: look again at once */
-		}
-		if (t->recheck_ns && (until < 0 || (uint64_t)until > t->recheck_ns))
-			until = (int64_t)t->recheck_ns;
-	}
-	if (!parked)
-		t->stats.park_declined++;
-	pthread_mutex_unlock(&t->lock);
-	if (!parked)
+	if (!vre_park_owned(e, w)) {
+		stat_add(&w->stats.park_declined, 1);
 		return;
+	}
+	stat_add(&w->stats.parks, 1);
+	deadline = vre_next_deadline_owned(e, w);
+	if (w->index == 0 && !e->capture) {  /* the sockets do not change while threads run (vre_net_attach) */
+		for (int i = 0, fd; i < 2; i++) {
+			fd = i ? e->udp6_fd : e->rx_fd;
+			if (fd >= 0)
+				fds[n++] = (struct pollfd){ .fd = fd, .events = POLLIN };
+		}
+	}
+	if (deadline >= 0) {
+		until = deadline - vre_monotonic_ns();
+		until = until > 0 ? until : 0;  /* already due: look again at once */
+	}
+	if (recheck && (until < 0 || (uint64_t)until > recheck))
+		until = (int64_t)recheck;
 	if (until >= 0) {
 		wait = (struct timespec){ .tv_sec = until / 1000000000, .tv_nsec = until % 1000000000 };
 		timeout = &wait;
 	}
 	slept = vre_monotonic_ns();
-	if (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE))
-		ready = ppoll(fds, n, timeout, NULL);
-	t->stats.sleep_ns += (uint64_t)(vre_monotonic_ns() - slept);  /* EINTR: a signal; look again like any wake-up */
-	(void)eventfd_read(t->kick_fd, &drained);
-	pthread_mutex_lock(&t->lock);
+	if (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
+		ready = ppoll(fds, n, timeout, NULL);  /* EINTR: a signal; look again like any wake-up */
+	stat_add(&w->stats.sleep_ns, (uint64_t)(vre_monotonic_ns() - slept));
+	(void)eventfd_read(w->kick_fd, &drained);
 	if (ready == 0)
-		t->stats.woken_by_time++;
+		stat_add(&w->stats.woken_by_time, 1);
 	else if (ready > 0 && (fds[0].revents & POLLIN))
-		t->stats.woken_by_kick++;
+		stat_add(&w->stats.woken_by_kick, 1);
 	else if (ready > 0)
-		t->stats.woken_by_packet++;
-	vre_unpark(e);
-	pthread_mutex_unlock(&t->lock);
+		stat_add(&w->stats.woken_by_packet, 1);
+	vre_unpark_owned(e, w);
 }
 
-static void *engine_main(void *arg)
+static void *worker_main(void *arg)
 {
-	struct vre_engine *e = arg;
-	struct vre_thread *t = &e->thread;
+	struct vre_worker *w = arg;
 	int64_t idle_since = vre_monotonic_ns();
 
-	while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
-		uint32_t work = pass(e);
+	vre_current_ctx = &w->ctx;
+	while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+		uint32_t work = pass(w);
 		int64_t idle;
 
-		step_aside(t);
 		if (work) {
+			wake_idle(w);
+			idle_since = vre_monotonic_ns();
+			continue;
+		}
+		if (balance(w)) {
 			idle_since = vre_monotonic_ns();
 			continue;
 		}
 		idle = vre_monotonic_ns() - idle_since;
-		if (idle < (int64_t)t->config.park_after_ns) {
+		if (idle < (int64_t)w->engine->threads.config.park_after_ns) {
 			/* Idle but not parked yet: spin on the core, never yield it. A thread that yields is runnable but
 			 * not running while a busy neighbour (a TCG vCPU) has the core, for a whole time slice (ms), with
 			 * the parked flag clear, so no poster kicks it: rsockets between TCG guests crawled at ~250
@@ -211,8 +338,9 @@ static void *engine_main(void *arg)
 			__builtin_ia32_pause();
 			continue;
 		}
-		park_and_sleep(e);
+		park_and_sleep(w);
 		idle_since = vre_monotonic_ns();
 	}
+	vre_current_ctx = NULL;
 	return NULL;
 }

@@ -15,6 +15,8 @@ int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
 	if ((rx_fd < 0) != (tx_fd < 0) || (udp6_fd >= 0 && tx_fd < 0))
 		return vre_fail(e, EINVAL, "RoCE needs its IPv4 sockets (receive %d, send %d), with or without the IPv6 "
 				"one (%d), or none", rx_fd, tx_fd, udp6_fd);
+	if (vre_thread_count(e))
+		return vre_fail(e, EBUSY, "the engine's threads are running: attach the network before they start");
 	if (tx_fd >= 0 && !e->tx) {
 		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
 		if (!e->tx)
@@ -31,6 +33,8 @@ int vre_net_capture(struct vre_engine *e)
 {
 	if (e->tx_fd >= 0)
 		return vre_fail(e, EBUSY, "the engine has its sockets: no capture");
+	if (vre_thread_count(e))
+		return vre_fail(e, EBUSY, "the engine's threads are running: no capture");
 	if (!e->tx) {
 		e->tx = calloc(VRE_TX_RING, sizeof(*e->tx));
 		if (!e->tx)
@@ -49,7 +53,7 @@ uint32_t vre_net_take(struct vre_engine *e, uint8_t *buf, uint32_t room, struct 
 	p = &e->tx[e->tx_head++ % VRE_TX_RING];
 	*addr = p->addr;
 	memcpy(buf, p->data, p->len < room ? p->len : room);
-	e->net.tx_packets++;
+	net_count(&e->net.tx_packets, 1);
 	return p->len;
 }
 
@@ -75,7 +79,7 @@ VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vr
 	len = vre_roce_build(slot->data, sizeof(slot->data), &slot->addr, pkt,
 			     slot->data + roce_header_len(pkt->opcode), payload_len);
 	if (len < 0) {  /* an opcode or size the engine itself got wrong: never on the wire */
-		e->net.tx_dropped++;
+		net_count(&e->net.tx_dropped, 1);
 		return;
 	}
 	slot->len = (uint32_t)len;

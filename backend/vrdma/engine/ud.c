@@ -85,7 +85,7 @@ enum delivery { DELIVERED, NOT_TAKEN, RECEIVE_FAILED };
 static enum delivery ud_deliver(struct vre_engine *e, struct vre_device *dd, struct vre_qp *dqp,
 				const struct datagram *dg)
 {
-	struct vre_scratch *s = &e->scratch;
+	struct vre_scratch *s = &ctx(e)->scratch;
 	uint32_t rmax_sge = 0, nremote = 0;
 	uint64_t room = 0;
 	struct vre_rx rx = {};
@@ -171,13 +171,15 @@ VRE_FN void ud_send(struct vre_request *r)
 	}
 	dd = gid_route(e, av->dgid);
 	if (!dd && net_on(e) && sgid->type == VRDMA_GID_TYPE_ROCE_V2 && net_reaches(e, sgid->raw, av->dgid)) {
+		net_lock(e);
 		ud_send_remote(r, sgid, qkey);
+		net_unlock(e);
 		complete_send(e, r->d, r->qp, h, VRDMA_WC_SUCCESS, (uint32_t)r->len);
 		return;
 	}
 	dqp = dd ? datagram_target(e, dd, av->remote_qpn, qkey) : NULL;
-	memcpy(&e->scratch.datagram[1], r->local, r->nlocal * sizeof(*r->local));
-	struct datagram dg = { .sgid = sgid, .av = av, .src_qpn = r->qp->cfg.qpn, .data = &e->scratch.datagram[1],
+	memcpy(&ctx(e)->scratch.datagram[1], r->local, r->nlocal * sizeof(*r->local));
+	struct datagram dg = { .sgid = sgid, .av = av, .src_qpn = r->qp->cfg.qpn, .data = &ctx(e)->scratch.datagram[1],
 			       .ndata = r->nlocal, .len = r->len, .has_imm = r->op->flags & OP_IMM, .imm = h->imm_data,
 			       .solicited = h->send_flags & VRDMA_SEND_SOLICITED };
 
@@ -205,8 +207,8 @@ VRE_FN void ud_input(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 
 	memcpy(sender.raw, addr->src, 16);
 	memcpy(av.dgid, addr->dst, 16);
-	e->scratch.datagram[1] = (struct seg){ .buf = payload, .len = pkt->payload_len };
-	struct datagram dg = { .sgid = &sender, .av = &av, .src_qpn = pkt->src_qpn, .data = &e->scratch.datagram[1],
+	ctx(e)->scratch.datagram[1] = (struct seg){ .buf = payload, .len = pkt->payload_len };
+	struct datagram dg = { .sgid = &sender, .av = &av, .src_qpn = pkt->src_qpn, .data = &ctx(e)->scratch.datagram[1],
 			       .ndata = pkt->payload_len ? 1 : 0, .len = pkt->payload_len,
 			       .has_imm = pkt->headers & VRE_ROCE_IMM, .imm = pkt->imm, .solicited = pkt->solicited };
 

@@ -5,7 +5,7 @@
  *
  * The rooms, one job each, in layers (pyproject.toml's [tool.vrdma.engine-layers]; a file calls only files of the
  * layers below its own, and `make lint` checks it from the object files):
- *   thread.c (the engine's own thread and its lock);
+ *   thread.c (the engine's threads: passes, parking, balancing);
  *   poll.c (the loop and the per-QP scheduler), device.c (engines and devices opened and closed);
  *   net.c (every arriving packet, parsed, routed and handed to its QP);
  *   req.c (the requester to a QP of this engine), rcomp.c (the completer of a QP whose peer is on another host);
@@ -16,8 +16,10 @@
  *   mem.c (guest page lists, translation, copies), gid.c (the GID index), remote.c (a remote QP's transport
  *   state), roce.c (RoCE packets parsed and built);
  *   base.c (errors, the clock, events, doorbell slots), layout.c (the ring layouts the device accepts), wire.c (the
- *   wire opcode table), sockio.c (the sockets).
- * remote.h holds what the RoCE rooms share, wire.h the names of the wire.
+ *   wire opcode table), sockio.c (the sockets);
+ *   lock.c (the locks the threads and their callers share, each thread's context, waking a thread).
+ * remote.h holds what the RoCE rooms share, wire.h the names of the wire, threads.h the threads' and locks' types,
+ * account.h what the data path counts and charges.
  *
  * Trust: everything in guest memory (rings, WQEs, page lists, the consumer index of a CQ) and in doorbell pages
  * can change under our feet and is read once into local variables before it is checked and used. Every guest
@@ -191,7 +193,16 @@ struct vre_share {
 };
 
 struct vre_device {
-	bool open;
+	/* Its lock and what the threads read without it (thread.c); a device's opening and closing keeps them. */
+	pthread_mutex_t lock;     /* recursive */
+	uint32_t waiters;         /* atomic: callers waiting for `lock` (the owner lets them have it first) */
+	uint32_t owner;           /* atomic: the engine thread that runs it (balance() moves it) */
+	uint32_t worked;          /* atomic: its last turn did work (balance() looks for such a device to move) */
+	bool open;                /* written under every lock (atomic), read by a thread looking for its devices */
+	/* Everything from here, and everything the device holds (its objects, its guest memory), is touched only
+	 * under `lock`: its owner takes it for the device's turn, another device's thread to deliver into it, a
+	 * caller for a call. */
+	bool parked;              /* its owner parked: its doorbell pages' parked slots are set */
 	struct vre_device_limits lim;
 	uint8_t *doorbells;
 	uint64_t *db_pages_used;  /* bitmap: pages some queue took a slot of (their parked slot is kept) */
@@ -222,8 +233,8 @@ struct seg {
 	uint64_t len;
 };
 
-/* Where one WQE's execution keeps its copies: one per engine (it is single-threaded), not on the stack (tens of
- * KiB) and not function-static (two engines in one process must not share them). */
+/* Where one WQE's execution keeps its copies: one per thread that executes (struct vre_ctx), not on the stack
+ * (tens of KiB) and not function-static (two engines in one process must not share them). */
 struct vre_scratch {
 	struct send_wqe wqe;
 	struct recv_wqe rwqe;
@@ -235,25 +246,25 @@ struct vre_scratch {
 	uint8_t grh[VRDMA_GRH_SIZE];
 };
 
+/*
+ * What one thread running the engine keeps to itself: each engine thread has one (struct vre_worker), and every
+ * other caller shares the engine's own (`caller`: the event loop's thread, a fuzzer, in-process tests, whose calls
+ * never overlap). ctx(e) finds the running thread's.
+ */
+struct vre_ctx {
+	struct vre_engine *engine;
+	int64_t now;              /* the clock as the current pass read it */
+	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
+	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines */
+};
+
 /* A slot of the engine's GID index (gid.c): device `dev`'s GID `index`; dev UINT32_MAX: empty. */
 struct vre_gid_slot {
 	uint32_t dev;
 	uint32_t index;
 };
 
-/* The engine's own thread and the lock it shares with its callers (thread.c). */
-struct vre_thread {
-	pthread_mutex_t lock;     /* recursive; held by the thread for one pass, by a caller for one call (or more) */
-	pthread_t id;
-	bool running;
-	uint32_t stop;            /* atomic: the thread ends at its next pass */
-	uint32_t waiters;         /* atomic: callers waiting for the lock (the thread steps aside for them) */
-	int kick_fd;              /* eventfd: vre_kick wakes a parked thread */
-	struct vre_thread_config config;
-	uint64_t recheck_ns;
-	bool events_told;         /* events_fd was written since the caller last took events */
-	struct vre_thread_stats stats;
-};
+#include "threads.h"
 
 struct vre_engine {
 	uint32_t ndevices;                /* device slots, made once: VMs added later take a free one */
@@ -263,8 +274,6 @@ struct vre_engine {
 	uint32_t gid_mask;
 	struct vre_event events[EVENT_RING];
 	uint32_t ev_head, ev_tail;
-	bool parked;
-	int64_t now;
 	char error[256];
 	/* The network (tx.c, sockio.c): the daemon's sockets (-1: none), packets waiting to go [tx_head, tx_tail). */
 	int rx_fd, tx_fd, udp6_fd;
@@ -274,13 +283,30 @@ struct vre_engine {
 	uint32_t tx_head, tx_tail;
 	uint8_t *rx;              /* sockio.c's receive buffers */
 	struct vre_net_counters net;
-	struct vre_thread thread;
+	struct vre_threads threads;
 	struct vre_sched sched;   /* the scheduler's sizes (vre_sched_set) */
-	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
-	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines, away from the event ring */
+	struct vre_ctx caller;    /* every thread's but the engine's own (struct vre_ctx) */
+	bool caller_parked;       /* vre_park: the caller parked every device (no threads run) */
 };
 
+/* The running thread's context: an engine thread's own, or the callers' (see struct vre_ctx). Initial-exec TLS: one
+ * pointer, read with one instruction on the hot path. */
+extern __thread struct vre_ctx *vre_current_ctx __attribute__((tls_model("initial-exec")));
+
+static inline struct vre_ctx *ctx(struct vre_engine *e)
+{
+	struct vre_ctx *c = vre_current_ctx;
+
+	return c && c->engine == e ? c : &e->caller;
+}
+
 /* -- small helpers ------------------------------------------------------------------------------------------ */
+
+/* The network's counters: bumped by whichever thread sends or receives, read by the caller. */
+static inline void net_count(uint64_t *counter, uint64_t n)
+{
+	__atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
 
 static inline uint32_t load_acquire(volatile uint32_t *p)
 {
@@ -389,8 +415,8 @@ VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attri
 VRE_FN int64_t vre_monotonic_ns(void);
 VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
 VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index);
-VRE_FN volatile uint32_t *vre_db_claim(struct vre_engine *e, struct vre_device *d, uint32_t index);
-VRE_FN void vre_set_parked_flags(struct vre_engine *e, uint32_t value);
+VRE_FN volatile uint32_t *vre_db_claim(struct vre_device *d, uint32_t index);
+VRE_FN void vre_set_parked_flags(struct vre_device *d, uint32_t value);
 
 /* -- gid.c: the GID index ----------------------------------------------------------------------------------- */
 
@@ -565,9 +591,10 @@ VRE_FN int64_t rnr_wait_ns(uint32_t timer);
 /* -- req.c and resp.c: a request to a QP of this engine ----------------------------------------------------------- */
 
 /* EXEC_MORE: one piece of the message moved, the WQE stays at the head for the next. */
-enum exec { EXEC_DONE, EXEC_WAIT, EXEC_MORE };
+enum exec { EXEC_DONE, EXEC_WAIT, EXEC_MORE, EXEC_BUSY };
 
-/* One send WQE of a QP whose peer is here (or a datagram), start to finish; EXEC_WAIT: retry it later. */
+/* One send WQE of a QP whose peer is here (or a datagram), start to finish; EXEC_WAIT: retry it later; EXEC_BUSY:
+ * its destination device was another thread's or a caller's, untouched: the next pass tries again. */
 VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w);
 VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
 
@@ -582,62 +609,7 @@ static inline int64_t retry_wait_ns(const struct vre_qp *qp)
 
 VRE_FN void ud_send(struct vre_request *r);
 
-/* -- the port's data counters (struct vre_counters: tx_bytes ... rx_packets) ------------------------------------ */
-
-/* The bytes a packet carries on `qp`'s path (IB_MTU_256 = 1 ... IB_MTU_4096 = 5; unset: 1024, RoCE on Ethernet). */
-static inline uint32_t mtu_bytes(uint32_t path_mtu)
-{
-	return path_mtu >= 1 && path_mtu <= 5 ? 128u << path_mtu : 1024;
-}
-
-/* The packets a message of `len` bytes takes on `qp`'s path: what a local message counts as (one at least). */
-static inline uint64_t packets_of(const struct vre_qp *qp, uint64_t len)
-{
-	uint32_t mtu = mtu_bytes(qp->attr.path_mtu);
-
-	return len ? (len + mtu - 1) / mtu : 1;
-}
-
-/* Payload `len` that left device d's memory (tx) or came into it (rx) for `qp`'s work, in `packets` packets: the
- * device's and the QP's `bytes`, and the port's data counters, counted in one place. */
-static inline void count_tx(struct vre_device *d, struct vre_qp *qp, uint64_t len, uint64_t packets)
-{
-	d->counters.bytes += len;
-	qp->counters.bytes += len;
-	d->counters.tx_bytes += len;
-	d->counters.tx_packets += packets;
-}
-
-static inline void count_rx(struct vre_device *d, struct vre_qp *qp, uint64_t len, uint64_t packets)
-{
-	d->counters.bytes += len;
-	qp->counters.bytes += len;
-	d->counters.rx_bytes += len;
-	d->counters.rx_packets += packets;
-}
-
-/* -- the scheduler's accounting (poll.c keeps the turns; the requesters report what they moved) ------------------ */
-
-/* Bring a bucket up to date at `now`: the tokens earned since, up to its burst. */
-static inline void bucket_fill(struct vre_bucket *b, int64_t now)
-{
-	if (b->rate > 0 && now > b->at) {
-		double earned = (double)(now - b->at) * b->rate / 1e9;
-
-		b->tokens = b->tokens + earned < b->burst ? b->tokens + earned : b->burst;
-	}
-	b->at = now;
-}
-
-/* The device's limits run it again: the time they held back its work, counted. */
-static inline void share_unthrottle(struct vre_share *s, int64_t now)
-{
-	if (s->throttled_since) {
-		s->counters.throttled_ns += (uint64_t)(now - s->throttled_since);
-		s->throttled_since = 0;
-	}
-}
-
+#include "account.h"
 #include "remote.h"
 
 #pragma GCC visibility pop

@@ -115,19 +115,22 @@ class FakeEngine:
     def roce_counters(self, dev: int) -> dict[str, int]:
         return dict.fromkeys(api.ROCE_COUNTERS, 0)
 
-    # -- the engine's thread (the fake has none: the model's calls are made as they come) ---------------------------
+    # -- the engine's threads (the fake has none: the model's calls are made as they come) --------------------------
 
-    def kick(self) -> None:
+    def kick(self, dev: int = NO_DEVICE) -> None:
         self.kicks += 1
 
-    def paused(self) -> contextlib.AbstractContextManager[None]:
+    def paused(self, dev: int = NO_DEVICE) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def set_recheck(self, period_ns: int) -> None:
         self.recheck_ns = period_ns
 
-    def thread_stats(self) -> dict[str, int]:
+    def thread_stats(self, thread: int | None = None) -> dict[str, int]:
         return dict.fromkeys(api.THREAD_STATS, 0)
+
+    def device_owner(self, dev: int) -> int | None:
+        return None
 
     # -- sharing the engine (the fake moves nothing, so it keeps the settings and counts nothing) -----------------
 
