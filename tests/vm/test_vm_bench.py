@@ -31,6 +31,9 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
             "neighbour_flood_1mib_gbps", "neighbour_flood_8b_gbps", "neighbour_victim_write_p99_flood_1mib_vs_alone",
             # the engine shared: weights and a limit honoured
             "sharing_weight_1to1_ratio", "sharing_weight_3to1_ratio", "sharing_limit_rate_ratio",
+            # the engine's threads: two floods served by one and by two
+            *(f"scaling_{size}_{threads}_threads" for size in ("1mib_gbps", "8b_mops") for threads in (1, 2)),
+            "scaling_1mib_2_threads_vs_1", "scaling_8b_2_threads_vs_1",
             # NVMe over Fabrics over vrdma and rxe, and NVMe/TCP over virtio-net, in the same guests
             *(f"{name}_{io}" for name in ("vrdma_nvmeof", "rxe_nvmeof", "nvmetcp")
               for io in ("randread_4k_iops", "seqread_128k_gbps")),

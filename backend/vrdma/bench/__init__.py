@@ -35,7 +35,7 @@ from vrdma.bench.backend import (
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import interhost
 from vrdma.bench.metric import Metric, Report, write
-from vrdma.bench.neighbours import noisy_neighbour, sharing
+from vrdma.bench.neighbours import noisy_neighbour, scaling, sharing
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     results += noisy_neighbour()
     log.info("sharing the engine: two floods at weights 1:1 and 3:1, one under a byte limit (four VMs)")
     results += sharing()
+    log.info("the engine's threads: two independent floods served by one and by two engine threads (four VMs)")
+    results += scaling()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
     log.info("backend CPU while idle without the doorbell recheck: two simulated VMs with %d idle QPs",

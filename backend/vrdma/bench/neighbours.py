@@ -14,6 +14,11 @@ rather than spin (loadgen.c), so that on two cores the figures show the engine's
 `sharing` uses the same four VMs for the engine's shares: both requesters flood 1 MiB WRITEs at once for a second,
 with weights 1:1 and 3:1 set through the admin socket (the ratio of their bytes), and one flood alone under a byte
 limit (its rate against the limit).
+
+`scaling` runs the two pairs as two independent floods at once, of 1 MiB and then of 8-byte WRITEs, for a second
+each, served by one engine thread and then by two (`--engine-threads`): the aggregate bandwidth and WRITE rate, and
+what two threads make of it against one. The floods' drivers post a queue's worth at a time and sleep until it has
+drained (as drivers that wait for their completions would), so that on two cores the engine's threads have the cores.
 """
 
 from __future__ import annotations
@@ -46,15 +51,17 @@ COMMAND = "vrdma bench (noisy neighbour: four simulated VMs, native drivers)"
 SHARE_SECONDS = 1.0       # each sharing run: both floods (or the limited one) this long
 LIMIT_BYTES_PER_S = 1_000_000_000  # the limited flood's bytes-per-s ...
 LIMIT_BURST = 4 * MIB     # ... and burst (small against a second's worth, which would double the first second)
+SCALING_THREADS = (1, 2)  # engine threads serving the two floods (two pairs keep at most two threads busy)
 
 
 class Flood:
-    """The neighbour's WRITEs of `length` bytes at full depth, in a thread, from entering until leaving."""
+    """The neighbour's WRITEs of `length` bytes at full depth, in a thread, from entering until leaving (batched: the
+    queue refilled only once drained, the driver sleeping meanwhile)."""
 
-    def __init__(self, pair: NativePair, length: int) -> None:
+    def __init__(self, pair: NativePair, length: int, batched: bool = False) -> None:
         from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
 
-        self.pair, self.length = pair, length
+        self.pair, self.length, self.batched = pair, length, batched
         self.stop = nffi.new("uint32_t *", 0)
         self.result: int | None = None
         self.seconds = 0.0
@@ -65,7 +72,7 @@ class Flood:
 
         start = time.perf_counter()
         self.result = int(nlib.nat_write_flood(self.pair.queue, self.pair.cq, self.pair.write(self.length),
-                                               FLOOD_SIGNAL_EVERY, self.stop, STREAM_TIMEOUT_NS))
+                                               FLOOD_SIGNAL_EVERY, int(self.batched), self.stop, STREAM_TIMEOUT_NS))
         self.seconds = time.perf_counter() - start
 
     def __enter__(self) -> Flood:
@@ -109,11 +116,12 @@ def _quantile(samples: list[float], q: float) -> float:
 
 
 @contextmanager
-def four_vms() -> Iterator[tuple[daemon_launcher.DaemonProcess, NativePair, NativePair]]:
+def four_vms(engine_threads: int = 1) -> Iterator[tuple[daemon_launcher.DaemonProcess, NativePair, NativePair]]:
     """One backend serving vm0..vm3: the victim pair (vm1 writes into vm0) and the neighbour's (vm3 into vm2)."""
     guests = [GuestIdentity(i) for i in range(4)]
+    options = ["--engine-threads", str(engine_threads)]
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
-            daemon_launcher.for_guests(Path(tmp), guests) as daemon, ExitStack() as stack:
+            daemon_launcher.for_guests(Path(tmp), guests, options=options) as daemon, ExitStack() as stack:
         fes = [stack.enter_context(Frontend(str(socket_path(Path(tmp), g)), memory_size=64 * MIB)) for g in guests]
         victim = native_pair(Path(tmp), fes[0], fes[1], (guests[0].name, guests[1].name), FLOOD_DEPTH)
         neighbour = native_pair(Path(tmp), fes[2], fes[3], (guests[2].name, guests[3].name), FLOOD_DEPTH)
@@ -153,12 +161,12 @@ def _qos(daemon: daemon_launcher.DaemonProcess, vm: str, **settings: object) -> 
         raise RuntimeError(f"vm-qos {vm}: {reply.get('error')}")
 
 
-def _floods(pairs: list[NativePair]) -> list[float]:
-    """Every pair floods 1 MiB WRITEs at once for SHARE_SECONDS: the bytes per second each moved."""
+def _floods(pairs: list[NativePair], length: int = MIB, batched: bool = False) -> list[float]:
+    """Every pair floods `length`-byte WRITEs at once for SHARE_SECONDS: the WRITEs per second each moved."""
     with ExitStack() as stack:
-        floods = [stack.enter_context(Flood(pair, MIB)) for pair in pairs]
+        floods = [stack.enter_context(Flood(pair, length, batched)) for pair in pairs]
         time.sleep(SHARE_SECONDS)  # the measurement's length, not a wait for readiness
-    return [(flood.result or 0) * MIB / flood.seconds for flood in floods]
+    return [(flood.result or 0) / flood.seconds for flood in floods]
 
 
 def sharing() -> list[Metric]:
@@ -170,10 +178,28 @@ def sharing() -> list[Metric]:
         for weights in ((100, 100), (300, 100)):
             _qos(daemon, first, weight=weights[0])
             _qos(daemon, second, weight=weights[1])
-            rates = _floods([victim, neighbour])
+            rates = _floods([victim, neighbour])  # (of WRITEs of one size: their ratio is the bytes')
             name = f"sharing_weight_{weights[0] // 100}to{weights[1] // 100}_ratio"
             results.append(Metric(name, round(rates[0] / rates[1], 3), "x", COMMAND))
         _qos(daemon, first, weight=100, **{"bytes-per-s": LIMIT_BYTES_PER_S, "bytes-burst": LIMIT_BURST})
         (rate,) = _floods([victim])
-        results.append(Metric("sharing_limit_rate_ratio", round(rate / LIMIT_BYTES_PER_S, 3), "x", COMMAND))
+        results.append(Metric("sharing_limit_rate_ratio", round(rate * MIB / LIMIT_BYTES_PER_S, 3), "x", COMMAND))
+    return results
+
+
+def scaling() -> list[Metric]:
+    """Two independent floods at once, served by 1 and by 2 engine threads: aggregate 1 MiB bandwidth and 8-byte
+    WRITE rate, and two threads' figure over one's."""
+    figures: dict[tuple[str, int], float] = {}
+    for threads in SCALING_THREADS:
+        with four_vms(engine_threads=threads) as (_, victim, neighbour):
+            figures["1mib", threads] = sum(_floods([victim, neighbour], MIB, batched=True)) * MIB / 1e9
+            figures["8b", threads] = sum(_floods([victim, neighbour], 8, batched=True)) / 1e6
+    results: list[Metric] = []
+    for size, unit, name in (("1mib", "GB/s", "gbps"), ("8b", "M/s", "mops")):
+        for threads in SCALING_THREADS:
+            results.append(Metric(f"scaling_{size}_{name}_{threads}_threads", round(figures[size, threads], 3),
+                                  unit, COMMAND))
+        results.append(Metric(f"scaling_{size}_2_threads_vs_1", round(figures[size, 2] / figures[size, 1], 3), "x",
+                              COMMAND))
     return results

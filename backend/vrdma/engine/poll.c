@@ -146,6 +146,7 @@ static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t
 	s->deficit += turn_worth(e, d);
 	for (k = 0; k < n && s->deficit > 0; k++)
 		work += qp_poll(e, d, d->active[(s->next + k) % n], budget);
+	release_destination(e);
 	s->next = (s->next + k) % n;
 	if (s->deficit > 0)
 		s->deficit = 0;

@@ -150,23 +150,45 @@ static struct vre_device *destination(struct vre_engine *e, struct vre_qp *qp, c
  * delivering into each other's devices would wait for each other). */
 #define DESTINATION_TRIES 64
 
-VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w)
+/*
+ * The destination device locked for this WQE: kept locked for the next WQEs of the turn that go there too (one lock
+ * a turn, not one a WQE; release_destination ends it with the turn), false if another thread or a caller has it.
+ */
+static bool hold_destination(struct vre_engine *e, struct vre_device *dd)
 {
-	struct vre_device *dd = destination(e, qp, w);
-	enum exec x;
+	struct vre_ctx *c = ctx(e);
 
-	if (!dd || dd == d)
-		return execute(e, d, qp, w);
+	if (c->held == dd)
+		return true;
+	release_destination(e);
 	for (uint32_t tries = 0;; tries++) {
 		if (!__atomic_load_n(&dd->waiters, __ATOMIC_ACQUIRE) && device_trylock(dd))
 			break;
-		if (tries == DESTINATION_TRIES) {
-			ctx(e)->moved = 0;
-			return EXEC_BUSY;  /* the WQE stays at the head: the next pass tries again */
-		}
+		if (tries == DESTINATION_TRIES)
+			return false;
 		__builtin_ia32_pause();
 	}
-	x = execute(e, d, qp, w);
-	device_unlock(dd);
-	return x;
+	c->held = dd;
+	return true;
+}
+
+VRE_FN void release_destination(struct vre_engine *e)
+{
+	struct vre_ctx *c = ctx(e);
+
+	if (c->held) {
+		device_unlock(c->held);
+		c->held = NULL;
+	}
+}
+
+VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w)
+{
+	struct vre_device *dd = destination(e, qp, w);
+
+	if (dd && dd != d && !hold_destination(e, dd)) {
+		ctx(e)->moved = 0;
+		return EXEC_BUSY;  /* the WQE stays at the head: the next pass tries again */
+	}
+	return execute(e, d, qp, w);
 }

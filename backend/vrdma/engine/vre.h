@@ -255,6 +255,7 @@ struct vre_ctx {
 	struct vre_engine *engine;
 	int64_t now;              /* the clock as the current pass read it */
 	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
+	struct vre_device *held;  /* another device it holds the lock of for this turn (req.c's destination) */
 	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines */
 };
 
@@ -596,6 +597,8 @@ enum exec { EXEC_DONE, EXEC_WAIT, EXEC_MORE, EXEC_BUSY };
 /* One send WQE of a QP whose peer is here (or a datagram), start to finish; EXEC_WAIT: retry it later; EXEC_BUSY:
  * its destination device was another thread's or a caller's, untouched: the next pass tries again. */
 VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w);
+/* The destination device execute_send kept locked, unlocked: at the end of every turn. */
+VRE_FN void release_destination(struct vre_engine *e);
 VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
 
 /* -- ud.c -------------------------------------------------------------------------------------------------- */

@@ -174,11 +174,12 @@ class DaemonProcess(Managed):
 
 
 def for_guests(directory: Path, identities: list[GuestIdentity], *, detach: bool = False,
-               test_hooks: bool = False) -> DaemonProcess:
-    """The daemon as the harness runs it for booted guests: one socket per guest where QEMU looks for it."""
+               test_hooks: bool = False, options: list[str] | None = None) -> DaemonProcess:
+    """The daemon as the harness runs it for booted guests: one socket per guest where QEMU looks for it;
+    ``options``: further `vrdma backend` options (``--engine-threads N``)."""
     return DaemonProcess([Served(i.name, socket_path(directory, i), i.mac) for i in identities],
                          log_file=directory / "backend.log", admin_socket=directory / "backend" / "admin.sock",
-                         doorbell_dir=directory / "backend", test_hooks=test_hooks, detach=detach)
+                         doorbell_dir=directory / "backend", test_hooks=test_hooks, detach=detach, options=options)
 
 
 def admin(daemon: DaemonProcess, request: dict[str, object]) -> dict[str, object]:

@@ -125,19 +125,24 @@ int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct na
  * A neighbour's flood: its queue kept full of WRITEs until told to stop. With the queue full and nothing to take
  * from the CQ it sleeps 20 us rather than spin, so that on a machine of few cores the flood costs the engine's
  * work, not a core of its own (a guest's vCPU is its own core; here the flood shares them with the backend).
+ * `batched`: the queue filled only once it has drained, a batch at a time, the driver sleeping in between (a
+ * driver that waits for its completions, leaving the cores to the engine's threads).
  */
 int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t signal_every,
-			volatile uint32_t *stop, int64_t timeout_ns)
+			uint32_t batched, volatile uint32_t *stop, int64_t timeout_ns)
 {
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)(uintptr_t)q->ring_hdr;
 	uint32_t first = q->prod;
 	int64_t deadline = now_ns() + timeout_ns;
+	uint32_t filling = 0;
 	uint8_t status;
 
 	while (!__atomic_load_n(stop, __ATOMIC_ACQUIRE)) {
+		uint32_t room = q->depth - (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE));
 		int took = 0;
 
-		if (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) < q->depth) {
+		if (room && (!batched || filling || room == q->depth)) {
+			filling = room > 1;
 			post_write(q, w, (q->prod - first + 1) % signal_every == 0);
 			continue;
 		}
