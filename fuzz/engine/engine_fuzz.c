@@ -26,11 +26,11 @@
  *
  * Built with FUZZ_ENGINE_THREAD (build/fuzz/engine_threads_fuzz, ThreadSanitizer instead of ASan and UBSan), the
  * engine runs two threads for each input, as the backend runs them (one VM each to start with: a WRITE from one VM
- * into the other is one thread delivering into the other's device), and the harness makes every operation under
- * every lock of the engine's (vre_lock), as the backend's event loop makes its calls: the guest's writes too (the
- * engine reads guest memory only under its device's lock, so a race ThreadSanitizer reports is one between the
- * engine's threads, or between them and their callers, not the guest's by design). op_poll's own polls then run
- * between the threads' passes.
+ * into the other is one thread delivering into the other's device), and the harness makes each operation under the
+ * lock the backend's event loop would take for it: its VM's device lock (vre_lock_device), every lock for what
+ * concerns the whole engine (engine_wide): the guest's writes too (the engine reads a VM's memory only under that
+ * VM's device lock, so a race ThreadSanitizer reports is one between the engine's threads, or between them and their
+ * callers, not the guest's by design). op_poll's own polls then run between the threads' passes.
  *
  * Beyond the sanitizers the harness asserts what the engine promises its caller: return codes are 0 or a negative
  * errno, its error message is a terminated string, events name a device that exists, a QP is in the state it was
@@ -452,6 +452,13 @@ static const op_fn ops[] = {
 };
 #define OP_COUNT (sizeof(ops) / sizeof(ops[0]))
 
+/* What the backend makes a call about the whole engine (vrdma.engine.native's _ENGINE_WIDE, and its own polls and
+ * packets): under every lock; anything else under the lock of its VM's device only, as the backend's calls are. */
+static bool engine_wide(op_fn op)
+{
+	return op == op_poll || op == op_park || op == op_reset || op == op_gid_set || op == op_roce;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in in = { data, size };
@@ -482,11 +489,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #endif
 	for (uint32_t n = 0; n < MAX_OPS && in.left; n++) {
 		uint8_t b = u8(&in);
+		op_fn op = ops[b % OP_COUNT];
+		uint32_t dev = (b / OP_COUNT) & 1, locked = engine_wide(op) ? VRE_NO_DEVICE : dev;
 
-		vre_lock(e);
-		ops[b % OP_COUNT](&in, e, (b / OP_COUNT) & 1);
+		vre_lock_device(e, locked);  /* VRE_NO_DEVICE: every lock (vre_lock) */
+		op(&in, e, dev);
 		CHECK(strnlen(vre_error(e), 256) < 256);
-		vre_unlock(e);
+		vre_unlock_device(e, locked);
 #ifdef FUZZ_ENGINE_THREAD
 		vre_kick(e, VRE_NO_DEVICE);  /* as a guest's wake-up would: a parked thread looks again */
 #endif

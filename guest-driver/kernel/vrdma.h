@@ -6,6 +6,8 @@
 #include <linux/completion.h>
 #include <linux/mutex.h>
 #include <linux/pci.h>
+#include <linux/rwsem.h>
+#include <linux/semaphore.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
 #include <linux/xarray.h>
@@ -19,6 +21,17 @@
 #define VRDMA_EVENT_BUFFERS 16
 #define VRDMA_NUM_STATS 16		/* the port's counters (QUERY_COUNTERS), a QP counter's too */
 #define VRDMA_NUM_QP_STATS 6		/* a QP's (QUERY_QP_COUNTERS) */
+
+#define VRDMA_CMD_SLOTS 8	/* commands in flight at once, at most */
+
+/* One command's buffers and state (vrdma_cmd.c). */
+struct vrdma_cmd_slot {
+	void *buf;			/* request, then response: PAGE_SIZE, kmalloc'd (DMA-able) */
+	struct completion done;		/* the device gave it back, or the device was lost */
+	unsigned int used_len;
+	bool busy;			/* a command holds it (ctrl_lock) */
+	bool answered;			/* the device gave it back (ctrl_lock) */
+};
 
 struct vrdma_dev {
 	struct ib_device ib_dev;	/* first: allocated by ib_alloc_device() */
@@ -34,12 +47,13 @@ struct vrdma_dev {
 	struct xarray qps;
 	struct xarray srqs;
 
-	/* Command channel: one command in flight, serialized by cmd_lock. */
-	struct mutex cmd_lock;
-	struct completion cmd_done;
-	spinlock_t ctrl_lock;		/* ctrl_vq access from process and interrupt context */
-	u32 cmd_seq;
-	void *cmd_buf;			/* request, then response: PAGE_SIZE, kmalloc'd (DMA-able) */
+	/* Command channel: up to VRDMA_CMD_SLOTS commands in flight at once, each in a slot of its own. */
+	struct rw_semaphore cmd_rwsem;	/* commands hold it shared; recovery exclusive, to reset with none in flight */
+	struct semaphore cmd_free;	/* the free slots, counted */
+	struct vrdma_cmd_slot cmd_slots[VRDMA_CMD_SLOTS];
+	unsigned int cmd_polling;	/* commands polling the used ring with its interrupt off (ctrl_lock) */
+	spinlock_t ctrl_lock;		/* ctrl_vq and the slots' state, from process and interrupt context */
+	atomic_t cmd_seq;
 	bool broken;			/* a timed-out command leaves the queue unusable */
 	bool lost;			/* the device forgot our objects: commands fail, the driver probes again */
 	/*
@@ -213,6 +227,7 @@ static inline struct vrdma_dev *to_vdev(struct ib_device *ibdev)
 int vrdma_cmd_init(struct vrdma_dev *dev);
 void vrdma_cmd_fini(struct vrdma_dev *dev);
 void vrdma_cmd_vq_done(struct virtqueue *vq);
+void vrdma_cmd_wake_all(struct vrdma_dev *dev);
 int vrdma_cmd_exec(struct vrdma_dev *dev, void *req, size_t req_len, void *resp, size_t resp_len);
 
 void vrdma_device_lost(struct vrdma_dev *dev, const char *why);

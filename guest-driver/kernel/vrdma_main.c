@@ -78,10 +78,10 @@ static void vrdma_recover(struct work_struct *work)
 		 * the driver can complete what they hold (flushed) without racing a device that might still be alive
 		 * (a command timeout). The kernel's RDMA users then see their work end before they tear down.
 		 */
-		mutex_lock(&dev->cmd_lock);
+		down_write(&dev->cmd_rwsem);  /* every command in flight has given up (vrdma_cmd_wake_all) */
 		virtio_reset_device(vdev);
 		WRITE_ONCE(dev->quiesced, true);
-		mutex_unlock(&dev->cmd_lock);
+		up_write(&dev->cmd_rwsem);
 		schedule_work(&dev->kflush_work);
 	}
 	if (dev && dev->registered) {
@@ -108,7 +108,7 @@ void vrdma_device_lost(struct vrdma_dev *dev, const char *why)
 	if (xchg(&dev->lost, true))
 		return;
 	dev_err(&dev->vdev->dev, "device lost: %s; reporting it fatal and probing again\n", why);
-	complete(&dev->cmd_done);	/* a command waiting for the old device gives up now */
+	vrdma_cmd_wake_all(dev);	/* a command waiting for the old device gives up now */
 	rec = kzalloc(sizeof(*rec), GFP_ATOMIC);
 	if (!rec) {
 		dev_err(&dev->vdev->dev, "no memory to recover: unbind and bind the driver by hand\n");

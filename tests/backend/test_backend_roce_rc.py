@@ -43,16 +43,23 @@ def gid_of(host: Host) -> bytes:
 
 
 class Pair:
-    """Two backends on two hosts, one simulated VM each (vm0 on h0, vm1 on h1), an RC QP on each."""
+    """Two backends on two hosts, one simulated VM each (vm0 on h0, vm1 on h1), an RC QP on each. With two engine
+    threads each backend serves an idle VM first, so that the VM under test runs on thread 1 while thread 0 receives
+    its packets (and wakes thread 1 for what they leave it to do)."""
 
-    def __init__(self, fabric: HostNetwork, directory: Path, gids: list[bytes] | None = None) -> None:
-        self.backends = [BackendProcess(directory / f"h{i}", names=(f"vm{i}",), host=fabric[i]) for i in range(2)]
+    def __init__(self, fabric: HostNetwork, directory: Path, gids: list[bytes] | None = None,
+                 engine_threads: int = 1) -> None:
+        names = [(f"idle{i}", f"vm{i}") if engine_threads > 1 else (f"vm{i}",) for i in range(2)]
+        self.backends = [BackendProcess(directory / f"h{i}", names=names[i], host=fabric[i],
+                                        options=["--engine-threads", str(engine_threads)]) for i in range(2)]
         self.gids = gids or [gid_of(fabric[0]), gid_of(fabric[1])]
         self.fes = [b.frontend(f"vm{i}") for i, b in enumerate(self.backends)]
         for fe in self.fes:
             fe.__enter__()
         self.sides = [start_side(fe, b, f"vm{i}", self.gids[i], MR_SIZE)
                       for i, (fe, b) in enumerate(zip(self.fes, self.backends, strict=True))]
+        for i, backend in enumerate(self.backends):
+            assert backend.counters(f"vm{i}")["engine_thread"] == engine_threads - 1
 
     def connect(self, **attrs: Any) -> tuple[SimSide, SimSide]:
         a, b = self.sides
@@ -76,9 +83,9 @@ def fabric() -> Iterator[HostNetwork]:
         yield hosts
 
 
-@pytest.fixture
-def pair(fabric: HostNetwork, tmp_path: Path) -> Iterator[Pair]:
-    p = Pair(fabric, tmp_path)
+@pytest.fixture(params=[1, 2], ids=["one engine thread", "two engine threads"])
+def pair(request: pytest.FixtureRequest, fabric: HostNetwork, tmp_path: Path) -> Iterator[Pair]:
+    p = Pair(fabric, tmp_path, engine_threads=request.param)
     try:
         yield p
     finally:

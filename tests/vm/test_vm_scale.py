@@ -66,3 +66,19 @@ def test_creating_qps_until_the_device_limit_ends_in_enomem(guest: Cluster) -> N
     after = vm_counters(guest.backend, "vm0")
     assert after["objects"] == before["objects"] and after["doorbell_pages"] == []
     print(f"{result['created']} RC QPs created in {result['create_s']:.1f} s, then ENOMEM")
+
+
+def test_processes_creating_qps_at_once_have_commands_in_flight_together(guest: Cluster) -> None:
+    """Four processes create and destroy 200 QPs each at the same time: every QP is made and given back, and the
+    device found several of their commands waiting at once (vrdma.ko no longer runs one command at a time)."""
+    assert guest.backend is not None
+    before = vm_counters(guest.backend, "vm0")
+    result = guest[0].run(["/bin/sh", "-c", 'for i in 1 2 3 4; do python3 -c "$QP_SCALE" rate vrdma0 200 '
+                           '> /tmp/qp_rate.$i & done; wait; cat /tmp/qp_rate.1 /tmp/qp_rate.2 /tmp/qp_rate.3 '
+                           '/tmp/qp_rate.4'], env=[f"QP_SCALE={QP_SCALE}"], timeout=900).check("4 x qp_scale rate")
+    runs = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert len(runs) == 4 and all(run["qps"] == 200 for run in runs), runs
+    after = vm_counters(guest.backend, "vm0")
+    assert after["objects"] == before["objects"]
+    assert after["by_opcode"]["CREATE_QP"] - before["by_opcode"]["CREATE_QP"] == 800
+    assert after["commands_at_once_max"] >= 2, after["commands_at_once_max"]

@@ -175,7 +175,8 @@ class VmEndpoint:
                                "shared_memory_maps": conn.shared_memory_maps if conn is not None else 0,
                                "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
                                "device_resets": self.transport.device_resets},
-                "command_time_us": self.transport.command_time()}
+                "command_time_us": self.transport.command_time(),
+                "commands_at_once_max": self.transport.commands_at_once_max}
 
     def close(self, reason: str) -> None:
         if self.connection is not None:

@@ -71,6 +71,9 @@ class VirtioRdmaTransport:
         self.started: set[int] = set()
         self.device_resets = 0  # every queue stopped while connected: the driver reset the device
         self.command_ns: collections.deque[int] = collections.deque(maxlen=COMMAND_TIME_SAMPLES)
+        # The most commands one look at the control queue found waiting: more than one means the driver had several
+        # in flight at once (vrdma.ko keeps up to VRDMA_CMD_SLOTS).
+        self.commands_at_once_max = 0
         rdma.on_event = self.deliver_events  # events of the data engine arrive between kicks
 
     def device_features(self) -> int:
@@ -148,6 +151,7 @@ class VirtioRdmaTransport:
             self.command_ns.append(time.perf_counter_ns() - started)
             done += 1
         if done:
+            self.commands_at_once_max = max(self.commands_at_once_max, done)
             device.notify(CONTROL)
 
     def command_time(self) -> dict[str, float]:

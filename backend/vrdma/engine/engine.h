@@ -348,7 +348,8 @@ void vre_unlock(struct vre_engine *e);
 void vre_lock_device(struct vre_engine *e, uint32_t dev);  /* dev out of range: as vre_lock */
 void vre_unlock_device(struct vre_engine *e, uint32_t dev);
 /* Wake the parked thread that owns `dev` (a guest's wake-up; new deadlines or limits), or every thread
- * (VRE_NO_DEVICE): from any thread, no lock. */
+ * (VRE_NO_DEVICE): no lock. It, vre_thread_stats and vre_device_owner are called from the thread that starts and
+ * stops the threads (the threads' array is freed when they stop). */
 void vre_kick(struct vre_engine *e, uint32_t dev);
 /* While parked, look at the doorbells at least every period_ns even unwoken (0: only when woken). */
 void vre_thread_recheck(struct vre_engine *e, uint64_t period_ns);

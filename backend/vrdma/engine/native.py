@@ -324,7 +324,7 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _under_lock(method: _Method) -> _Method:
-    if list(inspect.signature(method).parameters)[1:2] == ["dev"]:
+    if list(inspect.signature(method).parameters)[1:2] == ["dev"] and method.__name__ not in _ENGINE_WIDE:
         @functools.wraps(method)
         def device_locked(self: Engine, dev: int, *args: Any, **kwargs: Any) -> Any:
             lib.vre_lock_device(self._e, dev)
@@ -346,7 +346,9 @@ def _under_lock(method: _Method) -> _Method:
 
 # Every call into the engine from the event loop's thread, under the lock of the device it is about (a method whose
 # first argument is `dev`) or every lock; not the threads' own controls, nor take_events (the event ring has a lock
-# of its own, engine.h).
+# of its own, engine.h). A device opened or closed, or a GID set, changes what every thread reads (the devices in
+# use, the GID index every thread routes by): every lock, though they name a device.
+_ENGINE_WIDE = {"open_device", "close_device", "set_gid"}
 _UNLOCKED = {"start_threads", "stop_threads", "kick", "paused", "set_recheck", "thread_stats", "device_owner",
              "take_events", "threaded"}
 for _name, _method in list(vars(Engine).items()):

@@ -47,12 +47,7 @@ static int roce_deliver(struct vre_engine *e, struct vre_device *d, const struct
 
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
 {
-	int ret = roce_input(e, udp_payload, len, addr);
-
-	net_lock(e);
-	net_assert(e);
-	net_unlock(e);
-	return ret;
+	return roce_input(e, udp_payload, len, addr);
 }
 
 static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
@@ -81,7 +76,11 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 	net_lock(e);
 	err = d->open ? roce_deliver(e, d, &pkt, udp_payload, addr) : -ENOENT;
 	net_unlock(e);
+	net_assert(d);
 	device_unlock(d);
+	/* What it did may be the owner's to carry on (a resend after a NAK, a retry after an RNR, a moderated CQ's
+	 * event, READ responses the transmit ring had no room for): wake it if it sleeps. */
+	vre_kick_sleeping(e, dev_index(e, d));
 	return err;
 }
 

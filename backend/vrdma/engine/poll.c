@@ -221,7 +221,6 @@ static void flush_network(struct vre_engine *e)
 	net_lock(e);
 	if (e->tx_tail != e->tx_head)
 		sock_send(e);
-	net_assert(e);
 	net_unlock(e);
 }
 
@@ -230,7 +229,8 @@ VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint3
 	uint32_t work = 0, busy = 0, hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
 
 	ctx(e)->now = engine_clock(e);
-	if ((!w || w->index == 0) && net_on(e) && !e->capture)
+	/* thread 0 receives; a caller only while no thread runs */
+	if ((w ? w->index == 0 : !vre_thread_count(e)) && net_on(e) && !e->capture)
 		work += sock_recv(e, budget, vre_roce_input);
 	for (uint32_t round = 0; round < 2; round++) {
 		for (uint32_t i = 0; i < hi; i++) {
@@ -243,6 +243,7 @@ VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint3
 				done = device_turn(e, d, budget);
 				if (round == 0)
 					cq_timers(e, d);
+				net_assert(d);
 			}
 			device_unlock(d);
 			if (round == 0) {
@@ -441,14 +442,17 @@ VRE_FN void vre_unpark_owned(struct vre_engine *e, struct vre_worker *w)
 	}
 }
 
+/* The caller's parking: nothing while the engine's threads run (each parks its own devices; a caller's flags would
+ * undo theirs). */
 int vre_park(struct vre_engine *e)
 {
-	return vre_park_owned(e, NULL);
+	return vre_thread_count(e) ? 0 : vre_park_owned(e, NULL);
 }
 
 void vre_unpark(struct vre_engine *e)
 {
-	vre_unpark_owned(e, NULL);
+	if (!vre_thread_count(e))
+		vre_unpark_owned(e, NULL);
 }
 
 uint32_t vre_take_events(struct vre_engine *e, struct vre_event *out, uint32_t max)

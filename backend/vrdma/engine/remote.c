@@ -164,17 +164,22 @@ VRE_FN const char *net_check(const struct vre_qp *qp)
 	return NULL;
 }
 
-/* The fuzz and sanitizer builds (-DVRE_CHECK_INVARIANTS) check the invariants after every poll and every packet
- * and abort on the first broken one, naming it: a state that went wrong is caught where it went wrong. */
-VRE_FN void net_assert(struct vre_engine *e)
+/* The fuzz and sanitizer builds (-DVRE_CHECK_INVARIANTS) check the invariants of a device after its every turn and
+ * every packet it took (under its lock: another thread may be changing any other device meanwhile) and abort on the
+ * first broken one, naming it: a state that went wrong is caught where it went wrong. */
+VRE_FN void net_assert(struct vre_device *d)
 {
 #ifdef VRE_CHECK_INVARIANTS
-	if (vre_check(e)) {
-		fprintf(stderr, "vrdma engine: invariant broken: %s\n", e->error);
-		abort();
+	for (uint32_t j = 0; d->open && j < d->nactive; j++) {
+		const char *broken = net_check(d->active[j]);
+
+		if (broken) {
+			fprintf(stderr, "vrdma engine: invariant broken: QP %#x: %s\n", d->active[j]->cfg.qpn, broken);
+			abort();
+		}
 	}
 #else
-	(void)e;
+	(void)d;
 #endif
 }
 

@@ -172,8 +172,9 @@ VRE_FN uint32_t responder_poll(struct vre_engine *e, struct vre_device *d, struc
 VRE_FN void responder_flush(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp);
 /* The transport state's invariants (remote.c): NULL, or the first one a QP breaks. */
 VRE_FN const char *net_check(const struct vre_qp *qp);
-/* With VRE_CHECK_INVARIANTS (the fuzz and sanitizer builds): vre_check, and abort naming what broke. */
-VRE_FN void net_assert(struct vre_engine *e);
+/* With VRE_CHECK_INVARIANTS (the fuzz and sanitizer builds): net_check over the device's QPs (under its lock), and
+ * abort naming what broke. */
+VRE_FN void net_assert(struct vre_device *d);
 /* What arrives from the network goes to `input` (vre_roce_input), one UDP payload at a time. */
 typedef int (*vre_input_fn)(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len,
 			    const struct vre_roce_addr *addr);

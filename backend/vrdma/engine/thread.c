@@ -253,7 +253,8 @@ static void wake_idle(struct vre_worker *w)
 	if (__atomic_load_n(&w->busy_devices, __ATOMIC_ACQUIRE) < 2)
 		return;
 	for (uint32_t k = 0; k < n; k++) {
-		if (k != w->index && __atomic_load_n(&all[k].busy_devices, __ATOMIC_ACQUIRE) == 0) {
+		if (k != w->index && __atomic_load_n(&all[k].sleeping, __ATOMIC_ACQUIRE) &&
+		    __atomic_exchange_n(&all[k].sleeping, 0, __ATOMIC_ACQ_REL)) {  /* one kick per sleep */
 			(void)eventfd_write(all[k].kick_fd, 1);
 			return;
 		}
@@ -296,8 +297,10 @@ static void park_and_sleep(struct vre_worker *w)
 		timeout = &wait;
 	}
 	slept = vre_monotonic_ns();
+	__atomic_store_n(&w->sleeping, 1, __ATOMIC_RELEASE);
 	if (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
 		ready = ppoll(fds, n, timeout, NULL);  /* EINTR: a signal; look again like any wake-up */
+	__atomic_store_n(&w->sleeping, 0, __ATOMIC_RELEASE);
 	stat_add(&w->stats.sleep_ns, (uint64_t)(vre_monotonic_ns() - slept));
 	(void)eventfd_read(w->kick_fd, &drained);
 	if (ready == 0)

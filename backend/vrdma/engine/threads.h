@@ -19,6 +19,7 @@ struct vre_worker {
 	int kick_fd;              /* eventfd: vre_kick wakes it when parked */
 	int32_t cpu;              /* the CPU it is pinned to, -1: any */
 	uint32_t busy_devices;    /* atomic: devices that had work in its last pass (what balance() looks at) */
+	uint32_t sleeping;        /* atomic: parked and asleep (wake_idle kicks only such a thread) */
 	struct vre_thread_stats stats;  /* its own; read (racily, they are statistics) by vre_thread_stats */
 	struct vre_ctx ctx;
 };
@@ -48,6 +49,7 @@ VRE_FN void gid_unlock(struct vre_engine *e);
 VRE_FN void events_lock(struct vre_engine *e);
 VRE_FN void events_unlock(struct vre_engine *e);
 VRE_FN uint32_t vre_new_owner(struct vre_engine *e, uint32_t dev);
+VRE_FN void vre_kick_sleeping(struct vre_engine *e, uint32_t dev);
 /* A pass, parking, unparking and the next deadline over thread w's devices, or every device (w NULL). */
 VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint32_t budget);
 VRE_FN int vre_park_owned(struct vre_engine *e, struct vre_worker *w);
