@@ -140,8 +140,9 @@ def _cmd_admin(args: argparse.Namespace) -> int:
             print("  ".join(str(cell).ljust(width) for cell, width in zip(cells, widths, strict=True)) + f"  {last}")
     elif args.vm_action == "qos":
         q = reply["qos"]
-        limits = [f"{key} {q[key]}" for key in QOS_KEYS if key != "weight" and q[key]]
-        print(f"{args.name}: weight {q['weight']}, {', '.join(limits) or 'no limits'}; throttled "
+        limits = [f"{key} {q[key]}" for key in QOS_KEYS if key not in ("weight", "latency") and q[key]]
+        print(f"{args.name}: weight {q['weight']}, latency {q['latency']}, {', '.join(limits) or 'no limits'}; "
+              f"throttled "
               f"{q['throttled_ns'] / 1e9:.3f} s, {q['deferred_bytes']} bytes deferred, {q['turns']} turns")
     elif args.vm_action == "add":
         vm = reply["vm"]
@@ -160,6 +161,9 @@ def _qos_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bytes-burst", metavar="BYTES", help="bytes it may save up (0: one second's worth)")
     parser.add_argument("--wrs-per-s", metavar="RATE", help="work requests per second, at most (0: no limit)")
     parser.add_argument("--wrs-burst", metavar="N", help="work requests it may save up (0: one second's worth)")
+    parser.add_argument("--latency", choices=["normal", "low"],
+                        help="latency class: low gives the VM a look between every other VM's turns (its small "
+                             "messages wait for at most a piece of another VM's), normal (the default) a turn a round")
 
 
 def _cmd_libvirt_hook(args: argparse.Namespace) -> int:

@@ -327,8 +327,9 @@ static void op_poll(struct in *in, struct vre_engine *e, uint32_t dev)
 
 	if (how & 0x40) {
 		/* The VM's share changes first (from the bits the budget leaves, so the input format is as it was): a
-		 * weight, and with the top bit limits small enough to hold it back. */
+		 * weight, the latency class, and with the top bit limits small enough to hold it back. */
 		struct vre_qos qos = { .weight = 1 + (uint32_t)(how & 0x3f) * 16 % VRE_MAX_WEIGHT,
+				       .latency = how & 8 ? VRE_LATENCY_LOW : VRE_LATENCY_NORMAL,
 				       .bytes_per_s = how & 0x80 ? 1ull << (how & 31) : 0,
 				       .wrs_per_s = (how & 0xa0) == 0xa0 ? 1000 : 0, .wrs_burst = how & 7 };
 

@@ -224,9 +224,11 @@ def test_a_vms_qos_is_set_when_added_and_changed_at_run_time(backend: BackendPro
     added = admin("vm", "add", "vm5", "--socket-path", "vm5.sock", "--weight", "50", "--bytes-per-s", "1G")
     assert added.returncode == 0, added
     shown = admin("vm", "qos", "vm5")
-    assert shown.returncode == 0 and "vm5: weight 50, bytes-per-s 1000000000; throttled 0.000 s" in shown.stdout, shown
-    changed = admin("vm", "qos", "vm5", "--weight", "300", "--bytes-per-s", "0", "--wrs-per-s", "2Mi")
-    assert changed.returncode == 0 and "vm5: weight 300, wrs-per-s 2097152;" in changed.stdout, changed
+    assert shown.returncode == 0 and "vm5: weight 50, latency normal, bytes-per-s 1000000000; throttled 0.000 s" \
+        in shown.stdout, shown
+    changed = admin("vm", "qos", "vm5", "--weight", "300", "--bytes-per-s", "0", "--wrs-per-s", "2Mi", "--latency",
+                    "low")
+    assert changed.returncode == 0 and "vm5: weight 300, latency low, wrs-per-s 2097152;" in changed.stdout, changed
     for argv, reason in ((("--weight", "0"), "weight must be 1 to 1000"),
                          (("--bytes-burst", "lots"), "bytes-burst must be a whole number or a quantity")):
         refused = admin("vm", "qos", "vm5", *argv)
@@ -234,7 +236,10 @@ def test_a_vms_qos_is_set_when_added_and_changed_at_run_time(backend: BackendPro
     assert backend.admin_ask("vm-qos", name="vm5", share=3)["error"].startswith("vm-qos: unknown field(s) share")
     assert "no VM named 'vm9'" in backend.admin_ask("vm-qos", name="vm9")["error"]
     qos = backend.admin_ask("counters")["vms"]["vm5"]["qos"]
-    assert (qos["weight"], qos["bytes-per-s"], qos["wrs-per-s"], qos["throttled_ns"]) == (300, 0, 2097152, 0)
+    assert (qos["weight"], qos["bytes-per-s"], qos["wrs-per-s"], qos["latency"], qos["throttled_ns"]) == \
+        (300, 0, 2097152, "low", 0)
+    assert backend.admin_ask("vm-qos", name="vm5", latency="fast")["error"].endswith(
+        "latency must be 'normal' or 'low', not 'fast'")
     assert {vm["name"]: vm["qos"]["weight"] for vm in backend.admin_ask("vm-list")["vms"]} == \
         {"vm0": 100, "vm1": 100, "vm5": 300}
 

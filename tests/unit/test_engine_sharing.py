@@ -199,6 +199,25 @@ def test_weights_share_the_engine_and_a_new_weight_takes_effect_at_once(vms: Loc
     assert weighted[0] / weighted[1] == pytest.approx(3.0, rel=0.1)
 
 
+def test_a_low_latency_vm_gets_looks_between_turns_but_no_more_than_its_weight(vms: LocalVms) -> None:
+    """vm0 at latency class low floods 1 MiB WRITEs against vm1's flood: its looks between vm1's pieces are paid from
+    its own turn, so the bytes stay equal (and 3:1 at weight 300), and every WRITE completes."""
+    vm0, vm1 = vms.vms
+    a, b = pair(vms, vm0, vm1, 1 * MIB, depth=16)
+    c, d = pair(vms, vm1, vm0, 1 * MIB, depth=16)
+    vm0.device.set_qos(Qos(latency=1))
+    assert vm0.device.qos.as_table()["latency"] == "low"
+    floods = [Flood(a, a.qp, b, MIB, 8).start(), Flood(c, c.qp, d, MIB, 8).start()]
+    run(vms, floods, 4)
+    equal = shares(vms, floods, 30)
+    assert equal[0] / equal[1] == pytest.approx(1.0, rel=0.1)
+    vm0.device.set_qos(Qos(latency=1, weight=300))
+    run(vms, floods, 2)
+    weighted = shares(vms, floods, 60)
+    assert weighted[0] / weighted[1] == pytest.approx(3.0, rel=0.1)
+    assert vm0.device.qos_counters()["turns"] > 0
+
+
 def test_a_vm_with_eight_busy_qps_gets_its_weight_not_eight_shares(vms: LocalVms) -> None:
     vm0, vm1 = vms.vms
     many = []
@@ -265,7 +284,11 @@ def test_qos_settings_are_checked() -> None:
         Qos(weight=0)
     assert Qos().changed({"bytes-per-s": "1.5G", "wrs-burst": "4Ki"}, "test") == \
         Qos(bytes_per_s=1_500_000_000, wrs_burst=4096)
+    assert Qos().changed({"latency": "low"}, "test") == Qos(latency=1)
+    assert Qos(latency=1).changed({"latency": "normal"}, "test").as_table()["latency"] == "normal"
     for bad, message in (({"weight": "heavy"}, "weight must be a whole number"), ({"speed": 1}, "unknown QoS key"),
+                         ({"latency": "fast"}, "latency must be 'normal' or 'low'"),
+                         ({"latency": 1}, "latency must be 'normal' or 'low'"),
                          ({"bytes-per-s": -1}, "bytes-per-s must be 0"), ({"weight": True}, "must be a number"),
                          ({"bytes-burst": "1.5"}, "not a whole number")):
         with pytest.raises(Exception, match=message):

@@ -209,6 +209,8 @@ def families(snap: Snapshot) -> list[Metric]:
            lambda c: c["qos"]["pieced_messages"])
     per_vm("vrdma_qos_weight", "the VM's weight (100: an equal share)", GaugeMetricFamily,
            lambda c: c["qos"]["weight"])
+    per_vm("vrdma_qos_low_latency", "1 if the VM's latency class is low", GaugeMetricFamily,
+           lambda c: int(c["qos"]["latency"] == "low"))
     per_vm("vrdma_qos_limit_bytes_per_s", "the VM's limit on payload bytes per second (0: none)",
            GaugeMetricFamily, lambda c: c["qos"]["bytes-per-s"])
     per_vm("vrdma_qos_limit_wrs_per_s", "the VM's limit on work requests per second (0: none)", GaugeMetricFamily,

@@ -81,6 +81,7 @@ class QosConfig(TypedDict):
     bytes_burst: int
     wrs_per_s: int
     wrs_burst: int
+    latency: int  # VRE_LATENCY_NORMAL or VRE_LATENCY_LOW
 
 
 class PagesDesc(TypedDict):

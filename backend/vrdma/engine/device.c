@@ -220,12 +220,16 @@ int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos
 		return vre_fail(e, EINVAL, "no device %u", dev);
 	if (qos->weight < 1 || qos->weight > VRE_MAX_WEIGHT)
 		return vre_fail(e, EINVAL, "weight %u (1..%u)", qos->weight, VRE_MAX_WEIGHT);
+	if (qos->latency > VRE_LATENCY_LOW)
+		return vre_fail(e, EINVAL, "latency class %u (%u or %u)", qos->latency, VRE_LATENCY_NORMAL,
+				VRE_LATENCY_LOW);
 	if (qos->bytes_per_s > VRE_MAX_RATE || qos->bytes_burst > VRE_MAX_RATE || qos->wrs_per_s > VRE_MAX_RATE ||
 	    qos->wrs_burst > VRE_MAX_RATE)
 		return vre_fail(e, EINVAL, "a rate or burst above %llu", (unsigned long long)VRE_MAX_RATE);
 	s = &d->share;
 	share_unthrottle(s, now);
 	s->weight = qos->weight;
+	s->low_latency = qos->latency == VRE_LATENCY_LOW;
 	s->bytes = bucket_new(qos->bytes_per_s, qos->bytes_burst, now);
 	s->wrs = bucket_new(qos->wrs_per_s, qos->wrs_burst, now);
 	return 0;

@@ -247,9 +247,12 @@ struct vre_sched {
 #define VRE_DEFAULT_WEIGHT 100   /* a turn worth the engine's quantum */
 #define VRE_MAX_WEIGHT 1000
 #define VRE_MAX_RATE 17592186044416  /* 2^44: bytes or work requests per second (16 T), at most */
+#define VRE_LATENCY_NORMAL 0      /* a turn a round */
+#define VRE_LATENCY_LOW 1         /* a look between every other device's turns, paid from its own turn's worth */
+
 struct vre_qos {
 	uint32_t weight;
-	uint32_t reserved;
+	uint32_t latency;         /* VRE_LATENCY_* */
 	uint64_t bytes_per_s;
 	uint64_t bytes_burst;
 	uint64_t wrs_per_s;

@@ -127,31 +127,55 @@ static int64_t turn_worth(const struct vre_engine *e, const struct vre_device *d
 	return (int64_t)((uint64_t)e->sched.quantum_bytes * d->share.weight / VRE_DEFAULT_WEIGHT) + 1;
 }
 
-/*
- * A device's turn: its share of this round (quantum * weight / VRE_DEFAULT_WEIGHT, plus the debt of a piece that
- * overran the last), spent on its QPs in turn from where its last turn stopped. What it leaves unspent is not saved
- * (deficit round robin: a device without work earns nothing), so a busy device never gets more than its weight
- * however many QPs it keeps busy.
- */
-static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t budget)
+/* A device's turn opens: its buckets brought up to date, its share of this round earned. False: nothing to run. */
+static bool turn_open(struct vre_engine *e, struct vre_device *d)
 {
 	struct vre_share *s = &d->share;
-	uint32_t work = 0, n = d->nactive, k;
 
-	if (!n)
-		return 0;
+	if (!d->nactive)
+		return false;
 	bucket_fill(&s->bytes, ctx(e)->now);
 	bucket_fill(&s->wrs, ctx(e)->now);
 	s->turn++;
 	s->deficit += turn_worth(e, d);
+	return true;
+}
+
+/* What is left of the turn, spent on the device's QPs in turn from where it last stopped. */
+static uint32_t turn_spend(struct vre_engine *e, struct vre_device *d, uint32_t budget)
+{
+	struct vre_share *s = &d->share;
+	uint32_t work = 0, n = d->nactive, k;
+
 	for (k = 0; k < n && s->deficit > 0; k++)
 		work += qp_poll(e, d, d->active[(s->next + k) % n], budget);
 	release_destination(e);
-	s->next = (s->next + k) % n;
-	if (s->deficit > 0)
-		s->deficit = 0;
+	s->next = n ? (s->next + k) % n : 0;
+	return work;
+}
+
+/* The turn ends: what it left unspent is not saved (deficit round robin: a device without work earns nothing). */
+static void turn_close(struct vre_device *d, uint32_t work)
+{
+	if (d->share.deficit > 0)
+		d->share.deficit = 0;
 	if (work)
-		s->counters.turns++;
+		d->share.counters.turns++;
+}
+
+/*
+ * A device's turn: its share of this round (quantum * weight / VRE_DEFAULT_WEIGHT, plus the debt of a piece that
+ * overran the last), spent on its QPs in turn from where its last turn stopped, so a busy device never gets more
+ * than its weight however many QPs it keeps busy.
+ */
+static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t budget)
+{
+	uint32_t work;
+
+	if (!turn_open(e, d))
+		return 0;
+	work = turn_spend(e, d, budget);
+	turn_close(d, work);
 	return work;
 }
 
@@ -224,6 +248,77 @@ static void flush_network(struct vre_engine *e)
 	net_unlock(e);
 }
 
+/*
+ * The latency class (VRE_LATENCY_LOW): such a device's turn opens with the round (low_turns_open) and stays open
+ * to its end (low_turns_close); in between, it gets a look before the round and after every other device's turn
+ * that did work (low_looks), each spending what is left of its turn. Its small messages wait for at most one turn,
+ * a piece, of another device, not for a round of every device's; it gets no more than its weight.
+ */
+static uint32_t low_turns_open(struct vre_engine *e, struct vre_worker *w, uint32_t hi)
+{
+	uint32_t opened = 0;
+
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		if (!runs(d, w) || !take_device(d, w))
+			continue;
+		if (d->open && d->share.low_latency && turn_open(e, d)) {
+			d->share.in_turn = true;
+			d->share.turn_work = 0;
+			opened++;
+		}
+		device_unlock(d);
+	}
+	return opened;
+}
+
+static uint32_t low_looks(struct vre_engine *e, struct vre_worker *w, uint32_t hi, uint32_t budget)
+{
+	uint32_t work = 0;
+
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		if (!runs(d, w) || !take_device(d, w))
+			continue;
+		if (d->open && d->share.in_turn && d->share.deficit > 0) {
+			uint32_t k = turn_spend(e, d, budget);
+
+			d->share.turn_work += k;
+			work += k;
+		}
+		device_unlock(d);
+	}
+	return work;
+}
+
+/* The low-latency turns close (blocking: a turn opened must close); what they did, counted as a turn's. */
+static void low_turns_close(struct vre_engine *e, struct vre_worker *w, uint32_t hi, bool first_round,
+			    uint32_t *busy)
+{
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = &e->devices[i];
+		uint32_t done;
+
+		if (!runs(d, w))
+			continue;
+		device_lock_blocking(d);
+		if (d->share.in_turn) {
+			done = d->share.turn_work;
+			d->share.in_turn = false;
+			turn_close(d, done);
+			if (first_round) {
+				cq_timers(e, d);
+				__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);
+				*busy += done != 0;
+			}
+			net_assert(d);
+		}
+		device_unlock(d);
+	}
+}
+
 VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint32_t budget)
 {
 	uint32_t work = 0, busy = 0, hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
@@ -233,12 +328,20 @@ VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint3
 	if ((w ? w->index == 0 : !vre_thread_count(e)) && net_on(e) && !e->capture)
 		work += sock_recv(e, budget, vre_roce_input);
 	for (uint32_t round = 0; round < 2; round++) {
+		uint32_t low = low_turns_open(e, w, hi);
+
+		if (low)
+			work += low_looks(e, w, hi, budget);
 		for (uint32_t i = 0; i < hi; i++) {
 			struct vre_device *d = &e->devices[i];
 			uint32_t done = 0;
 
 			if (!runs(d, w) || !take_device(d, w))
 				continue;
+			if (d->share.in_turn) {  /* a low-latency device: its looks are low_looks' */
+				device_unlock(d);
+				continue;
+			}
 			if (d->open) {
 				done = device_turn(e, d, budget);
 				if (round == 0)
@@ -251,7 +354,11 @@ VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint3
 				busy += done != 0;
 			}
 			work += done;
+			if (low && done)
+				work += low_looks(e, w, hi, budget);
 		}
+		if (low)
+			low_turns_close(e, w, hi, round == 0, &busy);
 		if (work || !skip_idle_rounds(e, w, hi))
 			break;
 	}

@@ -184,6 +184,9 @@ struct vre_bucket {
  */
 struct vre_share {
 	uint32_t weight;
+	bool low_latency;         /* VRE_LATENCY_LOW: looked at between every other device's turns (poll.c) */
+	bool in_turn;             /* a low-latency device's turn is open for this round ... */
+	uint32_t turn_work;       /* ... and did this much so far */
 	uint32_t next;            /* the active QP its next turn starts at */
 	uint32_t turn;            /* turns taken (struct vre_piece.turn) */
 	int64_t deficit;
