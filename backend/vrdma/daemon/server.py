@@ -315,7 +315,7 @@ class Backend:
             raise BackendError(f"cannot start the engine's threads: {err}") from err
         self.fabric.engine_thread_started()
         self.loop.add_reader(self._engine_events, self._deliver_engine_events)
-        log.info("the engine runs in %d thread(s)%s", threads,
+        log.debug("the engine runs in %d thread(s)%s", threads,
                  f" on CPU(s) {_cpu_list(cpus)}" if cpus else "")
 
     def _deliver_engine_events(self) -> None:
@@ -418,8 +418,8 @@ class Backend:
             # The data path stops first: what follows (VMs' memory and doorbell regions unmapped, sockets closed)
             # then meets no pass of the engine's.
             self.loop.remove_reader(self._engine_events)
-            for thread in range(self.engine.threads):
-                log.info("engine thread %d: %s", thread,
+            for thread in range(self.engine.threads):  # (debug: a refused start stays one line)
+                log.debug("engine thread %d: %s", thread,
                          ", ".join(f"{k} {v}" for k, v in self.engine.thread_stats(thread).items()))
             self.engine.stop_threads()
             self.fabric.engine_thread_stopped()

@@ -48,11 +48,11 @@ void vre_engine_free(struct vre_engine *e)
 		return;
 	for (uint32_t i = 0; i < e->ndevices; i++)
 		vre_device_close(e, i);
+	vre_locks_destroy(e);  /* the devices' locks are in e->devices */
 	free(e->devices);
 	free(e->gid_slots);
 	free(e->tx);
 	free(e->rx);
-	vre_locks_destroy(e);
 	free(e);
 }
 
