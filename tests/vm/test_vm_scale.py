@@ -68,9 +68,19 @@ def test_creating_qps_until_the_device_limit_ends_in_enomem(guest: Cluster) -> N
     print(f"{result['created']} RC QPs created in {result['create_s']:.1f} s, then ENOMEM")
 
 
-def test_processes_creating_qps_at_once_have_commands_in_flight_together(guest: Cluster) -> None:
-    """Four processes create and destroy 200 QPs each at the same time: every QP is made and given back, and the
-    device found several of their commands waiting at once (vrdma.ko no longer runs one command at a time)."""
+@pytest.fixture(scope="module")
+def two_vcpus(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A guest of two vCPUs: commands of processes on both are made at the same moment (with one vCPU a command
+    polling for its answer keeps the others from being made until it sleeps)."""
+    with Cluster(1, tmp_path_factory.mktemp("smp"), products=products, cpus=2) as cluster:
+        yield cluster
+
+
+def test_processes_creating_qps_at_once_have_commands_in_flight_together(two_vcpus: Cluster) -> None:
+    """Four processes on two vCPUs create and destroy 200 QPs each at the same time: every QP is made and given back,
+    and the device found several of their commands waiting at once (vrdma.ko no longer runs one command at a
+    time)."""
+    guest = two_vcpus
     assert guest.backend is not None
     before = vm_counters(guest.backend, "vm0")
     result = guest[0].run(["/bin/sh", "-c", 'for i in 1 2 3 4; do python3 -c "$QP_SCALE" rate vrdma0 200 '

@@ -25,14 +25,16 @@ class Cluster(Managed):
     def __init__(self, count: int, directory: Path, *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, detach: bool = False, products: Products | None = None,
                  append_extra: dict[int, str] | None = None, with_device: bool = True,
-                 test_hooks: bool = False, device: str = "rdma") -> None:
-        """``device``: how QEMU gives each guest its vrdma device (qemu_cmdline.DEVICE_TEMPLATES)."""
+                 test_hooks: bool = False, device: str = "rdma", cpus: int = 1) -> None:
+        """``device``: how QEMU gives each guest its vrdma device (qemu_cmdline.DEVICE_TEMPLATES); ``cpus``: each
+        guest's vCPUs."""
         if count < 1:
             raise ValueError(f"a cluster needs at least one guest, not {count}")
         self.count = count
         self.directory = directory
         self.requested_accel = accel
         self.memory_mib = memory_mib
+        self.cpus = cpus
         self.boot_timeout = boot_timeout
         self.detach = detach
         self.products = products
@@ -81,7 +83,7 @@ class Cluster(Managed):
                                link_remote=self.link_paths(ident.index), memory_mib=self.memory_mib,
                                boot_timeout=self.boot_timeout, detach=self.detach,
                                append_extra=self.append_extra.get(ident.index, ""),
-                               with_device=self.with_device, device=self.device))
+                               with_device=self.with_device, device=self.device, cpus=self.cpus))
         for vm in self.vms:
             vm.launch()  # from this thread: QEMU's parent-death signal follows the launching thread
         with concurrent.futures.ThreadPoolExecutor(len(self.vms)) as pool:

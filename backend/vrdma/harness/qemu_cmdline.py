@@ -152,9 +152,10 @@ def _person_link_remote(run: str, index: int, guests: int) -> str:
 
 def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel: Mapping[str, object],
                     image: Mapping[str, object], accel: str, memory_mib: int, directory: Path,
-                    link_remote: str, append_extra: str = "", tap: str | None = None) -> dict[str, str]:
+                    link_remote: str, append_extra: str = "", tap: str | None = None, cpus: int = 1) -> dict[str, str]:
     """Every template field but the three chardev addresses (console, qmp, agent). ``tap``: the guest's netdev is
-    that tap device (made beforehand, in the network namespace QEMU runs in) instead of the private link."""
+    that tap device (made beforehand, in the network namespace QEMU runs in) instead of the private link; ``cpus``:
+    its vCPUs."""
     link = (f"tap,id=link,ifname={tap},script=no,downscript=no" if tap else
             f"dgram,id=link,local.type=unix,local.path={directory / 'link.sock'},remote.type=unix,"
             f"remote.path={link_remote}")
@@ -164,6 +165,7 @@ def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel:
         "accel": accel,
         "cpu": "host" if accel == "kvm" else "max",
         "memory": str(memory_mib),
+        "cpus": str(cpus),
         "firmware_qemu": firmware[0],
         "firmware_bios": firmware[1],
         "kernel": str(kernel["vmlinuz_path"]),

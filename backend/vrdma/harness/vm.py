@@ -91,10 +91,11 @@ class Vm(Managed):
     def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
                  products: Products, link_remote: str, memory_mib: int = 1024, boot_timeout: float = 120.0,
                  detach: bool = False, append_extra: str = "", with_device: bool = True, tap: str | None = None,
-                 wrapper: list[str] | None = None, device: str = "rdma") -> None:
+                 wrapper: list[str] | None = None, device: str = "rdma", cpus: int = 1) -> None:
         """``tap``: the guest's netdev is this tap device instead of the private link; ``wrapper``: the command QEMU
         runs under (a host of vrdma.harness.hosts: its network namespace, where the tap is); ``device``: how QEMU
-        gives the vrdma device (qemu_cmdline.DEVICE_TEMPLATES: the named device, or the generic one)."""
+        gives the vrdma device (qemu_cmdline.DEVICE_TEMPLATES: the named device, or the generic one); ``cpus``: its
+        vCPUs (1, the default: under TCG more cost host cores the backend needs)."""
         if device not in qemu_cmdline.DEVICE_TEMPLATES:
             raise ValueError(f"device {device!r}: one of {', '.join(qemu_cmdline.DEVICE_TEMPLATES)}")
         self.device = device
@@ -107,6 +108,7 @@ class Vm(Managed):
         self.products = products
         self.link_remote = link_remote
         self.memory_mib = memory_mib
+        self.cpus = cpus
         self.boot_timeout = boot_timeout
         self.detach = detach
         self.append_extra = append_extra
@@ -160,7 +162,7 @@ class Vm(Managed):
             fields = qemu_cmdline.standard_fields(
                 self.identity, qemu=self.products.qemu, kernel=self.products.kernel, image=self.products.image,
                 accel=self.accel, memory_mib=self.memory_mib, directory=self.directory,
-                link_remote=self.link_remote, append_extra=append, tap=self.tap)
+                link_remote=self.link_remote, append_extra=append, tap=self.tap, cpus=self.cpus)
             if disk:
                 fields["disk"] = str(disk["disk_path"])
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
