@@ -70,10 +70,12 @@ def rows() -> list[tuple[str, str, str]]:
          f"{_n(neighbours.LIMIT_BYTES_PER_S)} bytes/s with a {_n(neighbours.LIMIT_BURST // (1 << 20))} MiB burst",
          "`sharing_weight_1to1_ratio`, `sharing_weight_3to1_ratio` (the first flood's bytes over the second's), "
          "`sharing_limit_rate_ratio` (its rate over the limit)"),
-        ("scaling", "the same four VMs as two independent floods at once (each driver posting a queue of "
-         f"{_n(neighbours.FLOOD_DEPTH)} WRITEs, then sleeping until it drained), of 1 MiB and of 8-byte WRITEs for "
-         f"{_n(neighbours.SHARE_SECONDS)} s each, served by "
-         f"{' and by '.join(_n(t) for t in neighbours.SCALING_THREADS)} engine thread(s) (`--engine-threads`)",
+        ("scaling", "four simulated VMs as two independent floods at once (each driver posting a queue of "
+         f"{_n(neighbours.SCALING_DEPTH)} WRITEs, then sleeping until it drained, looking every "
+         f"{_n(neighbours.SCALING_SLEEP_US['1mib'])} us for 1 MiB WRITEs and every "
+         f"{_n(neighbours.SCALING_SLEEP_US['8b'])} us for 8-byte ones), {_n(neighbours.SHARE_SECONDS)} s each, "
+         f"served by {' and by '.join(_n(t) for t in neighbours.SCALING_THREADS)} engine thread(s) "
+         "(`--engine-threads`)",
          "`scaling_{1mib_gbps,8b_mops}_{1,2}_threads` (aggregate), `scaling_{1mib,8b}_2_threads_vs_1`"),
         ("idle", f"two guests booted, {_n(g.IDLE_QPS)} connected RC QPs ({_n(g.IDLE_QPS // 2)} per guest, "
          "`vrdma/harness/guest/idle_qps.py`), wait until the engine has parked, psutil CPU times over "

@@ -17,8 +17,9 @@ limit (its rate against the limit).
 
 `scaling` runs the two pairs as two independent floods at once, of 1 MiB and then of 8-byte WRITEs, for a second
 each, served by one engine thread and then by two (`--engine-threads`): the aggregate bandwidth and WRITE rate, and
-what two threads make of it against one. The floods' drivers post a queue's worth at a time and sleep until it has
-drained (as drivers that wait for their completions would), so that on two cores the engine's threads have the cores.
+what two threads make of it against one. The floods' drivers post a queue's worth (1,024 WRITEs) at a time and sleep
+until it has drained, looking now and then (as drivers that wait for their completions would), so that on two cores
+the engine's threads have the cores.
 """
 
 from __future__ import annotations
@@ -52,16 +53,20 @@ SHARE_SECONDS = 1.0       # each sharing run: both floods (or the limited one) t
 LIMIT_BYTES_PER_S = 1_000_000_000  # the limited flood's bytes-per-s ...
 LIMIT_BURST = 4 * MIB     # ... and burst (small against a second's worth, which would double the first second)
 SCALING_THREADS = (1, 2)  # engine threads serving the two floods (two pairs keep at most two threads busy)
+SCALING_DEPTH = 1024      # their queues: a batch of 8-byte WRITEs keeps an engine thread busy ~100 us
+# How often a scaling flood's driver looks at its CQ while its batch drains (a batch of 1 MiB WRITEs takes ms): on
+# two cores every look takes an engine thread's core for a moment.
+SCALING_SLEEP_US = {"1mib": 500, "8b": 50}
 
 
 class Flood:
-    """The neighbour's WRITEs of `length` bytes at full depth, in a thread, from entering until leaving (batched: the
-    queue refilled only once drained, the driver sleeping meanwhile)."""
+    """The neighbour's WRITEs of `length` bytes at full depth, in a thread, from entering until leaving
+    (`batch_sleep_us`: the queue refilled only once drained, the driver looking this often meanwhile)."""
 
-    def __init__(self, pair: NativePair, length: int, batched: bool = False) -> None:
+    def __init__(self, pair: NativePair, length: int, batch_sleep_us: int = 0) -> None:
         from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
 
-        self.pair, self.length, self.batched = pair, length, batched
+        self.pair, self.length, self.batch_sleep_us = pair, length, batch_sleep_us
         self.stop = nffi.new("uint32_t *", 0)
         self.result: int | None = None
         self.seconds = 0.0
@@ -72,7 +77,7 @@ class Flood:
 
         start = time.perf_counter()
         self.result = int(nlib.nat_write_flood(self.pair.queue, self.pair.cq, self.pair.write(self.length),
-                                               FLOOD_SIGNAL_EVERY, int(self.batched), self.stop, STREAM_TIMEOUT_NS))
+                                               FLOOD_SIGNAL_EVERY, self.batch_sleep_us, self.stop, STREAM_TIMEOUT_NS))
         self.seconds = time.perf_counter() - start
 
     def __enter__(self) -> Flood:
@@ -116,15 +121,17 @@ def _quantile(samples: list[float], q: float) -> float:
 
 
 @contextmanager
-def four_vms(engine_threads: int = 1) -> Iterator[tuple[daemon_launcher.DaemonProcess, NativePair, NativePair]]:
-    """One backend serving vm0..vm3: the victim pair (vm1 writes into vm0) and the neighbour's (vm3 into vm2)."""
+def four_vms(engine_threads: int = 1, depth: int = FLOOD_DEPTH) -> Iterator[
+        tuple[daemon_launcher.DaemonProcess, NativePair, NativePair]]:
+    """One backend serving vm0..vm3: the victim pair (vm1 writes into vm0) and the neighbour's (vm3 into vm2), with
+    send queues of `depth`."""
     guests = [GuestIdentity(i) for i in range(4)]
     options = ["--engine-threads", str(engine_threads)]
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
             daemon_launcher.for_guests(Path(tmp), guests, options=options) as daemon, ExitStack() as stack:
         fes = [stack.enter_context(Frontend(str(socket_path(Path(tmp), g)), memory_size=64 * MIB)) for g in guests]
-        victim = native_pair(Path(tmp), fes[0], fes[1], (guests[0].name, guests[1].name), FLOOD_DEPTH)
-        neighbour = native_pair(Path(tmp), fes[2], fes[3], (guests[2].name, guests[3].name), FLOOD_DEPTH)
+        victim = native_pair(Path(tmp), fes[0], fes[1], (guests[0].name, guests[1].name), depth)
+        neighbour = native_pair(Path(tmp), fes[2], fes[3], (guests[2].name, guests[3].name), depth)
         yield daemon, victim, neighbour
 
 
@@ -161,10 +168,10 @@ def _qos(daemon: daemon_launcher.DaemonProcess, vm: str, **settings: object) -> 
         raise RuntimeError(f"vm-qos {vm}: {reply.get('error')}")
 
 
-def _floods(pairs: list[NativePair], length: int = MIB, batched: bool = False) -> list[float]:
+def _floods(pairs: list[NativePair], length: int = MIB, batch_sleep_us: int = 0) -> list[float]:
     """Every pair floods `length`-byte WRITEs at once for SHARE_SECONDS: the WRITEs per second each moved."""
     with ExitStack() as stack:
-        floods = [stack.enter_context(Flood(pair, length, batched)) for pair in pairs]
+        floods = [stack.enter_context(Flood(pair, length, batch_sleep_us)) for pair in pairs]
         time.sleep(SHARE_SECONDS)  # the measurement's length, not a wait for readiness
     return [(flood.result or 0) / flood.seconds for flood in floods]
 
@@ -192,9 +199,9 @@ def scaling() -> list[Metric]:
     WRITE rate, and two threads' figure over one's."""
     figures: dict[tuple[str, int], float] = {}
     for threads in SCALING_THREADS:
-        with four_vms(engine_threads=threads) as (_, victim, neighbour):
-            figures["1mib", threads] = sum(_floods([victim, neighbour], MIB, batched=True)) * MIB / 1e9
-            figures["8b", threads] = sum(_floods([victim, neighbour], 8, batched=True)) / 1e6
+        with four_vms(engine_threads=threads, depth=SCALING_DEPTH) as (_, victim, neighbour):
+            figures["1mib", threads] = sum(_floods([victim, neighbour], MIB, SCALING_SLEEP_US["1mib"])) * MIB / 1e9
+            figures["8b", threads] = sum(_floods([victim, neighbour], 8, SCALING_SLEEP_US["8b"])) / 1e6
     results: list[Metric] = []
     for size, unit, name in (("1mib", "GB/s", "gbps"), ("8b", "M/s", "mops")):
         for threads in SCALING_THREADS:

@@ -125,11 +125,11 @@ int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct na
  * A neighbour's flood: its queue kept full of WRITEs until told to stop. With the queue full and nothing to take
  * from the CQ it sleeps 20 us rather than spin, so that on a machine of few cores the flood costs the engine's
  * work, not a core of its own (a guest's vCPU is its own core; here the flood shares them with the backend).
- * `batched`: the queue filled only once it has drained, a batch at a time, the driver sleeping in between (a
- * driver that waits for its completions, leaving the cores to the engine's threads).
+ * `batch_sleep_us` (0: as above): the queue filled only once it has drained, a batch at a time, the driver sleeping
+ * this long between its looks (a driver that waits for its completions, leaving the cores to the engine's threads).
  */
 int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t signal_every,
-			uint32_t batched, volatile uint32_t *stop, int64_t timeout_ns)
+			uint32_t batch_sleep_us, volatile uint32_t *stop, int64_t timeout_ns)
 {
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)(uintptr_t)q->ring_hdr;
 	uint32_t first = q->prod;
@@ -141,7 +141,7 @@ int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat
 		uint32_t room = q->depth - (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE));
 		int took = 0;
 
-		if (room && (!batched || filling || room == q->depth)) {
+		if (room && (!batch_sleep_us || filling || room == q->depth)) {
 			filling = room > 1;
 			post_write(q, w, (q->prod - first + 1) % signal_every == 0);
 			continue;
@@ -153,8 +153,8 @@ int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat
 		}
 		if (now_ns() > deadline)
 			return -1;
-		if (!took)
-			usleep(20);
+		if (!took || batch_sleep_us)
+			usleep(batch_sleep_us ? batch_sleep_us : 20);
 	}
 	/* The last one signaled (the drain below ends on its completion), once the ring has room for it: a producer
 	 * index more than a ring ahead of the consumer is garbage to the device, which fails the QP. */

@@ -41,10 +41,10 @@ int nat_write_latency(struct nat_queue *q, struct nat_cq *cq, const struct nat_w
 		      int64_t *samples, int64_t timeout_ns, int yield);
 int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint64_t count,
 			 uint32_t signal_every, int64_t timeout_ns);
-/* WRITEs at full queue depth until *stop is set, then drained: the WRITEs completed, or < 0 on an error (batched:
- * the queue refilled only once drained). */
+/* WRITEs at full queue depth until *stop is set, then drained: the WRITEs completed, or < 0 on an error
+ * (batch_sleep_us: the queue refilled only once drained, looked at this often meanwhile). */
 int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t signal_every,
-			uint32_t batched, volatile uint32_t *stop, int64_t timeout_ns);
+			uint32_t batch_sleep_us, volatile uint32_t *stop, int64_t timeout_ns);
 int64_t nat_memcpy(uint64_t dst, uint64_t src, uint64_t len, uint32_t iters);
 /* LOADGEN-API-END */
 
