@@ -91,7 +91,8 @@ class VmEndpoint:
             self.doorbell_guard = guard.owner(f"{self.name} doorbell region", self._doorbell_fault)
             self.doorbell_guard.guard_ranges([(self.doorbell.address, self.doorbell.size)])
         self.transport = VirtioRdmaTransport(self.rdma, SharedMemoryMap(
-            abi.const("VRDMA_SHM_DOORBELL"), self.doorbell.fd, self.doorbell.size))
+            abi.const("VRDMA_SHM_DOORBELL"), self.doorbell.fd, self.doorbell.size),
+            watch_wake=lambda fd: fabric.engine.set_wake_fd(self.rdma.engine_index, fd))
         if self.listener is not None:
             loop.add_reader(self.listener.fileno(), self._accept)
             log.info("%s: listening on %s (doorbell region %s, %s, pairing id %#018x)", self.name,

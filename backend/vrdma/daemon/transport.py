@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from vrdma.device import abi
@@ -61,12 +62,15 @@ class VirtioRdmaTransport:
 
     num_queues = abi.const("VRDMA_NUM_QUEUES")
 
-    def __init__(self, rdma: RdmaDevice, doorbell: SharedMemoryMap | None = None) -> None:
+    def __init__(self, rdma: RdmaDevice, doorbell: SharedMemoryMap | None = None,
+                 watch_wake: Callable[[int], None] | None = None) -> None:
         """``doorbell``: the VM's doorbell region, mapped into the device's shared memory region
         VRDMA_SHM_DOORBELL of a frontend that has one (QEMU's vhost-user-rdma-pci; the generic
-        vhost-user-device-pci instead maps the same file as an ivshmem device)."""
+        vhost-user-device-pci instead maps the same file as an ivshmem device); ``watch_wake``: told the wake
+        queue's kick eventfd when it starts (-1 when it stops), for the engine's thread to watch."""
         self.rdma = rdma
         self.doorbell = doorbell
+        self.watch_wake = watch_wake
         self.device: VhostUserConnection | None = None
         self.started: set[int] = set()
         self.device_resets = 0  # every queue stopped while connected: the driver reset the device
@@ -100,6 +104,9 @@ class VirtioRdmaTransport:
                  "started" if started else "stopped")
         self.device = device
         (self.started.add if started else self.started.discard)(index)
+        if index == WAKE and self.watch_wake is not None:
+            # A parked engine thread then wakes on the guest's kick itself, not a hop later through this loop.
+            self.watch_wake(device.kick_fd(WAKE) if started else -1)
         if started and index == EVENT:
             # The first thing a driver learns on its event queue: the port is up, and the device's epoch (a driver
             # that probed another epoch holds handles this device state never issued: it starts over).
@@ -185,4 +192,6 @@ class VirtioRdmaTransport:
     def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.device = None
         self.started.clear()
+        if self.watch_wake is not None:
+            self.watch_wake(-1)  # the connection closes its kick eventfds
         self.rdma.reset()

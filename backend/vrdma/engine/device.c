@@ -5,8 +5,10 @@
  * every object it has, so this file sits above every object's room (base.c is what they all share).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vre.h"
 
@@ -25,6 +27,7 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	e->ndevices = max_devices;
 	e->rx_fd = e->tx_fd = e->udp6_fd = -1;
 	e->caller.engine = e;
+	e->caller.worker = VRE_NO_WORKER;
 	if (vre_locks_init(e)) {
 		free(e->devices);
 		free(e);
@@ -105,6 +108,7 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 		return vre_fail(e, ENOMEM, "no memory for device %u", dev);
 	}
 	d->gsi = -1;
+	d->wake_fd = -1;
 	d->share.weight = VRE_DEFAULT_WEIGHT;
 	/* Under every lock (vre_lock): a thread looking for its devices reads these without one. */
 	__atomic_store_n(&d->owner, vre_new_owner(e, dev), __ATOMIC_RELEASE);
@@ -135,6 +139,8 @@ void vre_device_close(struct vre_engine *e, uint32_t dev)
 	for (uint32_t i = 0; i < d->lim.max_mr; i++)
 		vre_mr_destroy(e, dev, i);
 	__atomic_store_n(&d->open, false, __ATOMIC_RELEASE);
+	if (d->wake_fd >= 0)
+		close(d->wake_fd);
 	free_tables(d);
 	while (e->devices_hi && !e->devices[e->devices_hi - 1].open)
 		__atomic_store_n(&e->devices_hi, e->devices_hi - 1, __ATOMIC_RELEASE);
@@ -208,6 +214,25 @@ static struct vre_bucket bucket_new(uint64_t rate, uint64_t burst, int64_t now)
 	double r = (double)rate, saved = burst ? (double)burst : r;
 
 	return (struct vre_bucket){ .rate = r, .burst = saved, .tokens = saved, .at = now };
+}
+
+int vre_device_wake_fd(struct vre_engine *e, uint32_t dev, int fd)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	int copy = -1;
+
+	if (!d)
+		return fd < 0 ? 0 : vre_fail(e, EINVAL, "no device %u", dev);  /* a closed device watches nothing */
+	if (fd >= 0) {
+		copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		if (copy < 0)
+			return vre_fail(e, errno, "cannot watch the wake-up eventfd %d: %s", fd, strerror(errno));
+	}
+	if (d->wake_fd >= 0)
+		close(d->wake_fd);
+	d->wake_fd = copy;
+	vre_kick(e, dev);  /* its thread, if parked, watches the new one from its next sleep on */
+	return 0;
 }
 
 int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos)

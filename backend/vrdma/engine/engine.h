@@ -333,7 +333,8 @@ struct vre_thread_stats {
 	uint64_t passes;
 	uint64_t parks;           /* times it parked and slept */
 	uint64_t park_declined;   /* times it meant to park and found work in the last look */
-	uint64_t woken_by_kick;   /* sleeps a kick ended (a guest's wake-up, a control change) */
+	uint64_t woken_by_kick;   /* sleeps a kick ended (a wake-up through the event loop, a control change) */
+	uint64_t woken_by_guest;  /* sleeps a guest's wake-up kick ended directly (a device's wake fd) */
 	uint64_t woken_by_packet; /* sleeps a RoCE socket ended */
 	uint64_t woken_by_time;   /* sleeps a deadline or the recheck period ended */
 	uint64_t lock_waits;      /* device turns put off because a caller held or wanted the device */
@@ -358,6 +359,9 @@ void vre_kick(struct vre_engine *e, uint32_t dev);
 void vre_thread_recheck(struct vre_engine *e, uint64_t period_ns);
 /* Every thread's, summed (thread VRE_MAX_THREADS), or thread `thread`'s; -1: no such thread. */
 int vre_thread_stats(struct vre_engine *e, uint32_t thread, struct vre_thread_stats *out);
+/* The eventfd the guest's wake-up kicks arrive on for device `dev` (the wake queue's, read by its owner: never read
+ * here), or -1: a parked thread that runs the device watches a duplicate of it, so a guest wakes it in one hop. */
+int vre_device_wake_fd(struct vre_engine *e, uint32_t dev, int fd);
 /* The engine thread that runs device `dev`, or -1. */
 int vre_device_owner(struct vre_engine *e, uint32_t dev);
 

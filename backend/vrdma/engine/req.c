@@ -150,6 +150,23 @@ static struct vre_device *destination(struct vre_engine *e, struct vre_qp *qp, c
  * delivering into each other's devices would wait for each other). */
 #define DESTINATION_TRIES 64
 
+/* A destination that moves to its sender's thread at most this often (two senders on two threads do not toss it). */
+#define FOLLOW_EVERY_NS 10000000
+
+/*
+ * A destination that had no work of its own in its last turn (a VM that only receives) and runs on another thread
+ * moves to this one (its lock is held here): its sender and it then share a thread and its locks stop crossing
+ * cores, where balance() alone could leave each end of a flood on a thread of its own.
+ */
+static void follow(struct vre_ctx *c, struct vre_device *dd)
+{
+	if (c->worker == VRE_NO_WORKER || __atomic_load_n(&dd->owner, __ATOMIC_RELAXED) == c->worker ||
+	    __atomic_load_n(&dd->worked, __ATOMIC_RELAXED) || c->now - dd->followed_at < FOLLOW_EVERY_NS)
+		return;
+	dd->followed_at = c->now;
+	__atomic_store_n(&dd->owner, c->worker, __ATOMIC_RELEASE);
+}
+
 /*
  * The destination device locked for this WQE: kept locked for the next WQEs of the turn that go there too (one lock
  * a turn, not one a WQE; release_destination ends it with the turn), false if another thread or a caller has it.
@@ -169,6 +186,7 @@ static bool hold_destination(struct vre_engine *e, struct vre_device *dd)
 		__builtin_ia32_pause();
 	}
 	c->held = dd;
+	follow(c, dd);
 	return true;
 }
 

@@ -77,6 +77,7 @@ static void stop_workers(struct vre_engine *e, struct vre_worker *w, uint32_t n)
 	for (uint32_t k = 0; k < n; k++) {
 		if (w[k].kick_fd >= 0)
 			close(w[k].kick_fd);
+		free(w[k].fds);
 	}
 	e->threads.workers = NULL;
 	free(w);
@@ -115,11 +116,16 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 	e->threads.events_told = false;
 	for (uint32_t k = 0; k < n; k++) {
 		w[k] = (struct vre_worker){ .engine = e, .index = k, .cpu = config->cpus[k], .ctx.engine = e };
-		w[k].kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		w[k].nfds_room = e->ndevices + 3;
+		w[k].fds = calloc(w[k].nfds_room, sizeof(*w[k].fds));
+		w[k].kick_fd = w[k].fds ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
 		if (w[k].kick_fd < 0) {
-			err = errno;
-			for (uint32_t j = 0; j < k; j++)
+			err = w[k].fds ? errno : ENOMEM;
+			free(w[k].fds);
+			for (uint32_t j = 0; j < k; j++) {
 				close(w[j].kick_fd);
+				free(w[j].fds);
+			}
 			free(w);
 			return vre_fail(e, err, "no eventfd for an engine thread: %s", strerror(err));
 		}
@@ -261,15 +267,27 @@ static void wake_idle(struct vre_worker *w)
 	}
 }
 
-/* Parked: sleep until a kick, a packet, the next deadline or the recheck period, whichever comes first. */
+/* Whether any of fds[from, to) is ready. */
+static bool any_ready(const struct pollfd *fds, nfds_t from, nfds_t to)
+{
+	for (nfds_t i = from; i < to; i++) {
+		if (fds[i].revents)
+			return true;
+	}
+	return false;
+}
+
+/* Parked: sleep until a kick, a guest's wake-up, a packet, the next deadline or the recheck period, whichever comes
+ * first. */
 static void park_and_sleep(struct vre_worker *w)
 {
 	struct vre_engine *e = w->engine;
-	struct pollfd fds[3] = { { .fd = w->kick_fd, .events = POLLIN } };
+	struct pollfd *fds = w->fds;
 	struct timespec wait, *timeout = NULL;
 	uint64_t recheck = __atomic_load_n(&e->threads.recheck_ns, __ATOMIC_ACQUIRE);
+	uint32_t hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
 	int64_t deadline, until = -1, slept;
-	nfds_t n = 1;
+	nfds_t n = 1, sockets;
 	eventfd_t drained;
 	int ready = -1;
 
@@ -279,12 +297,26 @@ static void park_and_sleep(struct vre_worker *w)
 	}
 	stat_add(&w->stats.parks, 1);
 	deadline = vre_next_deadline_owned(e, w);
+	fds[0] = (struct pollfd){ .fd = w->kick_fd, .events = POLLIN };
 	if (w->index == 0 && !e->capture) {  /* the sockets do not change while threads run (vre_net_attach) */
 		for (int i = 0, fd; i < 2; i++) {
 			fd = i ? e->udp6_fd : e->rx_fd;
 			if (fd >= 0)
 				fds[n++] = (struct pollfd){ .fd = fd, .events = POLLIN };
 		}
+	}
+	sockets = n;
+	/* Its devices' wake-up eventfds: a guest's kick wakes it here, in one hop, not through the event loop, which
+	 * reads them (never read here: one the loop read first wakes it through vre_kick, as before). */
+	for (uint32_t i = 0; i < hi && n < w->nfds_room; i++) {
+		struct vre_device *d = &e->devices[i];
+
+		if (!__atomic_load_n(&d->open, __ATOMIC_ACQUIRE) || __atomic_load_n(&d->owner, __ATOMIC_ACQUIRE) != w->index)
+			continue;
+		device_lock_blocking(d);
+		if (d->open && d->wake_fd >= 0)
+			fds[n++] = (struct pollfd){ .fd = d->wake_fd, .events = POLLIN };
+		device_unlock(d);
 	}
 	if (deadline >= 0) {
 		until = deadline - vre_monotonic_ns();
@@ -305,10 +337,9 @@ static void park_and_sleep(struct vre_worker *w)
 	(void)eventfd_read(w->kick_fd, &drained);
 	if (ready == 0)
 		stat_add(&w->stats.woken_by_time, 1);
-	else if (ready > 0 && (fds[0].revents & POLLIN))
-		stat_add(&w->stats.woken_by_kick, 1);
 	else if (ready > 0)
-		stat_add(&w->stats.woken_by_packet, 1);
+		stat_add(fds[0].revents ? &w->stats.woken_by_kick : any_ready(fds, 1, sockets) ?
+			 &w->stats.woken_by_packet : &w->stats.woken_by_guest, 1);
 	vre_unpark_owned(e, w);
 }
 

@@ -32,6 +32,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <poll.h>     /* (threads.h: before the visibility pragma, which would hide libc's declarations) */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -206,6 +207,8 @@ struct vre_device {
 	 * under `lock`: its owner takes it for the device's turn, another device's thread to deliver into it, a
 	 * caller for a call. */
 	bool parked;              /* its owner parked: its doorbell pages' parked slots are set */
+	int64_t followed_at;      /* when it last moved to a sender's thread (req.c's follow) */
+	int wake_fd;              /* a duplicate of the wake queue's kick eventfd, or -1 (vre_device_wake_fd) */
 	struct vre_device_limits lim;
 	uint8_t *doorbells;
 	uint64_t *db_pages_used;  /* bitmap: pages some queue took a slot of (their parked slot is kept) */
@@ -254,8 +257,11 @@ struct vre_scratch {
  * other caller shares the engine's own (`caller`: the event loop's thread, a fuzzer, in-process tests, whose calls
  * never overlap). ctx(e) finds the running thread's.
  */
+#define VRE_NO_WORKER UINT32_MAX
+
 struct vre_ctx {
 	struct vre_engine *engine;
+	uint32_t worker;          /* the engine thread's index, VRE_NO_WORKER for the callers' */
 	int64_t now;              /* the clock as the current pass read it */
 	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
 	struct vre_device *held;  /* another device it holds the lock of for this turn (req.c's destination) */

@@ -41,6 +41,7 @@ class FakeEngine:
         self.schedule: api.SchedConfig | None = None
         self.kicks = 0
         self.recheck_ns = 0
+        self.wake_fds: dict[int, int] = {}
 
     def refuse_next(self, errno: int = errnos.EINVAL) -> None:
         self._refuse = errno
@@ -91,6 +92,9 @@ class FakeEngine:
     def close_device(self, dev: int) -> None:
         self.calls.append(("close_device", dev, -1))
         self.devices[dev] = None
+
+    def set_wake_fd(self, dev: int, fd: int) -> None:
+        self.wake_fds[dev] = fd
 
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
         self._configure("set_memory", dev).memory = list(regions)

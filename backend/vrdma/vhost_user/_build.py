@@ -78,6 +78,7 @@ int vrdma_vu_dispatch(VrdmaVu *vu, uint32_t request, uint32_t flags, const uint8
 int vrdma_vu_shmem_map(VrdmaVu *vu, uint8_t shmid, uint64_t fd_offset, uint64_t shm_offset, uint64_t len,
                        uint64_t flags, int fd);
 void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data);
+int vrdma_vu_kick_fd(VrdmaVu *vu, uint16_t index);
 size_t vrdma_payload_size(void);
 int vrdma_max_fds(void);
 

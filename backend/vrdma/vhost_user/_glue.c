@@ -67,3 +67,9 @@ void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data)
 {
     cb(dev, condition, data);
 }
+
+/* The eventfd the frontend kicks queue `index` through (-1: none yet). */
+int vrdma_vu_kick_fd(VrdmaVu *vu, uint16_t index)
+{
+    return vu->dev.vq && index < vu->dev.max_queues ? vu->dev.vq[index].kick_fd : -1;
+}

@@ -322,6 +322,11 @@ class VhostUserConnection:
     def notify(self, index: int) -> None:
         lib.vu_queue_notify(self._dev, lib.vu_get_queue(self._dev, index))
 
+    def kick_fd(self, index: int) -> int:
+        """The eventfd the frontend kicks queue ``index`` through, or -1: libvhost-user's, read by its watch here (a
+        model may watch it too, never read it), valid until the queue stops."""
+        return int(lib.vrdma_vu_kick_fd(self._vu, index)) if self._vu is not None else -1
+
     def read(self, address: int, length: int) -> bytes:
         """Bytes at a host address that libvhost-user translated from guest memory."""
         return bytes(ffi.buffer(ffi.cast("char *", address), length))
