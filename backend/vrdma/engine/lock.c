@@ -163,34 +163,33 @@ uint32_t vre_thread_count(struct vre_engine *e)
 	return n;
 }
 
+/* The thread that runs `dev` among the n running, or NULL (no such device, or no threads). */
+static struct vre_worker *owner_of(struct vre_engine *e, uint32_t dev, struct vre_worker *w, uint32_t n)
+{
+	uint32_t k = dev < e->ndevices ? __atomic_load_n(&e->devices[dev].owner, __ATOMIC_RELAXED) : n;
+
+	return k < n ? &w[k] : NULL;
+}
+
 /* The thread that runs `dev`, if it sleeps (a thread handing it work; cheaper than vre_kick: no system call when the
  * owner is awake, as it is while it has work). */
 VRE_FN void vre_kick_sleeping(struct vre_engine *e, uint32_t dev)
 {
-	uint32_t n, k;
-	struct vre_worker *w = vre_workers(e, &n);
+	uint32_t n;
+	struct vre_worker *w = vre_workers(e, &n), *owner = owner_of(e, dev, w, n);
 
-	if (!n || dev >= e->ndevices)
-		return;
-	k = __atomic_load_n(&e->devices[dev].owner, __ATOMIC_RELAXED);
-	if (k < n && __atomic_load_n(&w[k].sleeping, __ATOMIC_ACQUIRE))
-		(void)eventfd_write(w[k].kick_fd, 1);
+	if (owner && __atomic_load_n(&owner->sleeping, __ATOMIC_ACQUIRE))
+		(void)eventfd_write(owner->kick_fd, 1);
 }
 
 void vre_kick(struct vre_engine *e, uint32_t dev)
 {
 	uint32_t n;
-	struct vre_worker *w = vre_workers(e, &n);
+	struct vre_worker *w = vre_workers(e, &n), *owner = owner_of(e, dev, w, n);
 
-	if (!n)
+	if (owner) {
+		(void)eventfd_write(owner->kick_fd, 1);  /* a counter already non-zero says "look" too */
 		return;
-	if (dev < e->ndevices) {
-		uint32_t k = __atomic_load_n(&e->devices[dev].owner, __ATOMIC_RELAXED);
-
-		if (k < n) {
-			(void)eventfd_write(w[k].kick_fd, 1);  /* a counter already non-zero says "look" too */
-			return;
-		}
 	}
 	for (uint32_t k = 0; k < n; k++)
 		(void)eventfd_write(w[k].kick_fd, 1);

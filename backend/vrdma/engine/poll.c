@@ -190,13 +190,13 @@ static bool runs(const struct vre_device *d, const struct vre_worker *w)
 static bool take_device(struct vre_device *d, struct vre_worker *w)
 {
 	if (w && __atomic_load_n(&d->waiters, __ATOMIC_ACQUIRE)) {
-		__atomic_fetch_add(&w->stats.lock_waits, 1, __ATOMIC_RELAXED);
+		stat_add(&w->stats.lock_waits, 1);
 		return false;
 	}
 	if (device_trylock(d))
 		return true;
 	if (w)
-		__atomic_fetch_add(&w->stats.lock_waits, 1, __ATOMIC_RELAXED);
+		stat_add(&w->stats.lock_waits, 1);
 	return false;
 }
 
@@ -293,6 +293,18 @@ static uint32_t low_looks(struct vre_engine *e, struct vre_worker *w, uint32_t h
 	return work;
 }
 
+/* After a device's turn (under its lock): its moderation timers (once a pass), whether it worked (what balance()
+ * looks at, and the thread's count of busy devices), its invariants. */
+static void turn_done(struct vre_engine *e, struct vre_device *d, uint32_t done, bool first_round, uint32_t *busy)
+{
+	if (first_round) {
+		cq_timers(e, d);
+		__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);
+		*busy += done != 0;
+	}
+	net_assert(d);
+}
+
 /* The low-latency turns close (blocking: a turn opened must close); what they did, counted as a turn's. */
 static void low_turns_close(struct vre_engine *e, struct vre_worker *w, uint32_t hi, bool first_round,
 			    uint32_t *busy)
@@ -308,12 +320,7 @@ static void low_turns_close(struct vre_engine *e, struct vre_worker *w, uint32_t
 			done = d->share.turn_work;
 			d->share.in_turn = false;
 			turn_close(d, done);
-			if (first_round) {
-				cq_timers(e, d);
-				__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);
-				*busy += done != 0;
-			}
-			net_assert(d);
+			turn_done(e, d, done, first_round, busy);
 		}
 		device_unlock(d);
 	}
@@ -344,15 +351,9 @@ VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint3
 			}
 			if (d->open) {
 				done = device_turn(e, d, budget);
-				if (round == 0)
-					cq_timers(e, d);
-				net_assert(d);
+				turn_done(e, d, done, round == 0, &busy);
 			}
 			device_unlock(d);
-			if (round == 0) {
-				__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);
-				busy += done != 0;
-			}
 			work += done;
 			if (low && done)
 				work += low_looks(e, w, hi, budget);

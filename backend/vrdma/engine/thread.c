@@ -39,11 +39,6 @@
 
 static void *worker_main(void *arg);
 
-static void stat_add(uint64_t *field, uint64_t n)
-{
-	__atomic_fetch_add(field, n, __ATOMIC_RELAXED);
-}
-
 /* -- events --------------------------------------------------------------------------------------------------- */
 
 /* After a pass: write the events eventfd once for events the caller has not been told of. */

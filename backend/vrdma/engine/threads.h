@@ -38,6 +38,12 @@ struct vre_threads {
 	pthread_mutex_t gid_lock; /* recursive: the GID index (changed under every lock, read under this one) */
 };
 
+/* A thread's statistic counted (vre_thread_stats reads them from another thread). */
+static inline void stat_add(uint64_t *field, uint64_t n)
+{
+	__atomic_fetch_add(field, n, __ATOMIC_RELAXED);
+}
+
 VRE_FN struct vre_worker *vre_workers(struct vre_engine *e, uint32_t *count);
 VRE_FN int vre_locks_init(struct vre_engine *e);
 VRE_FN void vre_locks_destroy(struct vre_engine *e);
