@@ -199,9 +199,10 @@ def test_weights_share_the_engine_and_a_new_weight_takes_effect_at_once(vms: Loc
     assert weighted[0] / weighted[1] == pytest.approx(3.0, rel=0.1)
 
 
-def test_a_low_latency_vm_gets_looks_between_turns_but_no_more_than_its_weight(vms: LocalVms) -> None:
+def test_a_low_latency_vm_gets_no_more_than_its_weight(vms: LocalVms) -> None:
     """vm0 at latency class low floods 1 MiB WRITEs against vm1's flood: its looks between vm1's pieces are paid from
-    its own turn, so the bytes stay equal (and 3:1 at weight 300), and every WRITE completes."""
+    its own turn, so the bytes stay equal (and 3:1 at weight 300), and every WRITE completes. (When within a pass the
+    looks come is not visible from here: the engine's turns are taken a pass at a time.)"""
     vm0, vm1 = vms.vms
     a, b = pair(vms, vm0, vm1, 1 * MIB, depth=16)
     c, d = pair(vms, vm1, vm0, 1 * MIB, depth=16)
