@@ -21,9 +21,11 @@ from vrdma.testing.frontend import VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, Fronte
 
 class Backend:
     """`vrdma backend` serving vm0 (attacker) and vm1 (victim), as tests/backend_process.py starts it, optionally
-    with the sanitizer build (fuzz.sanitize)."""
+    with the sanitizer build (fuzz.sanitize), with ``engine_threads`` engine threads (`--engine-threads`: with two,
+    the attacker's and the victim's devices are each one thread's, and every attack on the victim's memory crosses
+    between them)."""
 
-    def __init__(self, directory: Path, sanitized: bool = False) -> None:
+    def __init__(self, directory: Path, sanitized: bool = False, engine_threads: int = 2) -> None:
         self.directory = directory
         self.sockets = {name: directory / f"{name}.sock" for name in ("vm0", "vm1")}
         self.admin = directory / "admin.sock"
@@ -32,7 +34,8 @@ class Backend:
         self.daemon = DaemonProcess([Served(name, path) for name, path in self.sockets.items()], log_file=self.log,
                                     admin_socket=self.admin,
                                     launcher=sanitize.backend_command() if sanitized else None,
-                                    env=sanitize.environment() if sanitized else None)
+                                    env=sanitize.environment() if sanitized else None,
+                                    options=["--engine-threads", str(engine_threads)])
         self.log.unlink(missing_ok=True)
         try:
             self.daemon.start()

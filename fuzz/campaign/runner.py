@@ -33,6 +33,10 @@ from vrdma.testing.frontend import FrontendError
 
 # -- the campaign ---------------------------------------------------------------------------------------------------
 
+# The backend runs as many engine threads as the VMs it serves: the attacker's device and the victim's on threads of
+# their own, so that every attack crosses between threads (the device locks, a destination held for a turn).
+DEFAULT_ENGINE_THREADS = 2
+
 @dataclass
 class Result:
     inputs: int
@@ -58,14 +62,15 @@ class Result:
 
 
 def run(inputs: int, seconds: float, seed: int, sanitized: bool = False, *, batches: int | None = None,
-        work_dir: Path | None = None, crash_dir: Path = CRASH_DIR, log: Any = sys.stderr) -> Result:
+        work_dir: Path | None = None, crash_dir: Path = CRASH_DIR, log: Any = sys.stderr,
+        engine_threads: int = DEFAULT_ENGINE_THREADS) -> Result:
     """Run batches until ``inputs`` inputs were sent, ``seconds`` passed or ``batches`` ran, whichever first."""
     rng = random.Random(seed)
     counts = Counts()
     own_dir = work_dir is None
     directory = Path(tempfile.mkdtemp(prefix="vrdma-campaign-")) if work_dir is None else work_dir
     directory.mkdir(parents=True, exist_ok=True)
-    backend = Backend(directory, sanitized=sanitized)
+    backend = Backend(directory, sanitized=sanitized, engine_threads=engine_threads)
     failure: CampaignFailure | None = None
     fd_base = rss_base = 0
     fds_over = rss_over = 0
@@ -135,7 +140,8 @@ def run(inputs: int, seconds: float, seed: int, sanitized: bool = False, *, batc
     elapsed = time.monotonic() - start
     reproducer = None
     if failure is not None:
-        reproducer = str(_save_reproducer(crash_dir, failure, seed, counts, attacker, backend, sanitized))
+        reproducer = str(_save_reproducer(crash_dir, failure, seed, counts, attacker, backend, sanitized,
+                                          engine_threads))
         print(f"campaign: FAILED ({failure}); reproducer in {reproducer}", file=log, flush=True)
     if own_dir and failure is None:
         shutil.rmtree(directory, ignore_errors=True)
@@ -165,14 +171,14 @@ def _wait_closed(backend: Backend, connections: int, timeout: float = VICTIM_TIM
 
 
 def _save_reproducer(crash_dir: Path, failure: CampaignFailure, seed: int, counts: Counts,
-                     attacker: Attacker | None, backend: Backend, sanitized: bool) -> Path:
+                     attacker: Attacker | None, backend: Backend, sanitized: bool, engine_threads: int) -> Path:
     directory = crash_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{failure.kind}-seed{seed}"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "reproducer.json").write_text(json.dumps({
         "failure": str(failure), "kind": failure.kind, "seed": seed, "batch": counts.batches,
-        "inputs_before": counts.inputs, "sanitized": sanitized,
+        "inputs_before": counts.inputs, "sanitized": sanitized, "engine_threads": engine_threads,
         "replay": f"python -m fuzz.campaign --seed {seed} --batches {counts.batches}"
-                  f"{' --sanitize' if sanitized else ''}",
+                  f" --engine-threads {engine_threads}{' --sanitize' if sanitized else ''}",
         "attacker_since_last_connection": attacker.record if attacker else [],
     }, indent=1))
     with contextlib.suppress(OSError):
@@ -188,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, help="stop after this many batches (to replay a reproducer)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
     parser.add_argument("--sanitize", action="store_true", help="run the backend with the ASan/UBSan build")
+    parser.add_argument("--engine-threads", type=int, default=DEFAULT_ENGINE_THREADS, choices=range(1, 9),
+                        metavar="N", help=f"the backend's engine threads (default {DEFAULT_ENGINE_THREADS}: the "
+                        "attacker and the victim each on one)")
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % (1 << 31)
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         sanitize.build()
     # A replay (--batches) runs the same seed's choices up to the batch that failed, whatever the input count.
     inputs = args.inputs if args.batches is None else 1 << 62
-    result = run(inputs, args.seconds, seed, args.sanitize, batches=args.batches)
+    result = run(inputs, args.seconds, seed, args.sanitize, batches=args.batches, engine_threads=args.engine_threads)
     print(json.dumps({"seed": seed, **result.as_dict()}, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"seed": seed, **result.as_dict()}, indent=1))

@@ -12,7 +12,8 @@
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
   with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test;
 - between hosts (interhost.py): 1 MiB WRITE bandwidth and small WRITE latency between guests on two hosts for
-  vrdma to vrdma, vrdma to rxe and rxe to rxe, and the same path's UDP throughput (iperf3) as the reference.
+  vrdma to vrdma, vrdma to rxe and rxe to rxe, and the same path's UDP throughput (iperf3) as the reference; and
+  1 MiB WRITEs between two backends with simulated VMs (no guest on the cores), against the same kind of path.
 
 Each result is a Metric (name, value, unit and the command that measures it), so runs can be compared. The
 measurements live in backend.py (no guest) and guests.py (two booted guests).
@@ -33,7 +34,7 @@ from vrdma.bench.backend import (
     native_backend,
 )
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
-from vrdma.bench.interhost import interhost
+from vrdma.bench.interhost import between_backends, interhost
 from vrdma.bench.metric import Metric, Report, write
 from vrdma.bench.neighbours import noisy_neighbour, scaling, sharing
 
@@ -69,6 +70,10 @@ def ratios(results: list[Metric]) -> list[Metric]:
     ratio("interhost_vrdma_write_bw_vs_udp", "interhost_vrdma_write_bw_1mib_gbps", "interhost_udp_gbps")
     ratio("interhost_vrdma_write_bw_vs_rxe", "interhost_vrdma_write_bw_1mib_gbps", "interhost_rxe_write_bw_1mib_gbps")
     ratio("interhost_vrdma_write_lat_vs_rxe", "interhost_vrdma_write_lat_small_us", "interhost_rxe_write_lat_small_us")
+    # the backends alone between hosts (issue 27): >= 0.9 of the UDP reference
+    ratio("interhost_backends_write_bw_vs_udp", "interhost_backends_write_bw_1mib_gbps", "interhost_backends_udp_gbps")
+    ratio("interhost_backends_write_bw_vs_udp_roce_size", "interhost_backends_write_bw_1mib_gbps",
+          "interhost_backends_udp_roce_size_gbps")
     for io, unit in (("randread_4k", "iops"), ("seqread_128k", "gbps")):
         ratio(f"vrdma_nvmeof_{io}_vs_nvmetcp", f"vrdma_nvmeof_{io}_{unit}", f"nvmetcp_{io}_{unit}")
         ratio(f"vrdma_nvmeof_{io}_vs_rxe", f"vrdma_nvmeof_{io}_{unit}", f"rxe_nvmeof_{io}_{unit}")
@@ -89,6 +94,8 @@ def run(iterations: int = 5000, output: Path | None = None) -> Report:
     results += sharing()
     log.info("the engine's threads: two independent floods served by one and by two engine threads (four VMs)")
     results += scaling()
+    log.info("between hosts without guests: two backends in two namespaces, 1 MiB WRITEs, iperf3 between them")
+    results += between_backends()
     log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
     results += idle_cpu()
     log.info("backend CPU while idle without the doorbell recheck: two simulated VMs with %d idle QPs",

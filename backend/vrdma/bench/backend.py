@@ -88,12 +88,15 @@ class NativePair:
     write: Callable[[int], Any]  # a struct nat_write * of `length` bytes from the requester's MR to the responder's
 
 
-def native_pair(directory: Path, fa: Frontend, fb: Frontend, names: tuple[str, str], depth: int) -> NativePair:
-    """Set up a pair of VMs through the control path (vrdma.testing.simulated_guest): fa responds, fb requests."""
+def native_pair(directory: Path, fa: Frontend, fb: Frontend, names: tuple[str, str], depth: int,
+                gids: tuple[bytes, bytes] | None = None, path_mtu: int = 3) -> NativePair:
+    """Set up a pair of VMs through the control path (vrdma.testing.simulated_guest): fa responds, fb requests.
+    ``gids``: theirs (default: made of their names, for VMs of one backend; for two hosts, the hosts' addresses);
+    ``path_mtu``: the QPs' (3: 1024 bytes; 5: 4096, what a jumbo-frame link between hosts carries)."""
     from vrdma.testing._loadgen import ffi as nffi  # built by `make backend`
     from vrdma.testing.simulated_guest import SimVerbs
 
-    gids = [name.encode().ljust(16, b"\0") for name in names]
+    gids = gids or (names[0].encode().ljust(16, b"\0"), names[1].encode().ljust(16, b"\0"))
     sides = []
     for fe, name, gid in zip((fa, fb), names, gids, strict=True):
         fe.start()
@@ -104,8 +107,8 @@ def native_pair(directory: Path, fa: Frontend, fb: Frontend, names: tuple[str, s
         sides.append((verbs, pd, cq, verbs.create_qp(pd, cq, cq, depth=depth, max_sge=1, max_inline=0),
                       verbs.reg_mr(pd, 4 * MIB)))
     (va, pda, _, qpa, mra), (vb, _, cqb, qpb, mrb) = sides
-    va.connect(qpa, qpb.qpn, gids[1])
-    vb.connect(qpb, qpa.qpn, gids[0])
+    va.connect(qpa, qpb.qpn, gids[1], path_mtu=path_mtu)
+    vb.connect(qpb, qpa.qpn, gids[0], path_mtu=path_mtu)
     # The requester's rings, doorbell page and memory as the C driver sees them.
     mem_b = int(nffi.cast("uintptr_t", nffi.from_buffer(fb.memory.map)))
     db_b = int(nffi.cast("uintptr_t", nffi.from_buffer(vb.doorbells)))

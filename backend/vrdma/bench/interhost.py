@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from vrdma.bench.metric import Metric
 
 if TYPE_CHECKING:
+    from vrdma.harness.hosts import Host
     from vrdma.harness.multihost import GuestPlan
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ IPERF_PORT = 5201
 IPERF_SECONDS = 3
 MTU = 9000
 IP_UDP_HEADERS = 28
+# A RoCE packet's UDP payload at the largest path MTU (4096): its BTH, the data and the ICRC. The per-packet cost of
+# the hosts' stacks bounds this path, so UDP in datagrams of this size is what RoCE's packets could carry at best.
+ROCE_DATAGRAM = 12 + 4096 + 4
+BACKENDS_DEPTH = 256          # 1 MiB WRITEs between two backends without guests: posted this many at a time ...
+BACKENDS_SLEEP_US = 500       # ... the driver looking this often whether they all completed ...
+BACKENDS_RUNS = 3             # ... for a second (neighbours.SHARE_SECONDS), this many runs (the median)
 
 
 def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
@@ -51,7 +58,7 @@ def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
             MultiHost(Path(tmp), plan, memory_mib=memory_mib, mtu=mtu) as mh:
         accel = mh.accel.upper()
         where = f"two {accel} guests on two hosts"
-        results.append(udp_reference(mh, mtu - IP_UDP_HEADERS))
+        results.append(udp_reference((mh.fabric[0], mh.fabric[1]), mtu - IP_UDP_HEADERS))
         gids = [verbs.ipv4_gid_index(vm, dev) for vm, dev in zip(mh.vms, PLAN_DEVICES, strict=True)]
 
         def bandwidth(server: int, client: int) -> float:
@@ -85,13 +92,64 @@ def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
     return results
 
 
-def udp_reference(mh: object, datagram: int) -> Metric:
-    """iperf3's UDP throughput from host h0 to host h1 (what arrived), unlimited rate, the largest datagrams the
-    links carry unfragmented."""
-    from vrdma.harness.multihost import MultiHost
+def between_backends(mtu: int = MTU) -> list[Metric]:
+    """The backends alone between two hosts: two `vrdma backend --roce` in two network namespaces of a
+    vrdma.harness.hosts fabric (jumbo-frame links), one simulated VM each (its GID its host's address), RC QPs
+    connected across with a 4096-byte path MTU; the C load generator posts 1 MiB RDMA WRITEs from h0's VM to h1's
+    in batches, sleeping while they drain (the median of BACKENDS_RUNS one-second runs), against iperf3's UDP on
+    the same path (in the largest datagrams the links carry, and in datagrams of a RoCE packet's size: RoCE's
+    payload per packet stops at 4096 bytes, and the hosts' per-packet work bounds the path). What the engine's
+    network I/O gives, without TCG guests sharing the cores."""
+    import ipaddress
+    import os
+    import sys
+    from contextlib import ExitStack
 
-    assert isinstance(mh, MultiHost)
-    h0, h1 = mh.fabric[0], mh.fabric[1]
+    from vrdma.bench.backend import native_pair
+    from vrdma.bench.neighbours import SHARE_SECONDS, _floods
+    from vrdma.harness.daemon import DaemonProcess, Served, admin, vm_counters
+    from vrdma.harness.hosts import HostNetwork
+    from vrdma.testing.frontend import Frontend
+
+    command = (f"vrdma bench (two backends on two hosts, {mtu}-byte links, simulated VMs, WRITEs of 1 MiB "
+               f"{BACKENDS_DEPTH} at a time for {SHARE_SECONDS:g} s, median of {BACKENDS_RUNS})")
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-backends-") as tmp, ExitStack() as stack:
+        directory = Path(tmp)
+        fabric = stack.enter_context(HostNetwork(2, subnet="10.95.0.0/24", prefix=f"bb{os.getpid() % 100000}",
+                                                 mtu=mtu))
+        hosts = (fabric[0], fabric[1])
+        references = [udp_reference(hosts, mtu - IP_UDP_HEADERS, "interhost_backends_udp_gbps"),
+                      udp_reference(hosts, ROCE_DATAGRAM, "interhost_backends_udp_roce_size_gbps")]
+        frontends = []
+        daemons = []
+        for i, host in enumerate(hosts):
+            name = f"vm{i}"
+            daemons.append(DaemonProcess(
+                [Served(name, directory / f"{name}.sock")], log_file=directory / f"h{i}.log",
+                admin_socket=directory / f"h{i}" / "admin.sock", doorbell_dir=directory / "backend",
+                launcher=host.command([sys.executable, "-m", "vrdma.cli"]), roce=True))
+            stack.enter_context(daemons[-1])
+            frontends.append(stack.enter_context(Frontend(str(directory / f"{name}.sock"), memory_size=256 * MIB)))
+        gids = tuple(ipaddress.IPv6Address(f"::ffff:{host.address}").packed for host in hosts)
+        # vm1 (h1) responds, vm0 (h0) requests
+        pair = native_pair(directory, frontends[1], frontends[0], ("vm1", "vm0"), BACKENDS_DEPTH,
+                           gids=(gids[1], gids[0]), path_mtu=5)
+        # The driver sleeps while its queue drains (a spinning one would take one of the cores both backends and
+        # the hosts' forwarding need: three spinners on two cores halve what the backends can do).
+        figures = [_floods([pair], MIB, BACKENDS_SLEEP_US)[0] * MIB / 1e9 for _ in range(BACKENDS_RUNS)]
+        for i, daemon in enumerate(daemons):
+            log.debug("between backends: h%d's RoCE counters %s, engine threads %s", i,
+                      vm_counters(daemon, f"vm{i}")["roce"], admin(daemon, {"command": "counters"})["engine_threads"])
+    value = round(statistics.median(figures), 3)
+    log.info("between backends: %.3f GB/s (%s), UDP %.3f GB/s (%.3f GB/s in datagrams of RoCE's size)", value,
+             ", ".join(f"{f:.3f}" for f in figures), references[0].value, references[1].value)
+    return [*references, Metric("interhost_backends_write_bw_1mib_gbps", value, "GB/s", command)]
+
+
+def udp_reference(hosts: tuple[Host, Host], datagram: int, name: str = "interhost_udp_gbps") -> Metric:
+    """iperf3's UDP throughput from hosts[0] to hosts[1] (what arrived), unlimited rate, the largest datagrams the
+    links carry unfragmented."""
+    h0, h1 = hosts
     server = h1.popen(["iperf3", "-s", "-1", "--forceflush", "-B", h1.address, "-p", str(IPERF_PORT)])
     try:
         assert server.stdout is not None
@@ -110,5 +168,5 @@ def udp_reference(mh: object, datagram: int) -> Metric:
         server.terminate()
         server.wait(10)
     log.info("UDP between the hosts (iperf3): %.3f GB/s received", received)
-    return Metric("interhost_udp_gbps", round(received, 3), "GB/s",
+    return Metric(name, round(received, 3), "GB/s",
                   f"vrdma bench (iperf3 -u -b 0 -l {datagram} -t {IPERF_SECONDS}, host h0 to host h1)")

@@ -118,6 +118,14 @@ def rows() -> list[tuple[str, str, str]]:
          "`interhost_vrdma_write_bw_1mib_gbps`, `interhost_vrdma_rxe_write_bw_1mib_gbps`, "
          "`interhost_rxe_write_bw_1mib_gbps`, `interhost_udp_gbps`, `interhost_vrdma_write_lat_small_us`, "
          "`interhost_rxe_write_lat_small_us`"),
+        ("between backends", f"two `vrdma backend --roce` in two namespaces of `vrdma.harness.hosts` "
+         f"({_n(i.MTU)}-byte links), one simulated VM each (its GID its host's address), RC QPs with a 4096-byte path "
+         f"MTU: the C driver posts WRITEs of 1 MiB from h0 to h1 {_n(i.BACKENDS_DEPTH)} at a time, sleeping until "
+         f"they completed (looking every {_n(i.BACKENDS_SLEEP_US)} us), for {_n(neighbours.SHARE_SECONDS)} s "
+         f"(median of {_n(i.BACKENDS_RUNS)} runs), and iperf3's UDP between the namespaces as above, in the largest "
+         f"datagrams and in {_n(i.ROCE_DATAGRAM)}-byte ones (a RoCE packet's UDP payload at a 4096-byte path MTU)",
+         "`interhost_backends_write_bw_1mib_gbps`, `interhost_backends_udp_gbps`, "
+         "`interhost_backends_udp_roce_size_gbps`"),
         ("ratios", "computed from the figures of the same run",
          "`vrdma_nvmeof_randread_4k_vs_nvmetcp`, `_vs_rxe`, `vrdma_nvmeof_seqread_128k_vs_nvmetcp`, `_vs_rxe`, "
          "`vrdma_write_bw_1mib_vs_memcpy`, `vrdma_write_bw_1mib_vs_rxe`, `vrdma_write_lat_vs_rxe`, "
@@ -125,7 +133,8 @@ def rows() -> list[tuple[str, str, str]]:
          "`vrdma_qp_create_vs_rxe`, `vrdma_cm_connect_vs_rxe`, `backend_write_bw_1mib_vs_memcpy`, "
          "`neighbour_victim_write_p99_flood_1mib_vs_alone`, `_flood_8b_vs_alone`, "
          "`neighbour_victim_control_p99_flood_1mib_vs_alone`, `_flood_8b_vs_alone`, "
-         "`interhost_vrdma_write_bw_vs_udp`, `interhost_vrdma_write_bw_vs_rxe`, `interhost_vrdma_write_lat_vs_rxe`"),
+         "`interhost_vrdma_write_bw_vs_udp`, `interhost_vrdma_write_bw_vs_rxe`, `interhost_vrdma_write_lat_vs_rxe`, "
+         "`interhost_backends_write_bw_vs_udp`, `_vs_udp_roce_size`"),
     ]
 
 

@@ -16,6 +16,7 @@
 #ifndef VRDMA_ENGINE_H
 #define VRDMA_ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ENGINE-API-BEGIN */
@@ -467,6 +468,8 @@ void vre_clock_set(struct vre_engine *e, int64_t now_ns);
 int vre_check(struct vre_engine *e);
 void vre_net_counters(struct vre_engine *e, struct vre_net_counters *out);
 void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roce_counters *out);
+/* CRC-32 of n bytes continued from crc, as zlib's crc32() (crc.c: what every ICRC is computed with). */
+uint32_t vre_crc32(uint32_t crc, const uint8_t *p, size_t n);
 
 /* ENGINE-API-END */
 

@@ -13,7 +13,6 @@
 #include <endian.h>
 #include <errno.h>
 #include <string.h>
-#include <zlib.h>
 
 #include "vre.h"
 
@@ -77,13 +76,6 @@ static const struct {
 };
 
 
-/* CRC-32 (the Ethernet polynomial, reflected), continued from crc: standard CRC-32 is crc32(~0, ...) ^ ~0, which is
- * zlib's crc32() (several GB/s: every packet's ICRC covers all of it, both ways). */
-static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n)
-{
-	return ~(uint32_t)crc32(~crc, p, (uInt)n);
-}
-
 /*
  * The ICRC of a UDP payload of len bytes (ICRC excluded) between addr: CRC-32 over 8 bytes of ones (the LRH a RoCE
  * v2 packet does not have), the IP header with its variant fields as ones (IPv4: type of service, TTL, checksum;
@@ -127,7 +119,8 @@ static uint32_t icrc(const struct vre_roce_addr *addr, const uint8_t *udp_payloa
 	memcpy(udp + 8, udp_payload, sizeof(struct roce_bth));
 	udp[8 + 4] = 0xff;  /* FECN, BECN, reserved */
 	n = (uint32_t)(udp + 8 + sizeof(struct roce_bth) - pseudo);
-	return ~crc32_update(crc32_update(~0u, pseudo, n), udp_payload + sizeof(struct roce_bth),
+	/* (crc.c: every packet's ICRC covers all of it, both ways) */
+	return ~vre_crc32_update(vre_crc32_update(~0u, pseudo, n), udp_payload + sizeof(struct roce_bth),
 			     len - sizeof(struct roce_bth));
 }
 

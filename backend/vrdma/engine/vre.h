@@ -16,7 +16,7 @@
  *   mem.c (guest page lists, translation, copies), gid.c (the GID index), remote.c (a remote QP's transport
  *   state), roce.c (RoCE packets parsed and built);
  *   base.c (errors, the clock, events, doorbell slots), layout.c (the ring layouts the device accepts), wire.c (the
- *   wire opcode table), sockio.c (the sockets);
+ *   wire opcode table), sockio.c (the sockets), crc.c (CRC-32 at memory speed, for the ICRC);
  *   lock.c (the locks the threads and their callers share, each thread's context, waking a thread).
  * remote.h holds what the RoCE rooms share, wire.h the names of the wire, threads.h the threads' and locks' types,
  * account.h what the data path counts and charges.
@@ -427,6 +427,13 @@ VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, ui
 VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index);
 VRE_FN volatile uint32_t *vre_db_claim(struct vre_device *d, uint32_t index);
 VRE_FN void vre_set_parked_flags(struct vre_device *d, uint32_t value);
+
+/* -- crc.c: CRC-32 at memory speed --------------------------------------------------------------------------- */
+
+/* Before the first vre_crc32_update (vre_engine_new): picks the folding code where the CPU has it. */
+VRE_FN void vre_crc_init(void);
+/* The CRC-32 register (not zlib's complemented value) after n bytes from register r. */
+VRE_FN uint32_t vre_crc32_update(uint32_t r, const uint8_t *p, size_t n);
 
 /* -- gid.c: the GID index ----------------------------------------------------------------------------------- */
 
