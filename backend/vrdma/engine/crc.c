@@ -7,7 +7,8 @@
  * on the project's machines, so at the wire rates of a 10-25 Gb/s link the CRC alone would take most of a core on
  * each side. On x86-64 with PCLMULQDQ (every x86 server since 2010) this folds the buffer 64 bytes at a time with
  * carry-less multiplications (the method of Intel's "Fast CRC Computation for Generic Polynomials Using
- * PCLMULQDQ", 2009) and leaves only the last 16 to 79 bytes to zlib; elsewhere it is zlib's crc32().
+ * PCLMULQDQ", 2009) and leaves zlib the folded 16-byte remainder and the last 0 to 15 bytes; elsewhere it is
+ * zlib's crc32().
  *
  * Why the folding is right, in the polynomial view (M(x) the message, the first bit the highest degree; the CRC
  * register r is XORed into its first 32 bits; the CRC is M(x) * x^32 mod P): any 128-bit R with R = M (mod P)
