@@ -29,8 +29,8 @@
 
 /*
  * x^n mod P for the folds, bit-reversed in the high half of 64 bits (the coefficient of x^d at bit 63 - d), as
- * PCLMULQDQ takes them. Computed once (crc_fold_constants) rather than written out: the test compares the result
- * with zlib's over every length and alignment, which a wrong constant cannot pass.
+ * PCLMULQDQ takes them. Computed once (crc_fold_constants) rather than written out: on a CPU with PCLMULQDQ the
+ * test compares the result with zlib's over every length and alignment, which a wrong constant cannot pass.
  */
 struct crc_fold {
 	__m128i by4;   /* D = 512: each of four lanes folded over the other three (x^575, x^511) */
@@ -57,14 +57,14 @@ static struct crc_fold crc_fold_constants(void)
 }
 
 /* A folded D bits on, onto the block there: H (low lane) times the first constant, L (high lane) the second. */
-__attribute__((target("pclmul,sse4.1")))
+__attribute__((target("pclmul")))
 static inline __m128i fold(__m128i a, __m128i k, __m128i next)
 {
 	return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), next);
 }
 
 /* The CRC register (not zlib's complemented value) after n >= 64 bytes from register r. */
-__attribute__((target("pclmul,sse4.1")))
+__attribute__((target("pclmul")))
 static uint32_t crc_folded(uint32_t r, const uint8_t *p, size_t n, const struct crc_fold *k)
 {
 	__m128i x0 = _mm_loadu_si128((const __m128i *)p), x1 = _mm_loadu_si128((const __m128i *)(p + 16));
@@ -85,17 +85,18 @@ static uint32_t crc_folded(uint32_t r, const uint8_t *p, size_t n, const struct 
 		x0 = fold(x0, k->by1, _mm_loadu_si128((const __m128i *)p));
 	_mm_storeu_si128((__m128i *)rest, x0);
 	/* R from register 0 (zlib's crc 0xffffffff), then the tail from there. */
-	return ~(uint32_t)crc32(crc32(0xffffffffu, rest, sizeof(rest)), p, (uInt)n);
+	return ~(uint32_t)crc32_z(crc32_z(0xffffffffu, rest, sizeof(rest)), p, n);
 }
 
 static bool has_pclmul(void)
 {
 	unsigned int eax, ebx, ecx, edx;
 
-	return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_PCLMUL) && (ecx & bit_SSE4_1);
+	return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_PCLMUL);  /* (SSE2 is x86-64's baseline) */
 }
 
-/* Set once before any thread of the engine runs (vre_crc_init, from vre_engine_new); read only afterwards. */
+/* Set once (crc_setup, through pthread_once, which every reader passes first: the packet parser and builder are
+ * called without an engine too, from any thread); read only afterwards. */
 static struct crc_fold crc_k;
 static bool crc_fast;
 
@@ -107,35 +108,28 @@ static void crc_setup(void)
 	}
 }
 
-VRE_FN void vre_crc_init(void)
+VRE_FN uint32_t vre_crc32_update(uint32_t r, const uint8_t *p, size_t n)
 {
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-	pthread_once(&once, crc_setup);
-}
-
-VRE_FN uint32_t vre_crc32_update(uint32_t r, const uint8_t *p, size_t n)
-{
+	if (n == 0)
+		return r;  /* (zlib's crc32() of no buffer is its initial value, not the one given) */
+	pthread_once(&once, crc_setup);  /* a load and a compare once it ran */
 	if (crc_fast && n >= 64)
 		return crc_folded(r, p, n, &crc_k);
-	return ~(uint32_t)crc32(~r, p, (uInt)n);
+	return ~(uint32_t)crc32_z(~r, p, n);
 }
 
 #else
 
-VRE_FN void vre_crc_init(void)
-{
-}
-
 VRE_FN uint32_t vre_crc32_update(uint32_t r, const uint8_t *p, size_t n)
 {
-	return ~(uint32_t)crc32(~r, p, (uInt)n);
+	return n ? ~(uint32_t)crc32_z(~r, p, n) : r;
 }
 
 #endif
 
 uint32_t vre_crc32(uint32_t crc, const uint8_t *p, size_t n)
 {
-	vre_crc_init();
 	return ~vre_crc32_update(~crc, p, n);
 }

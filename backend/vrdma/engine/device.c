@@ -16,7 +16,6 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 {
 	struct vre_engine *e = aligned_alloc(64, sizeof(*e));  /* the scratch is cache-line aligned */
 
-	vre_crc_init();
 	if (!e)
 		return NULL;
 	memset(e, 0, sizeof(*e));

@@ -430,9 +430,8 @@ VRE_FN void vre_set_parked_flags(struct vre_device *d, uint32_t value);
 
 /* -- crc.c: CRC-32 at memory speed --------------------------------------------------------------------------- */
 
-/* Before the first vre_crc32_update (vre_engine_new): picks the folding code where the CPU has it. */
-VRE_FN void vre_crc_init(void);
-/* The CRC-32 register (not zlib's complemented value) after n bytes from register r. */
+/* The CRC-32 register (not zlib's complemented value) after n bytes from register r (the folding code where the CPU
+ * has it, picked at the first call). */
 VRE_FN uint32_t vre_crc32_update(uint32_t r, const uint8_t *p, size_t n);
 
 /* -- gid.c: the GID index ----------------------------------------------------------------------------------- */
