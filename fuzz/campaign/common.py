@@ -13,6 +13,10 @@ from vrdma.testing.simulated_guest import encode_command
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_DIR = ROOT / "fuzz" / "crashes" / "campaign"
+# The backend's engine threads: two, so that the attacker's device and the victim's are given to threads of their
+# own and attacks on the victim's memory cross between threads (the device locks, a destination held for a turn),
+# until the engine moves an idle victim to its sender's thread, which it does too.
+DEFAULT_ENGINE_THREADS = 2
 PAGE = abi.const("VRDMA_PAGE_SIZE")
 CMD_HDR = abi.sizeof("vrdma_cmd_hdr")
 RESP_HDR = abi.sizeof("vrdma_resp_hdr")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import sanitize
-from fuzz.campaign.common import COMMAND_SLOTS, REQUEST_ROOM, RESPONSE_ROOM, CampaignFailure
+from fuzz.campaign.common import COMMAND_SLOTS, DEFAULT_ENGINE_THREADS, REQUEST_ROOM, RESPONSE_ROOM, CampaignFailure
 from vrdma.device import abi
 from vrdma.harness.daemon import DaemonProcess, DaemonStartError, DaemonStopError, Served
 from vrdma.testing.frontend import VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, Frontend, FrontendError
@@ -21,11 +21,11 @@ from vrdma.testing.frontend import VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, Fronte
 
 class Backend:
     """`vrdma backend` serving vm0 (attacker) and vm1 (victim), as tests/backend_process.py starts it, optionally
-    with the sanitizer build (fuzz.sanitize), with ``engine_threads`` engine threads (`--engine-threads`: with two,
-    the attacker's and the victim's devices are each one thread's, and every attack on the victim's memory crosses
-    between them)."""
+    with the sanitizer build (fuzz.sanitize), with ``engine_threads`` engine threads (`--engine-threads`;
+    common.DEFAULT_ENGINE_THREADS says why two)."""
 
-    def __init__(self, directory: Path, sanitized: bool = False, engine_threads: int = 2) -> None:
+    def __init__(self, directory: Path, sanitized: bool = False,
+                 engine_threads: int = DEFAULT_ENGINE_THREADS) -> None:
         self.directory = directory
         self.sockets = {name: directory / f"{name}.sock" for name in ("vm0", "vm1")}
         self.admin = directory / "admin.sock"

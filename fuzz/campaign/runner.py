@@ -18,6 +18,7 @@ from fuzz import sanitize
 from fuzz.campaign.attacker import Attacker, Counts
 from fuzz.campaign.common import (
     CRASH_DIR,
+    DEFAULT_ENGINE_THREADS,
     FD_SLACK,
     GID,
     RSS_SLACK,
@@ -32,10 +33,6 @@ from fuzz.campaign.victim import Victim
 from vrdma.testing.frontend import FrontendError
 
 # -- the campaign ---------------------------------------------------------------------------------------------------
-
-# The backend runs as many engine threads as the VMs it serves: the attacker's device and the victim's on threads of
-# their own, so that every attack crosses between threads (the device locks, a destination held for a turn).
-DEFAULT_ENGINE_THREADS = 2
 
 @dataclass
 class Result:

@@ -100,7 +100,6 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
     the same path (in the largest datagrams the links carry, and in datagrams of a RoCE packet's size: RoCE's
     payload per packet stops at 4096 bytes, and the hosts' per-packet work bounds the path). What the engine's
     network I/O gives, without TCG guests sharing the cores."""
-    import ipaddress
     import os
     import sys
     from contextlib import ExitStack
@@ -110,6 +109,7 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
     from vrdma.harness.daemon import DaemonProcess, Served, admin, vm_counters
     from vrdma.harness.hosts import HostNetwork
     from vrdma.testing.frontend import Frontend
+    from vrdma.testing.inprocess import gid_of
 
     command = (f"vrdma bench (two backends on two hosts, {mtu}-byte links, simulated VMs, WRITEs of 1 MiB "
                f"{BACKENDS_DEPTH} at a time for {SHARE_SECONDS:g} s, median of {BACKENDS_RUNS})")
@@ -130,7 +130,7 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
                 launcher=host.command([sys.executable, "-m", "vrdma.cli"]), roce=True))
             stack.enter_context(daemons[-1])
             frontends.append(stack.enter_context(Frontend(str(directory / f"{name}.sock"), memory_size=256 * MIB)))
-        gids = tuple(ipaddress.IPv6Address(f"::ffff:{host.address}").packed for host in hosts)
+        gids = tuple(gid_of(host.address) for host in hosts)
         # vm1 (h1) responds, vm0 (h0) requests
         pair = native_pair(directory, frontends[1], frontends[0], ("vm1", "vm0"), BACKENDS_DEPTH,
                            gids=(gids[1], gids[0]), path_mtu=5)
@@ -147,8 +147,8 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
 
 
 def udp_reference(hosts: tuple[Host, Host], datagram: int, name: str = "interhost_udp_gbps") -> Metric:
-    """iperf3's UDP throughput from hosts[0] to hosts[1] (what arrived), unlimited rate, the largest datagrams the
-    links carry unfragmented."""
+    """iperf3's UDP throughput from hosts[0] to hosts[1] (what arrived), unlimited rate, in datagrams of ``datagram``
+    bytes (the largest the links carry unfragmented, or the size of a RoCE packet's), as the metric ``name``."""
     h0, h1 = hosts
     server = h1.popen(["iperf3", "-s", "-1", "--forceflush", "-B", h1.address, "-p", str(IPERF_PORT)])
     try:
