@@ -230,11 +230,41 @@ def test_impaired_link_keeps_the_data_intact(tmp_path: Path, impairment: Impairm
             p.close()
 
 
+def test_two_engine_threads_share_the_arriving_flows(fabric: HostNetwork, tmp_path: Path) -> None:
+    """With two engine threads, each reads a receive ring the kernel's fanout hashes a share of the flows to, and a
+    QP's packets are a flow of their own (its UDP source port): 16 QP pairs writing at once reach the receiving
+    backend on both threads' rings (the chance that 16 flows hash to one ring is 2^-15), every byte arrives, and the
+    packets each thread took add up to what the backend received."""
+    p = Pair(fabric, tmp_path, engine_threads=2)
+    try:
+        a, b = p.sides
+        qps = [(a.qp, b.qp)] + [(a.verbs.create_qp(a.pd, a.cq, a.cq), b.verbs.create_qp(b.pd, b.cq, b.cq))
+                                for _ in range(15)]
+        for qa, qb in qps:
+            a.verbs.connect(qa, qb.qpn, p.gids[1])
+            b.verbs.connect(qb, qa.qpn, p.gids[0])
+        size = 8192
+        for i, (qa, _) in enumerate(qps):
+            a.verbs.memory.write(a.mr.addr + i * size, bytes([i + 1]) * size)
+            a.verbs.post_send(qa, WR["RDMA_WRITE"], [(a.mr.addr + i * size, size, a.mr.lkey)], wr_id=i,
+                              remote_addr=b.mr.addr + i * size, rkey=b.mr.rkey)
+        done = wait_cqes(a.verbs, a.cq, len(qps))
+        assert sorted((c.wr_id, c.status) for c in done) == [(i, WC["SUCCESS"]) for i in range(len(qps))]
+        for i in range(len(qps)):
+            assert b.verbs.memory.read(b.mr.addr + i * size, size) == bytes([i + 1]) * size
+        threads = p.backends[1].admin_ask("counters")["engine_threads"]
+        taken = [t["rx_packets"] for t in threads]
+        assert all(n > 0 for n in taken), f"one ring took every flow: {taken}"
+        assert sum(taken) == p.backends[1].network_counters()["rx_packets"], (taken, p.backends[1].network_counters())
+    finally:
+        p.close()
+
+
 FORGE = """
 import sys
-from scapy.all import IP, UDP, Raw, send
+from scapy.all import IP, UDP, Ether, Raw, getmacbyip, send, sendp
 from scapy.contrib.roce import BTH
-src, dst, qpn, psn, rkey, va, size, bad_icrc, truncate = sys.argv[1:]
+src, dst, qpn, psn, rkey, va, size, bad_icrc, truncate, bad_ip_checksum = sys.argv[1:]
 reth = int(va).to_bytes(8, "big") + int(rkey).to_bytes(4, "big") + int(size).to_bytes(4, "big")
 pkt = IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=4791, dport=4791) / \
     BTH(opcode=0x0A, dqpn=int(qpn), psn=int(psn), pkey=0xFFFF) / Raw(reth + b"F" * int(size))
@@ -242,14 +272,20 @@ if bad_icrc == "1":
     pkt[BTH].icrc = 0x12345678
 if truncate == "1":
     pkt = IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=4791, dport=4791) / Raw(bytes(pkt[BTH])[:10])
-send(pkt, verbose=False)
+if bad_ip_checksum == "1":  # (a frame of its own: the kernel writes the checksum of what it sends as IP)
+    pkt[IP].chksum = IP(bytes(pkt))[IP].chksum ^ 0x0101
+    sendp(Ether(dst=getmacbyip(dst)) / pkt, iface="eth0", verbose=False)
+else:
+    send(pkt, verbose=False)
 """
 
 
 def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric: HostNetwork) -> None:
     """A third host sends RDMA WRITEs at vm1's QP: with a bad ICRC, to an unknown QPN, from its own address (not
-    the QP's peer), truncated, longer than the path MTU, and (spoofing the peer's address) ahead of and behind the
-    expected PSN. None writes a byte; each is counted where it was refused; the connection then works as before."""
+    the QP's peer), truncated, with a wrong IP header checksum (the rings see packets before the host's IP stack
+    has checked them), longer than the path MTU (1,024 bytes; within the link's, since a fragment is never RoCE
+    and never reaches the engine), and (spoofing the peer's address) ahead of and behind the expected PSN. None
+    writes a byte; each is counted where it was refused; the connection then works as before."""
     import sys
 
     a, b = pair.connect()
@@ -257,20 +293,21 @@ def test_forged_and_malformed_packets_are_dropped_and_counted(pair: Pair, fabric
     assert done.status == WC["SUCCESS"]
     peer, target, forger = fabric[0].address, fabric[1].address, fabric[2].address
     qpn, rkey, va = b.qp.qpn, b.mr.rkey, b.mr.addr + 4096
-    cases = [  # (src, qpn, psn, size, bad icrc, truncated): the counter it lands in
-        ((peer, qpn, 1, 16, 1, 0), ("network", "rx_bad_icrc")),
-        ((peer, qpn ^ 0x100, 1, 16, 0, 0), ("network", "rx_no_qp")),
-        ((forger, qpn, 1, 16, 0, 0), ("network", "rx_not_peer")),
-        ((peer, qpn, 1, 16, 0, 1), ("network", "rx_malformed")),
-        ((peer, qpn, 1, 2048, 0, 0), ("roce", "dropped")),
-        ((peer, qpn, 1000, 16, 0, 0), ("roce", "seq_naks")),
-        ((peer, qpn, 0, 16, 0, 0), ("roce", "duplicates")),
+    cases = [  # (src, qpn, psn, size, bad icrc, truncated, bad IP checksum): the counter it lands in
+        ((peer, qpn, 1, 16, 1, 0, 0), ("network", "rx_bad_icrc")),
+        ((peer, qpn ^ 0x100, 1, 16, 0, 0, 0), ("network", "rx_no_qp")),
+        ((forger, qpn, 1, 16, 0, 0, 0), ("network", "rx_not_peer")),
+        ((peer, qpn, 1, 16, 0, 1, 0), ("network", "rx_malformed")),
+        ((peer, qpn, 1, 16, 0, 0, 1), ("network", "rx_malformed")),
+        ((peer, qpn, 1, 1200, 0, 0, 0), ("roce", "dropped")),
+        ((peer, qpn, 1000, 16, 0, 0, 0), ("roce", "seq_naks")),
+        ((peer, qpn, 0, 16, 0, 0, 0), ("roce", "duplicates")),
     ]
     backend = pair.backends[1]
-    for (src, dqpn, psn, size, bad, cut), (group, name) in cases:
+    for (src, dqpn, psn, size, bad, cut, ipsum), (group, name) in cases:
         before = backend.network_counters() if group == "network" else pair.roce(1)
         result = fabric[2].run([sys.executable, "-c", FORGE, src, target, str(dqpn), str(psn), str(rkey), str(va),
-                                str(size), str(bad), str(cut)])
+                                str(size), str(bad), str(cut), str(ipsum)])
         assert result.returncode == 0, result.stderr
         backend.wait_for_counters(
             "vm1", lambda c, g=group, n=name, was=before[name]: (c["roce"] if g == "roce" else

@@ -1,23 +1,29 @@
 """The backend's RoCE v2 sockets (`vrdma-backend --roce`): opened here, with the privileges they need, and handed to
 the data engine, which reads and writes them from its polling loop (engine.h, vre_net_attach).
 
-- Receiving: a raw IPv4 socket of protocol UDP, so that each packet arrives with its IP header (the invariant CRC
-  covers its identification word, which a UDP socket never shows: docs/interhost.md), filtered in the kernel to
-  unfragmented UDP for port 4791 by a classic BPF program.
-- Sending: a UDP socket bound to port 4791 with IP_TRANSPARENT (a packet may leave from a guest's address, which is
-  not the host's) and don't-fragment (Linux then writes identification 0, the value the engine's ICRC assumes).
-  Bound, it also keeps the host's UDP from answering RoCE packets for the guests with ICMP port unreachable; a
-  drop-everything filter keeps it from queueing them.
-- IPv6: one UDP socket bound to [::]:4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, IPV6_RECVPKTINFO for each packet's
-  destination, don't-fragment) sends and receives: the ICRC of an IPv6 packet covers nothing it does not show.
-  On a host without IPv6 there is none, and IPv6 GIDs stay out of reach.
+- Receiving: AF_PACKET sockets, one per engine thread, which the engine makes mapped rings (TPACKET_V2) joined in
+  one fanout group (engine.h, vre_net_attach), so that each packet arrives with its IP header (the invariant CRC
+  covers its identification word, which a UDP socket never shows: docs/interhost.md) and the flows are shared
+  among the threads; filtered in the kernel by a classic BPF program to this host's unfragmented UDP for port
+  4791. They are opened with protocol 0, so that nothing arrives before the engine has its rings.
+- Sending: a raw IPv4 socket (IPPROTO_RAW: the engine writes each packet's IP and UDP headers, from a guest's
+  address, which is not the host's, and from its QP's UDP source port, with don't-fragment and identification 0,
+  the values the engine's ICRC assumes).
+- The guard: a UDP socket bound to port 4791, which keeps the host's UDP from answering RoCE packets for the
+  guests with ICMP port unreachable; a drop-everything filter keeps it from queueing them.
+- IPv6: rings of their own (a packet socket is bound to one protocol) receive, filtered to UDP as the next header
+  for port 4791; one UDP socket bound to [::]:4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, don't-fragment) sends, an IPv6
+  header having no identification for the ICRC to cover, and guards the port with a drop-everything filter. On a
+  host without IPv6 there is none of them, and IPv6 GIDs stay out of reach.
 
-Both need CAP_NET_RAW and CAP_NET_ADMIN (root, in the harness). How packets for the guests' addresses reach this
+They need CAP_NET_RAW (root, in the harness); IPv6 sends from the guests' addresses with IPV6_TRANSPARENT, which
+needs CAP_NET_ADMIN. How packets for the guests' addresses reach this
 host's stack (routing, nftables) is the operator's part: docs/interhost.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import socket
@@ -30,9 +36,6 @@ log = logging.getLogger(__name__)
 
 ROCE_PORT = 4791
 SO_ATTACH_FILTER = 26
-IP_TRANSPARENT = 19
-IP_MTU_DISCOVER = 10  # (not in Python 3.11's socket module)
-IP_PMTUDISC_DO = 2
 IPV6_TRANSPARENT = 75
 IPV6_MTU_DISCOVER = 23
 IPV6_PMTUDISC_DO = 2
@@ -49,14 +52,30 @@ def _bpf(program: list[tuple[int, int, int, int]]) -> tuple[bytes, ctypes.Array[
     return struct.pack("HxxxxxxQ", len(program), ctypes.addressof(code)), code
 
 
-# Unfragmented UDP to port 4791, seen from the IP header on (what a raw IPv4 socket's filter sees).
+# Unfragmented UDP to port 4791 addressed to this host (not a copy of what it sends, nor another host's frame),
+# seen from the IP header on (what a SOCK_DGRAM packet socket's filter sees).
+PACKET_HOST = 0
+SKF_AD_PKTTYPE = 0xFFFFF000 + 4  # SKF_AD_OFF + SKF_AD_PKTTYPE: the frame's packet type
 ROCE_ONLY = [
+    (0x20, 0, 0, SKF_AD_PKTTYPE),  # ld pkttype
+    (0x15, 0, 8, PACKET_HOST),  # for this host, or drop
     (0x30, 0, 0, 9),            # ldb [9]: protocol
     (0x15, 0, 6, 17),           # UDP, or drop
     (0x28, 0, 0, 6),            # ldh [6]: flags and fragment offset
     (0x45, 4, 0, 0x3FFF),       # a fragment (offset or more-fragments): drop
     (0xB1, 0, 0, 0),            # ldxb 4*([0]&0xf): the IP header's length
     (0x48, 0, 0, 2),            # ldh [x+2]: UDP destination port
+    (0x15, 0, 1, ROCE_PORT),    # 4791, or drop
+    (0x06, 0, 0, 0xFFFFFFFF),   # accept
+    (0x06, 0, 0, 0),            # drop
+]
+# IPv6: UDP as the next header (RoCE v2 uses no extension headers) to port 4791, addressed to this host.
+ROCE6_ONLY = [
+    (0x20, 0, 0, SKF_AD_PKTTYPE),  # ld pkttype
+    (0x15, 0, 5, PACKET_HOST),  # for this host, or drop
+    (0x30, 0, 0, 6),            # ldb [6]: next header
+    (0x15, 0, 3, 17),           # UDP, or drop
+    (0x28, 0, 0, 42),           # ldh [40+2]: UDP destination port
     (0x15, 0, 1, ROCE_PORT),    # 4791, or drop
     (0x06, 0, 0, 0xFFFFFFFF),   # accept
     (0x06, 0, 0, 0),            # drop
@@ -72,51 +91,55 @@ def _attach(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> No
 
 @dataclass
 class RoceSockets:
-    rx: socket.socket
+    rx: list[socket.socket]
     tx: socket.socket
+    guard: socket.socket
+    rx6: list[socket.socket]
     udp6: socket.socket | None = None
 
     def close(self) -> None:
-        self.rx.close()
-        self.tx.close()
-        if self.udp6 is not None:
-            self.udp6.close()
+        for sock in (*self.rx, self.tx, self.guard, *self.rx6, *((self.udp6,) if self.udp6 is not None else ())):
+            sock.close()
 
 
-def open_sockets() -> RoceSockets:
-    """The two sockets, non-blocking, with large buffers (bursts of a whole message's packets)."""
-    try:
-        rx = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
-    except PermissionError as err:
-        raise RoceError("RoCE needs a raw socket (CAP_NET_RAW): run the backend as root or give it the "
-                        "capability") from err
-    try:
-        _attach(rx, ROCE_ONLY)
-        rx.setblocking(False)
-        _force_buffer(rx, socket.SO_RCVBUF, 33)  # SO_RCVBUFFORCE
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    except OSError:
-        rx.close()
-        raise
-    try:
-        tx.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
-        tx.setsockopt(socket.SOL_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
-        tx.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        _attach(tx, DROP_ALL)
-        tx.bind(("0.0.0.0", ROCE_PORT))
-        tx.setblocking(False)
-        _force_buffer(tx, socket.SO_SNDBUF, 32)  # SO_SNDBUFFORCE
-    except PermissionError as err:
-        rx.close()
-        tx.close()
-        raise RoceError("RoCE sends from the guests' addresses (IP_TRANSPARENT needs CAP_NET_ADMIN): run the "
-                        "backend as root or give it the capability") from err
-    except OSError as err:
-        rx.close()
-        tx.close()
-        raise RoceError(f"cannot bind UDP port {ROCE_PORT} for RoCE: {err.strerror} (is another RoCE "
-                        f"endpoint, or another backend, using it in this network namespace?)") from err
-    return RoceSockets(rx, tx, _open_udp6())
+def open_sockets(rings: int = 1) -> RoceSockets:
+    """The receive sockets (`rings`: one per engine thread), the send socket, the guard and the IPv6 socket."""
+    with contextlib.ExitStack() as opened:
+        try:
+            rx = [_ring_socket(opened, ROCE_ONLY) for _ in range(rings)]
+            # IPPROTO_RAW: the engine writes the IP and UDP headers (IP_HDRINCL), from any address of its guests'
+            tx = opened.enter_context(socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW))
+            tx.setblocking(False)
+            _force_buffer(tx, socket.SO_SNDBUF, 32)  # SO_SNDBUFFORCE
+        except PermissionError as err:
+            raise RoceError("RoCE receives through packet sockets and sends through a raw one (CAP_NET_RAW): run "
+                            "the backend as root or give it the capability") from err
+        except OSError as err:  # EAFNOSUPPORT where a sandbox (systemd's RestrictAddressFamilies) leaves AF_PACKET out
+            raise RoceError(f"cannot open RoCE's packet and raw sockets: {err.strerror} (as a service, install the "
+                            f"roce.conf drop-in: it allows AF_PACKET and CAP_NET_RAW)") from err
+        guard = opened.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        try:
+            guard.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            _attach(guard, DROP_ALL)
+            guard.bind(("0.0.0.0", ROCE_PORT))
+        except OSError as err:
+            raise RoceError(f"cannot bind UDP port {ROCE_PORT} for RoCE: {err.strerror} (is another RoCE "
+                            f"endpoint, or another backend, using it in this network namespace?)") from err
+        udp6 = _open_udp6()
+        rx6 = []
+        if udp6 is not None:
+            opened.enter_context(udp6)
+            rx6 = [_ring_socket(opened, ROCE6_ONLY) for _ in range(rings)]
+        opened.pop_all()
+    return RoceSockets(rx, tx, guard, rx6, udp6)
+
+
+def _ring_socket(opened: contextlib.ExitStack, program: list[tuple[int, int, int, int]]) -> socket.socket:
+    """A packet socket for one of the engine's receive rings: filtered, not yet bound (nothing arrives)."""
+    sock = opened.enter_context(socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0))
+    _attach(sock, program)
+    sock.setblocking(False)
+    return sock
 
 
 def _open_udp6() -> socket.socket | None:
@@ -129,12 +152,11 @@ def _open_udp6() -> socket.socket | None:
     try:
         udp6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         udp6.setsockopt(socket.IPPROTO_IPV6, IPV6_TRANSPARENT, 1)
-        udp6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
         udp6.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
         udp6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _attach(udp6, DROP_ALL)  # (it only sends, and guards the port: the rings receive)
         udp6.bind(("::", ROCE_PORT))
         udp6.setblocking(False)
-        _force_buffer(udp6, socket.SO_RCVBUF, 33)
         _force_buffer(udp6, socket.SO_SNDBUF, 32)
     except OSError as err:
         udp6.close()

@@ -252,9 +252,10 @@ class Backend:
         self.roce: RoceSockets | None = None
         try:
             if roce:
-                self.roce = open_sockets()
+                self.roce = open_sockets(rings=engine_threads)
                 udp6 = self.roce.udp6.fileno() if self.roce.udp6 is not None else -1
-                self.engine.attach_network(self.roce.rx.fileno(), self.roce.tx.fileno(), udp6)
+                self.engine.attach_network([ring.fileno() for ring in self.roce.rx], self.roce.tx.fileno(),
+                                           [ring.fileno() for ring in self.roce.rx6], udp6)
                 log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
                          ROCE_PORT)
             self._start_engine(engine_threads, engine_cpus)
@@ -434,7 +435,7 @@ class Backend:
             endpoint.close("the backend is stopping")
         self.endpoints = {}
         if self.roce is not None:
-            self.engine.attach_network(-1, -1, -1)
+            self.engine.attach_network([], -1)
             self.roce.close()
             self.roce = None
         if self.guard is not None:

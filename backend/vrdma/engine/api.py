@@ -43,8 +43,9 @@ QOS_COUNTERS = ("turns", "throttled_ns", "deferred_bytes", "pieced_messages")
 # struct vre_thread_stats: what the engine's thread did (busy_ns and work feed the metrics; the rest tells, in the log
 # at shutdown, how it idled: parks, and what ended each sleep).
 THREAD_STATS = ("busy_ns", "work", "passes", "parks", "park_declined", "woken_by_kick", "woken_by_guest",
-                "woken_by_packet", "woken_by_time", "lock_waits", "sleep_ns", "devices_taken")
-NET_COUNTERS = ("rx_packets", "rx_malformed", "rx_bad_icrc", "rx_no_qp", "rx_not_peer", "tx_packets", "tx_dropped")
+                "woken_by_packet", "woken_by_time", "lock_waits", "sleep_ns", "devices_taken", "rx_packets")
+NET_COUNTERS = ("rx_packets", "rx_malformed", "rx_bad_icrc", "rx_no_qp", "rx_not_peer", "rx_dropped", "tx_packets",
+                "tx_dropped")
 
 
 class EngineLimits(TypedDict):

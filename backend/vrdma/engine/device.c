@@ -25,7 +25,7 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 		return NULL;
 	}
 	e->ndevices = max_devices;
-	e->rx_fd = e->tx_fd = e->udp6_fd = -1;
+	e->tx_fd = e->udp6_fd = -1;
 	e->caller.engine = e;
 	e->caller.worker = VRE_NO_WORKER;
 	if (vre_locks_init(e)) {
@@ -54,8 +54,8 @@ void vre_engine_free(struct vre_engine *e)
 	vre_locks_destroy(e);  /* the devices' locks are in e->devices */
 	free(e->devices);
 	free(e->gid_slots);
+	(void)vre_net_attach(e, NULL, NULL, 0, -1, -1);  /* the rings unmapped */
 	free(e->tx);
-	free(e->rx);
 	free(e);
 }
 

@@ -226,6 +226,7 @@ struct vre_net_counters {
 	uint64_t rx_bad_icrc;     /* its invariant CRC is wrong */
 	uint64_t rx_no_qp;        /* no device has its destination GID, or no QP there has its destination QPN */
 	uint64_t rx_not_peer;     /* the QP is not connected to its source (address or transport) */
+	uint64_t rx_dropped;      /* packets for the engine the kernel dropped: its receive rings were full */
 	uint64_t tx_packets;      /* packets the engine handed to the network */
 	uint64_t tx_dropped;      /* packets the network refused (send errors) or the engine had no room for */
 };
@@ -341,6 +342,7 @@ struct vre_thread_stats {
 	uint64_t lock_waits;      /* device turns put off because a caller held or wanted the device */
 	uint64_t sleep_ns;        /* time parked */
 	uint64_t devices_taken;   /* busy devices it took from a busier thread */
+	uint64_t rx_packets;      /* RoCE packets it took from its receive rings (the fanout's share) */
 };
 
 /* The threads start with every device open (and those opened later) given out to them; the network must be attached
@@ -437,15 +439,23 @@ int vre_roce_build(uint8_t *buf, uint32_t room, const struct vre_roce_addr *addr
 		   const uint8_t *payload, uint32_t payload_len);
 /*
  * RoCE v2 to other hosts (net.c, rreq.c, rcomp.c, rresp.c; the transmit ring in tx.c, the sockets in sockio.c).
- * The daemon opens the sockets, with the privileges they need, and hands them over: `rx_fd` a raw IPv4 socket of
- * protocol UDP (it sees each packet's IP header, whose identification the ICRC covers), `tx_fd` a UDP socket bound
- * to port 4791 that may send from addresses that are not the host's (IP_TRANSPARENT) with don't-fragment set;
- * `udp6_fd` (-1: no IPv6) an IPv6 UDP socket bound to port 4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, IPV6_RECVPKTINFO)
- * that sends and receives IPv6 RoCE, whose ICRC covers nothing a UDP socket does not show. -1, -1, -1: no network
- * (connected QPs with a destination no device here holds wait and time out, as before). The engine reads and
- * writes them from vre_poll and vre_spin.
+ * The daemon opens the sockets, with the privileges they need, and hands them over. `rx_fds`: `nrx` (1 to
+ * VRE_MAX_RX_RINGS, one per engine thread) AF_PACKET sockets of type SOCK_DGRAM opened with protocol 0 (nothing
+ * arrives yet), each with the daemon's classic BPF filter (IPv4 packets for this host, unfragmented UDP to 4791);
+ * `rx6_fds` as many for IPv6 (NULL with no IPv6): the engine makes each a mapped receive ring (TPACKET_V2), binds it
+ * to its protocol on every link and, for more than one, joins those of a family in one fanout group that hashes
+ * each flow to one ring; engine thread i reads rings i, i + threads, ... of both (each packet is seen with its IP
+ * header, whose identification the ICRC covers). A socket becomes a ring once: another attach takes new ones.
+ * `tx_fd` a raw IPv4 socket of IPPROTO_RAW (the engine writes the IP and UDP headers: from its guests' addresses,
+ * its QPs' source ports, identification 0 and don't-fragment); `udp6_fd` (-1: no IPv6) an IPv6 UDP socket bound to
+ * port 4791 (IPV6_V6ONLY, IPV6_TRANSPARENT, don't-fragment) that sends IPv6 RoCE, whose ICRC covers nothing a UDP
+ * socket does not write. NULL, NULL, 0, -1, -1: no network (connected QPs with a destination no device here holds
+ * wait and time out, as before); the rings are unmapped, the sockets stay the daemon's to close. A refused attach
+ * leaves the network as it was. The engine reads and writes them from vre_poll, vre_spin and its threads.
  */
-int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd);
+#define VRE_MAX_RX_RINGS 64
+int vre_net_attach(struct vre_engine *e, const int *rx_fds, const int *rx6_fds, uint32_t nrx, int tx_fd,
+		   int udp6_fd);
 /* One UDP payload that arrived for port 4791 between `addr`: parsed, checked and executed, or dropped and
  * counted. 0 when a QP took it, else the reason (-EBADMSG, -EILSEQ, -ENOENT no such QP, -EPERM not its peer). */
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);

@@ -12,7 +12,7 @@ import errno
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from vrdma.engine.api import (
@@ -205,9 +205,15 @@ class Engine:
 
     # -- the network (the daemon's: the device model never calls these) -------------------------------------
 
-    def attach_network(self, rx_fd: int, tx_fd: int, udp6_fd: int = -1) -> None:
-        """Hand the engine its RoCE sockets (see engine.h, vre_net_attach); -1, -1, -1 takes them back."""
-        self._check(lib.vre_net_attach(self._e, rx_fd, tx_fd, udp6_fd))
+    def attach_network(self, rx_fds: Sequence[int], tx_fd: int, rx6_fds: Sequence[int] = (),
+                       udp6_fd: int = -1) -> None:
+        """Hand the engine its RoCE sockets (see engine.h, vre_net_attach: the receive sockets become its mapped
+        rings, IPv6's as many as IPv4's or none); [], -1 takes them back."""
+        fds = ffi.new("int[]", list(rx_fds)) if rx_fds else ffi.NULL
+        fds6 = ffi.new("int[]", list(rx6_fds)) if rx6_fds else ffi.NULL
+        if rx6_fds and len(rx6_fds) != len(rx_fds):
+            raise ValueError(f"{len(rx6_fds)} IPv6 receive sockets for {len(rx_fds)} IPv4 ones")
+        self._check(lib.vre_net_attach(self._e, fds, fds6, len(rx_fds), tx_fd, udp6_fd))
 
     def net_counters(self) -> dict[str, int]:
         out = ffi.new("struct vre_net_counters *")
@@ -226,13 +232,14 @@ class Engine:
         and only roce_input brings packets in. For tests and fuzzers that play the other hosts in process."""
         self._check(lib.vre_net_capture(self._e))
 
-    def take_packets(self) -> list[tuple[bytes, bytes, bytes]]:
-        """Every packet waiting to go, oldest first: (UDP payload, source GID, destination GID)."""
+    def take_packets(self) -> list[tuple[bytes, bytes, bytes, int]]:
+        """Every packet waiting to go, oldest first: (UDP payload, source GID, destination GID, UDP source port)."""
         packets = []
         addr = ffi.new("struct vre_roce_addr *")
         buf = ffi.new("uint8_t[]", PACKET_ROOM)
         while n := int(lib.vre_net_take(self._e, buf, PACKET_ROOM, addr)):
-            packets.append((bytes(ffi.buffer(buf, min(n, PACKET_ROOM))), bytes(addr.src), bytes(addr.dst)))
+            packets.append((bytes(ffi.buffer(buf, min(n, PACKET_ROOM))), bytes(addr.src), bytes(addr.dst),
+                            int(addr.sport)))
         return packets
 
     def check(self) -> None:

@@ -71,7 +71,7 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 		net_count(&e->net.rx_no_qp, 1);
 		return -ENOENT;
 	}
-	/* The packet's device, then the network (it may answer): thread 0 receives for every thread's devices. */
+	/* The packet's device, then the network (it may answer): a ring's thread receives for every thread's devices. */
 	device_lock_blocking(d);
 	net_lock(e);
 	err = d->open ? roce_deliver(e, d, &pkt, udp_payload, addr) : -ENOENT;

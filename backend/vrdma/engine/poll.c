@@ -331,9 +331,9 @@ VRE_FN uint32_t vre_poll_owned(struct vre_engine *e, struct vre_worker *w, uint3
 	uint32_t work = 0, busy = 0, hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
 
 	ctx(e)->now = engine_clock(e);
-	/* thread 0 receives; a caller only while no thread runs */
-	if ((w ? w->index == 0 : !vre_thread_count(e)) && net_on(e) && !e->capture)
-		work += sock_recv(e, budget, vre_roce_input);
+	/* each thread its rings; a caller all of them, only while no thread runs */
+	if (net_on(e) && !e->capture)
+		work += sock_recv(e, w, budget, vre_roce_input);
 	for (uint32_t round = 0; round < 2; round++) {
 		uint32_t low = low_turns_open(e, w, hi);
 

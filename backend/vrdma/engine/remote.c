@@ -58,7 +58,7 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 	n = qp->net;
 	memcpy(n->addr.src, qp->attr.sgid, 16);
 	memcpy(n->addr.dst, qp->attr.dgid, 16);
-	n->addr.sport = VRE_ROCE_PORT;
+	n->addr.sport = roce_sport(qp->cfg.qpn, qp->attr.dest_qpn);
 	n->addr.dport = VRE_ROCE_PORT;
 	n->addr.ip_frag = IP_DONT_FRAGMENT;  /* and so identification 0 from Linux (docs/interhost.md) */
 	n->mtu = mtu_bytes(qp->attr.path_mtu);

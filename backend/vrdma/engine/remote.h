@@ -105,6 +105,16 @@ static inline bool net_reaches(const struct vre_engine *e, const uint8_t *src, c
 	return ipv4_mapped(src) ? ipv4_mapped(dst) : !ipv4_mapped(dst) && e->udp6_fd >= 0;
 }
 
+/* RoCE v2's UDP source port for the packets of QP `qpn` to QP `peer_qpn`: a flow of their own (the entropy ECMP
+ * paths and the receiving host's fanout spread by), from 0xc000 up as rxe's, the same for every packet of the pair
+ * (so that their order holds on any path). */
+static inline uint16_t roce_sport(uint32_t qpn, uint32_t peer_qpn)
+{
+	uint32_t h = (qpn ^ (peer_qpn << 7)) * 0x9e3779b1u;
+
+	return (uint16_t)(0xc000 | (h >> 18));
+}
+
 static inline uint32_t psn_add(uint32_t psn, uint32_t n)
 {
 	return (psn + n) & PSN_MASK;
@@ -178,7 +188,12 @@ VRE_FN void net_assert(struct vre_device *d);
 /* What arrives from the network goes to `input` (vre_roce_input), one UDP payload at a time. */
 typedef int (*vre_input_fn)(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len,
 			    const struct vre_roce_addr *addr);
-VRE_FN uint32_t sock_recv(struct vre_engine *e, uint32_t budget, vre_input_fn input);
+/* What arrived on the rings `w` reads (NULL: the caller, every ring while no thread runs). */
+VRE_FN uint32_t sock_recv(struct vre_engine *e, struct vre_worker *w, uint32_t budget, vre_input_fn input);
+VRE_FN int ring_open(struct vre_rx_ring *r, int fd, int family, uint32_t nrings, uint32_t *group,
+		     const char **step);
+VRE_FN void ring_close(struct vre_rx_ring *r);
+VRE_FN bool ring_mine(const struct vre_engine *e, const struct vre_worker *w, uint32_t i);
 VRE_FN void sock_send(struct vre_engine *e);
 
 #endif /* VRDMA_ENGINE_REMOTE_H */

@@ -15,13 +15,14 @@
  * never for a spin or a whole transfer, and no control change (a destroy, a new memory table) ever meets a turn
  * half done. Lock order: devices, the GID index, the network, the event ring.
  *
- * The network (RoCE v2) is received by thread 0 only, which takes the lock of each packet's device to handle it;
- * packets go out from whichever thread built them, through the one queue the network lock guards. Each thread has
+ * The network (RoCE v2) is received on rings the kernel's fanout gives each a share of the flows (thread i reads
+ * rings i, i + threads, ...: sockio.c), and a thread takes the lock of each packet's device to handle
+ * it; packets go out from whichever thread built them, through the one queue the network lock guards. Each thread has
  * its own context (struct vre_ctx: its clock and its scratch for a WQE's copies).
  *
  * Idle for park_after_ns, a thread parks its devices (the parked slot of every doorbell page, one more look: poll.c)
  * and sleeps in ppoll(2) on its kick eventfd (vre_kick: a guest's wake-up, a change of deadlines or devices), the
- * RoCE sockets (thread 0), until the next deadline of its devices (a retry, a moderation timer, a limited VM's
+ * RoCE rings it reads, until the next deadline of its devices (a retry, a moderation timer, a limited VM's
  * bucket) and, while a driver asked for it, at most the recheck period. Events for the model wake the event loop
  * through its eventfd.
  */
@@ -111,7 +112,7 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 	e->threads.events_told = false;
 	for (uint32_t k = 0; k < n; k++) {
 		w[k] = (struct vre_worker){ .engine = e, .index = k, .cpu = config->cpus[k], .ctx.engine = e };
-		w[k].nfds_room = e->ndevices + 3;
+		w[k].nfds_room = e->ndevices + e->nrings + 1;  /* its kick, rings, devices */
 		w[k].fds = calloc(w[k].nfds_room, sizeof(*w[k].fds));
 		w[k].kick_fd = w[k].fds ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
 		if (w[k].kick_fd < 0) {
@@ -195,7 +196,7 @@ int vre_device_owner(struct vre_engine *e, uint32_t dev)
 
 /* -- a thread ------------------------------------------------------------------------------------------------- */
 
-/* One pass over the thread's devices (and, for thread 0, the network); the events it produced told. */
+/* One pass over the thread's devices and its receive rings; the events it produced told. */
 static uint32_t pass(struct vre_worker *w)
 {
 	struct vre_engine *e = w->engine;
@@ -293,12 +294,10 @@ static void park_and_sleep(struct vre_worker *w)
 	stat_add(&w->stats.parks, 1);
 	deadline = vre_next_deadline_owned(e, w);
 	fds[0] = (struct pollfd){ .fd = w->kick_fd, .events = POLLIN };
-	if (w->index == 0 && !e->capture) {  /* the sockets do not change while threads run (vre_net_attach) */
-		for (int i = 0, fd; i < 2; i++) {
-			fd = i ? e->udp6_fd : e->rx_fd;
-			if (fd >= 0)
-				fds[n++] = (struct pollfd){ .fd = fd, .events = POLLIN };
-		}
+	if (!e->capture) {  /* the sockets do not change while threads run (vre_net_attach) */
+		for (uint32_t i = 0; i < e->nrings; i++)
+			if (ring_mine(e, w, i))
+				fds[n++] = (struct pollfd){ .fd = e->rings[i].fd, .events = POLLIN };
 	}
 	sockets = n;
 	/* Its devices' wake-up eventfds: a guest's kick wakes it here, in one hop, not through the event loop, which

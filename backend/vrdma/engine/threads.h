@@ -20,7 +20,7 @@ struct vre_worker {
 	int32_t cpu;              /* the CPU it is pinned to, -1: any */
 	uint32_t busy_devices;    /* atomic: devices that had work in its last pass (what balance() looks at) */
 	uint32_t sleeping;        /* atomic: parked and asleep (wake_idle kicks only such a thread) */
-	struct pollfd *fds;       /* what it sleeps on: its kick, the sockets (thread 0), its devices' wake fds */
+	struct pollfd *fds;       /* what it sleeps on: its kick, its rings, its devices' wake fds */
 	uint32_t nfds_room;
 	struct vre_thread_stats stats;  /* its own; read (racily, they are statistics) by vre_thread_stats */
 	struct vre_ctx ctx;

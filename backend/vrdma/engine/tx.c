@@ -7,14 +7,32 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "vre.h"
 
-int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
+/* Rings [0, n) unmapped and freed (their sockets stay the daemon's). */
+static void rings_free(struct vre_rx_ring *rings, uint32_t n)
 {
-	if ((rx_fd < 0) != (tx_fd < 0) || (udp6_fd >= 0 && tx_fd < 0))
-		return vre_fail(e, EINVAL, "RoCE needs its IPv4 sockets (receive %d, send %d), with or without the IPv6 "
-				"one (%d), or none", rx_fd, tx_fd, udp6_fd);
+	for (uint32_t i = 0; i < n; i++)
+		ring_close(&rings[i]);
+	free(rings);
+}
+
+int vre_net_attach(struct vre_engine *e, const int *rx_fds, const int *rx6_fds, uint32_t nrx, int tx_fd, int udp6_fd)
+{
+	struct vre_rx_ring *rings = NULL;
+	uint32_t group[2] = { 0, 0 }, nrings;
+
+	if ((nrx == 0) != (tx_fd < 0) || (udp6_fd >= 0) != (rx6_fds != NULL) || (udp6_fd >= 0 && tx_fd < 0) ||
+	    nrx > VRE_MAX_RX_RINGS || (nrx && !rx_fds))
+		return vre_fail(e, EINVAL, "RoCE needs its IPv4 sockets (1 to %u receive rings, got %u; send %d), with "
+				"or without IPv6 (its receive rings and send socket %d together), or none",
+				VRE_MAX_RX_RINGS, nrx, tx_fd, udp6_fd);
+	nrings = rx6_fds ? 2 * nrx : nrx;
+	for (uint32_t i = 0; i < nrings; i++)
+		if ((i < nrx ? rx_fds[i] : rx6_fds[i - nrx]) < 0)
+			return vre_fail(e, EBADF, "receive ring %u: no socket", i);
 	if (vre_thread_count(e))
 		return vre_fail(e, EBUSY, "the engine's threads are running: attach the network before they start");
 	if (tx_fd >= 0 && !e->tx) {
@@ -22,7 +40,28 @@ int vre_net_attach(struct vre_engine *e, int rx_fd, int tx_fd, int udp6_fd)
 		if (!e->tx)
 			return vre_fail(e, ENOMEM, "no memory for the transmit ring");
 	}
-	e->rx_fd = rx_fd;
+	/* The new rings first: a refusal leaves the engine with the network it had. IPv4's are [0, nrx), IPv6's
+	 * [nrx, 2 nrx): thread t reads every ring i with i % threads == t (ring_mine), one of each family. */
+	if (nrings) {
+		rings = calloc(nrings, sizeof(*rings));
+		if (!rings)
+			return vre_fail(e, ENOMEM, "no memory for %u receive rings", nrings);
+	}
+	for (uint32_t i = 0; i < nrings; i++) {
+		bool v6 = i >= nrx;
+		int fd = v6 ? rx6_fds[i - nrx] : rx_fds[i];
+		const char *step;
+		int err = ring_open(&rings[i], fd, v6 ? AF_INET6 : AF_INET, nrx, &group[v6], &step);
+
+		if (err) {
+			rings_free(rings, i + 1);  /* what it mapped before it failed goes too */
+			return vre_fail(e, err, "receive ring %u (IPv%c, socket %d): %s: %s", i % nrx, v6 ? '6' : '4', fd,
+					step, strerror(err));
+		}
+	}
+	rings_free(e->rings, e->nrings);
+	e->rings = rings;
+	e->nrings = nrings;
 	e->tx_fd = tx_fd;
 	e->udp6_fd = udp6_fd;
 	e->capture = false;
@@ -76,6 +115,8 @@ VRE_FN void tx_queue(struct vre_engine *e, struct vre_device *d, const struct vr
 	int len;
 
 	slot->addr = *addr;
+	if (!ipv4_mapped(addr->src))
+		slot->addr.sport = VRE_ROCE_PORT;  /* the IPv6 socket sends from the port it is bound to (sockio.c) */
 	len = vre_roce_build(slot->data, sizeof(slot->data), &slot->addr, pkt,
 			     slot->data + roce_header_len(pkt->opcode), payload_len);
 	if (len < 0) {  /* an opcode or size the engine itself got wrong: never on the wire */

@@ -135,7 +135,8 @@ static void ud_send_remote(struct vre_request *r, const struct vre_gid *sgid, ui
 				    .dest_qpn = h->ud.remote_qpn, .psn = psn_add(r->qp->attr.sq_psn, r->qp->sq_head),
 				    .qkey = qkey, .src_qpn = r->qp->cfg.qpn, .imm = h->imm_data,
 				    .solicited = !!(h->send_flags & VRDMA_SEND_SOLICITED) };
-	struct vre_roce_addr addr = { .sport = VRE_ROCE_PORT, .dport = VRE_ROCE_PORT, .ip_frag = IP_DONT_FRAGMENT };
+	struct vre_roce_addr addr = { .sport = roce_sport(r->qp->cfg.qpn, h->ud.remote_qpn), .dport = VRE_ROCE_PORT,
+				      .ip_frag = IP_DONT_FRAGMENT };
 
 	if (!slot || r->len > VRE_PKT_ROOM - VRE_ROCE_MAX_HEADERS - 8) {
 		r->d->counters.ud_dropped++;  /* no room on the way out, or more than a packet: lost, as UD allows */

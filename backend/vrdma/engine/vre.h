@@ -276,6 +276,15 @@ struct vre_gid_slot {
 
 #include "threads.h"
 
+/* A mapped receive ring (sockio.c): frames the kernel fills and hands over one at a time (TPACKET_V2), read in
+ * order by the one thread it belongs to. */
+struct vre_rx_ring {
+	int fd;
+	int family;               /* AF_INET or AF_INET6: what it is bound to */
+	uint8_t *map;
+	uint32_t next;            /* the frame read next */
+};
+
 struct vre_engine {
 	uint32_t ndevices;                /* device slots, made once: VMs added later take a free one */
 	uint32_t devices_hi;              /* one past the highest open device: the loops over devices stop here */
@@ -285,13 +294,15 @@ struct vre_engine {
 	struct vre_event events[EVENT_RING];
 	uint32_t ev_head, ev_tail;
 	char error[256];
-	/* The network (tx.c, sockio.c): the daemon's sockets (-1: none), packets waiting to go [tx_head, tx_tail). */
-	int rx_fd, tx_fd, udp6_fd;
+	/* The network (tx.c, sockio.c): the daemon's sockets (-1: none), its receive rings, packets waiting to go
+	 * [tx_head, tx_tail). */
+	int tx_fd, udp6_fd;
+	struct vre_rx_ring *rings;
+	uint32_t nrings;
 	bool capture;             /* vre_net_capture: no sockets, the caller takes what is sent */
 	int64_t clock;            /* vre_clock_set: a fixed time (ns), 0: CLOCK_MONOTONIC */
 	struct vre_tx_pkt *tx;
 	uint32_t tx_head, tx_tail;
-	uint8_t *rx;              /* sockio.c's receive buffers */
 	struct vre_net_counters net;
 	struct vre_threads threads;
 	struct vre_sched sched;   /* the scheduler's sizes (vre_sched_set) */

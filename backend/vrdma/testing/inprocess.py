@@ -55,14 +55,15 @@ class Packet:
     aeth: int = 0
     ackreq: int = 0
     payload_len: int = 0
+    sport: int = 4791  # its UDP source port (the ICRC covers it): the sending QP's (engine.h)
 
     @classmethod
-    def parsed(cls, data: bytes, src: bytes, dst: bytes) -> Packet:
+    def parsed(cls, data: bytes, src: bytes, dst: bytes, sport: int = 4791) -> Packet:
         pkt = ffi.new("struct vre_roce_pkt *")
-        err = lib.vre_roce_parse(data, len(data), _addr(src, dst), pkt)
+        err = lib.vre_roce_parse(data, len(data), _addr(src, dst, sport), pkt)
         if err:
             raise ValueError(f"not a RoCE v2 packet the engine parses ({err}): {data[:16].hex()}")
-        return cls(data, src, dst, pkt.opcode, pkt.psn, pkt.dest_qpn, pkt.aeth, pkt.ackreq, pkt.payload_len)
+        return cls(data, src, dst, pkt.opcode, pkt.psn, pkt.dest_qpn, pkt.aeth, pkt.ackreq, pkt.payload_len, sport)
 
     @property
     def kind(self) -> str:
@@ -86,8 +87,8 @@ OPCODE_KINDS = {0x00: "SEND_FIRST", 0x01: "SEND_MIDDLE", 0x02: "SEND_LAST", 0x03
                 0x13: "CMP_SWAP", 0x14: "FETCH_ADD"}
 
 
-def _addr(src: bytes, dst: bytes) -> Any:
-    return ffi.new("struct vre_roce_addr *", {"src": list(src), "dst": list(dst), "sport": 4791, "dport": 4791,
+def _addr(src: bytes, dst: bytes, sport: int = 4791) -> Any:
+    return ffi.new("struct vre_roce_addr *", {"src": list(src), "dst": list(dst), "sport": sport, "dport": 4791,
                                                "ip_id": 0, "ip_frag": 0x4000})
 
 
@@ -181,11 +182,11 @@ class LocalHost:
         return work
 
     def sent(self) -> list[Packet]:
-        return [Packet.parsed(data, src, dst) for data, src, dst in self.engine.take_packets()]
+        return [Packet.parsed(data, src, dst, sport) for data, src, dst, sport in self.engine.take_packets()]
 
     def deliver(self, packet: Packet) -> int:
         """Give the engine one packet as if it had arrived: 0, or the negative reason it was refused."""
-        reason = self.engine.roce_input(packet.data, packet.src, packet.dst)
+        reason = self.engine.roce_input(packet.data, packet.src, packet.dst, packet.sport)
         self.engine.check()
         return reason
 
