@@ -21,6 +21,8 @@
  * and the timers bring every posted send WQE to a completion or its QP to the error state within MAX_DRAIN rounds
  * (a QP never stalls); every packet given to an engine is counted exactly once (the network counters add up).
  */
+#include <errno.h>
+
 #include "roce.h"
 
 static struct packet inflight[MAX_INFLIGHT], pool[POOL], scratch;
@@ -145,7 +147,13 @@ static void op_network(struct in *in)
 	}
 }
 
-/* The BTH's fields at their places in the UDP payload (big endian). */
+/* Big-endian fields at their places: the IP and UDP headers', the BTH's in the UDP payload. */
+static void put_be16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
 static void put_be24(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)(v >> 16);
@@ -153,10 +161,74 @@ static void put_be24(uint8_t *p, uint32_t v)
 	p[2] = (uint8_t)v;
 }
 
+/* The IP packet a receive ring would hold for p: its IP (v4 or v6, by its source GID) and UDP headers written
+ * around its UDP payload, as the sender's raw socket writes them; its length. */
+static uint32_t as_ip(const struct packet *p, uint8_t *ip)
+{
+	bool v4 = !memcmp(p->addr.src, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12);
+	uint32_t hl = v4 ? 20 : 40, sum = 0;
+	uint8_t *udp = ip + hl;
+
+	memset(ip, 0, hl);
+	if (v4) {
+		ip[0] = 0x45;
+		put_be16(ip + 2, (uint16_t)(hl + 8 + p->len));
+		put_be16(ip + 4, p->addr.ip_id);
+		put_be16(ip + 6, p->addr.ip_frag);
+		ip[8] = 64;
+		ip[9] = 17;
+		memcpy(ip + 12, p->addr.src + 12, 4);
+		memcpy(ip + 16, p->addr.dst + 12, 4);
+		for (uint32_t i = 0; i < hl; i += 2)
+			sum += (uint32_t)ip[i] << 8 | ip[i + 1];
+		while (sum >> 16)
+			sum = (sum & 0xffff) + (sum >> 16);
+		put_be16(ip + 10, (uint16_t)~sum);
+	} else {
+		ip[0] = 0x60;
+		put_be16(ip + 4, (uint16_t)(8 + p->len));
+		ip[6] = 17;
+		ip[7] = 64;
+		memcpy(ip + 8, p->addr.src, 16);
+		memcpy(ip + 24, p->addr.dst, 16);
+	}
+	put_be16(udp, p->addr.sport);
+	put_be16(udp + 2, p->addr.dport);
+	put_be16(udp + 4, (uint16_t)(8 + p->len));
+	put_be16(udp + 6, 0);
+	memcpy(udp + 8, p->data, p->len);
+	return hl + 8 + p->len;
+}
+
+/* p through the receive rings' checks (vre_ip_input), its IP or UDP header maybe damaged: a byte of the first 48
+ * changed, or the packet cut short or padded. */
+static void deliver_ip(struct in *in, const struct packet *p)
+{
+	static uint8_t ip[PKT_ROOM + 64];
+	uint32_t len = as_ip(p, ip);
+	uint8_t damage = u8(in);
+
+	if (damage & 1)
+		ip[u8(in) % 48] ^= u8(in) | 1;
+	if (damage & 2)
+		len = u16(in) % (len + 8);  /* (the 8 bytes past it: Ethernet's padding, zeros) */
+	for (int i = 0; i < HOSTS; i++) {
+		if (!memcmp(hosts[i].gid, p->addr.dst, 16)) {
+			int ret = vre_ip_input(hosts[i].e, ip, len);
+
+			CHECK(ret <= 0, "vre_ip_input returned %d", ret);
+			CHECK((damage & 3) || ret != -EBADMSG, "an IP packet as the engine's peer writes it was malformed");
+			check_engine(&hosts[i]);
+			consume(&hosts[i]);
+		}
+	}
+}
+
 /*
  * A forger: a packet seen on the wire, changed, sent to either host. Parsed and built again through the engine's
  * own builder (so that its ICRC is valid and it reaches the transport), or changed as raw bytes (its ICRC most
- * likely broken).
+ * likely broken), or handed over as a whole IP packet through the receive rings' checks, its headers maybe
+ * damaged.
  */
 static void op_forge(struct in *in)
 {
@@ -171,6 +243,10 @@ static void op_forge(struct in *in)
 	p = &scratch;
 	if (how & 1)  /* the other way: as if from the destination to the source */
 		memcpy(p->addr.dst, hosts[(how >> 1) & 1].gid, 16);
+	if (how & 8) {  /* as a whole IP packet */
+		deliver_ip(in, p);
+		return;
+	}
 	if (how & 4) {  /* raw damage */
 		uint32_t at = u16(in) % p->len;
 

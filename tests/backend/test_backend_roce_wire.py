@@ -191,3 +191,74 @@ def test_build_refuses_what_the_opcode_cannot_carry() -> None:
         assert lib.vre_roce_build(buf, len(buf), roce_addr("IPv4"), pkt, payload, len(payload)) == -errno.EINVAL
     pkt = ffi.new("struct vre_roce_pkt *", {"opcode": 0x04})
     assert lib.vre_roce_build(buf, len(buf), roce_addr("IPv4"), pkt, b"x" * 64, 64) == -errno.ENOSPC
+
+
+
+def with_ipv4_checksum(packet: bytes) -> bytes:
+    """The IPv4 packet with its header checksum made right again (so that only the change under test is wrong)."""
+    ihl = (packet[0] & 0xF) * 4
+    header = bytearray(packet[:ihl])
+    header[10:12] = b"\0\0"
+    total = sum(int.from_bytes(header[i:i + 2], "big") for i in range(0, ihl, 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    header[10:12] = (~total & 0xFFFF).to_bytes(2, "big")
+    return bytes(header) + packet[ihl:]
+
+
+def patched(packet: bytes, at: int, value: bytes) -> bytes:
+    return packet[:at] + value + packet[at + len(value):]
+
+
+def ip_packets() -> dict[str, tuple[bytes, int]]:
+    """Whole IP packets as a receive ring holds them, each with what vre_ip_input answers: a well-formed one
+    reaches the transport (no device has its GID here: -ENOENT), the rest stop at their IP or UDP header."""
+    src, dst = ADDRS["IPv4"]
+    src6, dst6 = ADDRS["IPv6"]
+    v4 = bytes(IP(src=src, dst=dst, id=0, flags="DF") / UDP(sport=SPORT, dport=PORT, chksum=0) /
+               Raw(build("IPv4", 0x04, {}, b"hello")))
+    v6 = bytes(IPv6(src=src6, dst=dst6) / UDP(sport=SPORT, dport=PORT, chksum=0) /
+               Raw(build("IPv6", 0x04, {}, b"hello")))
+    bad = -errno.EBADMSG
+    return {
+        "IPv4": (v4, -errno.ENOENT),
+        "IPv6": (v6, -errno.ENOENT),
+        "IPv4, Ethernet padding after it": (v4 + bytes(6), -errno.ENOENT),
+        "IPv4, a wrong header checksum": (patched(v4, 10, bytes([v4[10] ^ 1])), bad),
+        "IPv4, a fragment (more fragments)": (with_ipv4_checksum(patched(v4, 6, b"\x20\x00")), bad),
+        "IPv4, a fragment (an offset)": (with_ipv4_checksum(patched(v4, 6, b"\x40\x08")), bad),
+        "IPv4, a total length past the frame": (with_ipv4_checksum(patched(v4, 2, (len(v4) + 1).to_bytes(2, "big"))),
+                                                bad),
+        "IPv4, a header length of 16 bytes": (with_ipv4_checksum(patched(v4, 0, b"\x44")), bad),
+        "IPv4, a header length past the packet": (with_ipv4_checksum(patched(v4, 0, b"\x4f")[:40]), bad),
+        "IPv4, not UDP": (with_ipv4_checksum(patched(v4, 9, b"\x06")), bad),
+        "IPv4, a UDP length past the packet": (patched(v4, 24, (len(v4) - 19).to_bytes(2, "big")), bad),
+        "IPv4, a UDP length under 8": (patched(v4, 24, b"\x00\x07"), bad),
+        "IPv4, another UDP port": (patched(v4, 22, b"\x12\x34"), -errno.EPROTO),
+        "IPv4, cut to 19 bytes": (v4[:19], bad),
+        "version 5": (with_ipv4_checksum(patched(v4, 0, b"\x55")), bad),
+        "IPv6, an extension header (hop-by-hop)": (patched(v6, 6, b"\x00"), bad),
+        "IPv6, a payload length past the frame": (patched(v6, 4, (len(v6) - 39).to_bytes(2, "big")), bad),
+        "IPv6, a UDP length past the payload": (patched(v6, 44, (len(v6) - 39).to_bytes(2, "big")), bad),
+        "IPv6, an IPv4-mapped source": (patched(v6, 8, bytes(10) + b"\xff\xff" + bytes([192, 0, 2, 1])), bad),
+        "IPv6, another UDP port": (patched(v6, 42, b"\x12\x34"), -errno.EPROTO),
+        "IPv6, cut to 47 bytes": (v6[:47], bad),
+        "nothing": (b"", bad),
+    }
+
+
+@pytest.mark.parametrize("case", list(ip_packets()))
+def test_the_rings_ip_header_checks(case: str) -> None:
+    """What a receive ring hands the engine is checked from the IP header on, before the host's stack has looked at
+    it (vre_ip_input runs the rings' checks): every malformed header is counted rx_malformed, other ports' UDP is
+    not RoCE and not counted, a good one reaches the transport (and, with no device for its GID, rx_no_qp)."""
+    from vrdma.engine.native import Engine
+
+    packet, expected = ip_packets()[case]
+    engine = Engine(1)
+    before = engine.net_counters()
+    assert engine.ip_input(packet) == expected
+    after = engine.net_counters()
+    assert after["rx_malformed"] - before["rx_malformed"] == (expected == -errno.EBADMSG)
+    assert after["rx_no_qp"] - before["rx_no_qp"] == (expected == -errno.ENOENT)
+    assert after["rx_packets"] - before["rx_packets"] == (expected != -errno.EPROTO)

@@ -459,6 +459,12 @@ int vre_net_attach(struct vre_engine *e, const int *rx_fds, const int *rx6_fds, 
 /* One UDP payload that arrived for port 4791 between `addr`: parsed, checked and executed, or dropped and
  * counted. 0 when a QP took it, else the reason (-EBADMSG, -EILSEQ, -ENOENT no such QP, -EPERM not its peer). */
 int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr);
+/* One IP packet (IPv4 or IPv6, by its version) as a receive ring holds it, from its IP header on: the header
+ * checked (version, lengths, IPv4's checksum, no fragment, UDP to 4791, no IPv6 extension header) and its UDP
+ * payload given to vre_roce_input. vre_roce_input's answer, or -EBADMSG (a malformed IP or UDP header: counted
+ * rx_malformed) or -EPROTO (UDP to another port: not RoCE, not counted). For tests and fuzzers; the rings' own
+ * reader runs the same checks. */
+int vre_ip_input(struct vre_engine *e, const uint8_t *ip, uint32_t len);
 /*
  * A network without sockets, for tests and fuzzers that play the other hosts in process (tests/unit's RoCE tier,
  * fuzz/engine's stateful target): what the engine sends waits in its transmit ring (VRE_TX_RING packets; a full

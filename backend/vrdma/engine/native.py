@@ -227,6 +227,11 @@ class Engine:
                                                    "dport": 4791, "ip_id": ip_id, "ip_frag": ip_frag})
         return int(lib.vre_roce_input(self._e, udp_payload, len(udp_payload), addr))
 
+    def ip_input(self, ip_packet: bytes) -> int:
+        """Give the engine one IP packet as its receive rings would (tests and the fuzzer): 0 or the negative
+        reason (engine.h, vre_ip_input)."""
+        return int(lib.vre_ip_input(self._e, ip_packet, len(ip_packet)))
+
     def capture_network(self) -> None:
         """A network without sockets (engine.h, vre_net_capture): what the engine sends waits for take_packets,
         and only roce_input brings packets in. For tests and fuzzers that play the other hosts in process."""

@@ -50,6 +50,11 @@ int vre_roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t le
 	return roce_input(e, udp_payload, len, addr);
 }
 
+int vre_ip_input(struct vre_engine *e, const uint8_t *ip, uint32_t len)
+{
+	return ip_packet(e, ip, len, vre_roce_input);
+}
+
 static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t len, const struct vre_roce_addr *addr)
 {
 	struct vre_roce_pkt pkt;

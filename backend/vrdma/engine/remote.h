@@ -190,6 +190,8 @@ typedef int (*vre_input_fn)(struct vre_engine *e, const uint8_t *udp_payload, ui
 			    const struct vre_roce_addr *addr);
 /* What arrived on the rings `w` reads (NULL: the caller, every ring while no thread runs). */
 VRE_FN uint32_t sock_recv(struct vre_engine *e, struct vre_worker *w, uint32_t budget, vre_input_fn input);
+/* An IP packet as a ring holds it (IPv4 or IPv6, by its version): checked, its UDP payload to `input`. */
+VRE_FN int ip_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input);
 VRE_FN int ring_open(struct vre_rx_ring *r, int fd, int family, uint32_t nrings, uint32_t *group,
 		     const char **step);
 VRE_FN void ring_close(struct vre_rx_ring *r);

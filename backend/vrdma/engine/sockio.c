@@ -65,7 +65,7 @@ static uint16_t ipv4_header_sum(const uint8_t *ip, uint32_t ihl)
 }
 
 /* One IPv4 packet from a ring: its UDP payload to the engine if it is whole, unfragmented and for 4791. */
-static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
+static int ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
 {
 	struct vre_roce_addr addr;
 	uint32_t ihl, total, udp_len;
@@ -79,7 +79,7 @@ static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, v
 		goto malformed;  /* (the host's IP stack has not checked it yet: the ring sees it first) */
 	udp = ip + ihl;
 	if (be16_get(udp + 2) != VRE_ROCE_PORT)
-		return;  /* someone else's UDP (the daemon's filter normally keeps it away) */
+		return -EPROTO;  /* someone else's UDP (the daemon's filter normally keeps it away): not counted */
 	udp_len = be16_get(udp + 4);
 	if ((be16_get(ip + 6) & 0x3fff) || udp_len < 8 || udp_len > total - ihl)
 		goto malformed;  /* a fragment (RoCE is never fragmented), or UDP lengths that do not add up */
@@ -92,16 +92,16 @@ static void ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, v
 	addr.dport = VRE_ROCE_PORT;
 	addr.ip_id = be16_get(ip + 4);
 	addr.ip_frag = be16_get(ip + 6);
-	input(e, udp + 8, udp_len - 8, &addr);
-	return;
+	return input(e, udp + 8, udp_len - 8, &addr);
 malformed:
 	net_count(&e->net.rx_packets, 1);
 	net_count(&e->net.rx_malformed, 1);
+	return -EBADMSG;
 }
 
 /* One IPv6 packet from a ring: its UDP payload to the engine if it is whole and for 4791 (no extension headers:
  * RoCE v2 uses none, and the filter passes only UDP as the next header). */
-static void ipv6_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
+static int ipv6_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
 {
 	struct vre_roce_addr addr = { .dport = VRE_ROCE_PORT };
 	uint32_t payload_len, udp_len;
@@ -114,18 +114,25 @@ static void ipv6_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, v
 		goto malformed;
 	udp = ip + 40;
 	if (be16_get(udp + 2) != VRE_ROCE_PORT)
-		return;  /* someone else's UDP (the daemon's filter normally keeps it away) */
+		return -EPROTO;  /* someone else's UDP (the daemon's filter normally keeps it away): not counted */
 	udp_len = be16_get(udp + 4);
 	memcpy(addr.src, ip + 8, 16);
 	memcpy(addr.dst, ip + 24, 16);
 	if (udp_len < 8 || udp_len > payload_len || ipv4_mapped(addr.src) || ipv4_mapped(addr.dst))
 		goto malformed;
 	addr.sport = be16_get(udp);
-	input(e, udp + 8, udp_len - 8, &addr);
-	return;
+	return input(e, udp + 8, udp_len - 8, &addr);
 malformed:
 	net_count(&e->net.rx_packets, 1);
 	net_count(&e->net.rx_malformed, 1);
+	return -EBADMSG;
+}
+
+VRE_FN int ip_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
+{
+	if (len && ip[0] >> 4 == 6)
+		return ipv6_packet(e, ip, len, input);
+	return ipv4_packet(e, ip, len, input);  /* (which counts anything else malformed) */
 }
 
 /* -- the receive rings ------------------------------------------------------------------------------------- */
@@ -222,9 +229,9 @@ static uint32_t ring_recv(struct vre_engine *e, struct vre_rx_ring *r, uint32_t 
 			net_count(&e->net.rx_packets, 1);
 			net_count(&e->net.rx_malformed, 1);  /* longer than any RoCE packet */
 		} else if (r->family == AF_INET6) {
-			ipv6_packet(e, (uint8_t *)h + h->tp_net, h->tp_snaplen, input);
+			(void)ipv6_packet(e, (uint8_t *)h + h->tp_net, h->tp_snaplen, input);
 		} else {
-			ipv4_packet(e, (uint8_t *)h + h->tp_net, h->tp_snaplen, input);
+			(void)ipv4_packet(e, (uint8_t *)h + h->tp_net, h->tp_snaplen, input);
 		}
 		__atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
 		r->next = r->next + 1 < RING_FRAMES ? r->next + 1 : 0;
