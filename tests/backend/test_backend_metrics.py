@@ -68,6 +68,7 @@ def test_metrics_match_the_admin_counters(tmp_path: Path) -> None:
             assert admin["vm1"]["engine"]["send_wqes"] >= 2 and admin["vm1"]["engine"]["bytes"] > 0
             assert admin["vm1"]["qos"]["turns"] > 0  # its SENDs were run in its turns
             assert metrics[("vrdma_engine_seconds_total", ())] > 0
+            assert metrics[("vrdma_engine_thread_rx_packets_total", (("thread", "0"),))] == 0  # (no RoCE here)
             assert metrics[("process_open_fds", ())] > 0
         backend.add_vm("vm2")
         backend.remove_vm("vm0")

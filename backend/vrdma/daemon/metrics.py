@@ -175,10 +175,13 @@ def families(snap: Snapshot) -> list[Metric]:
                                "did work", labels=["thread"])
     work = CounterMetricFamily("vrdma_engine_thread_work", "WQEs, pieces and packets an engine thread handled",
                                labels=["thread"])
+    rx = CounterMetricFamily("vrdma_engine_thread_rx_packets", "RoCE packets an engine thread took from its receive "
+                             "rings (the kernel's fanout shares the flows among them)", labels=["thread"])
     for thread, stats in enumerate(snap.engine_threads):
         busy.add_metric([str(thread)], stats["busy_ns"] / 1e9)
         work.add_metric([str(thread)], stats["work"])
-    out += [busy, work]
+        rx.add_metric([str(thread)], stats["rx_packets"])
+    out += [busy, work, rx]
     per_vm("vrdma_vm_connected", "1 while the VM's QEMU is connected", GaugeMetricFamily,
            lambda c: int(c["connection"]["state"] == "connected"))
     per_vm("vrdma_commands", "control commands the VM's driver sent", CounterMetricFamily, lambda c: c["commands"])
