@@ -54,7 +54,9 @@ void vre_engine_free(struct vre_engine *e)
 	vre_locks_destroy(e);  /* the devices' locks are in e->devices */
 	free(e->devices);
 	free(e->gid_slots);
-	(void)vre_net_attach(e, NULL, NULL, 0, -1, -1);  /* the rings unmapped */
+	for (uint32_t i = 0; i < e->nrings; i++)
+		ring_close(&e->rings[i]);  /* (the sockets are the daemon's) */
+	free(e->rings);
 	free(e->tx);
 	free(e);
 }
