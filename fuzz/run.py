@@ -241,12 +241,15 @@ def _launcher(target: Target) -> list[str]:
     return [str(script)]
 
 
-def merge() -> None:
-    """Rebuild the repository's corpora: the hand-written seeds, then the fewest inputs from the corpus and the
-    working corpus that add edges they do not cover (libFuzzer -merge=1, counting edges, not hit counts, so that
-    the corpus stays small; the working corpus keeps the rest)."""
-    for target in TARGETS.values():
+def merge(chosen: list[str]) -> None:
+    """Rebuild the repository's corpora of the `chosen` interfaces: the hand-written seeds, then the fewest inputs
+    from the corpus and the working corpus that add edges they do not cover (libFuzzer -merge=1, counting edges,
+    not hit counts, so that the corpus stays small; the working corpus keeps the rest). A corpus that is a link to
+    another's (engine-threads reads the engine's) is that one's to merge."""
+    for name, target in TARGETS.items():
         corpus, work = CORPUS / target.corpus, OUT / "corpus" / target.corpus
+        if name not in chosen or corpus.is_symlink():
+            continue
         fresh = OUT / "merge" / target.corpus
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir(parents=True)
@@ -270,16 +273,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated interfaces (default: all six)")
     parser.add_argument("--plain-campaign", action="store_true",
                         help="run the campaign's backend without the sanitizer build")
-    parser.add_argument("--merge", action="store_true", help="merge the working corpora into fuzz/corpus/ and exit")
+    parser.add_argument("--merge", action="store_true",
+                        help="merge the working corpora (of --only's interfaces) into fuzz/corpus/ and exit")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    if args.merge:
-        merge()
-        return 0
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(chosen) - {*TARGETS, "campaign"}
     if unknown:
         parser.error(f"unknown interface(s): {', '.join(sorted(unknown))}")
+    if args.merge:
+        merge(chosen)
+        return 0
     for native in ("engine", "engine-threads", "roce"):
         if native in chosen:
             build.fuzzer(native.replace("-", "_"))
