@@ -17,8 +17,8 @@ the data engine, which reads and writes them from its polling loop (engine.h, vr
   host without IPv6 there is none of them, and IPv6 GIDs stay out of reach.
 
 They need CAP_NET_RAW (root, in the harness); IPv6 sends from the guests' addresses with IPV6_TRANSPARENT, which
-needs CAP_NET_ADMIN. How packets for the guests' addresses reach this
-host's stack (routing, nftables) is the operator's part: docs/interhost.md.
+needs CAP_NET_ADMIN. How packets for the guests' addresses reach this host's stack (routing, nftables) is the
+operator's part: docs/interhost.md.
 """
 
 from __future__ import annotations

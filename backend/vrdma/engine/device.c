@@ -54,9 +54,7 @@ void vre_engine_free(struct vre_engine *e)
 	vre_locks_destroy(e);  /* the devices' locks are in e->devices */
 	free(e->devices);
 	free(e->gid_slots);
-	for (uint32_t i = 0; i < e->nrings; i++)
-		ring_close(&e->rings[i]);  /* (the sockets are the daemon's) */
-	free(e->rings);
+	rings_free(e->rings, e->nrings);
 	free(e->tx);
 	free(e);
 }

@@ -194,7 +194,8 @@ VRE_FN uint32_t sock_recv(struct vre_engine *e, struct vre_worker *w, uint32_t b
 VRE_FN int ip_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input);
 VRE_FN int ring_open(struct vre_rx_ring *r, int fd, int family, uint32_t nrings, uint32_t *group,
 		     const char **step);
-VRE_FN void ring_close(struct vre_rx_ring *r);
+/* Rings [0, n) unmapped and the array freed (their sockets stay the daemon's). */
+VRE_FN void rings_free(struct vre_rx_ring *rings, uint32_t n);
 VRE_FN bool ring_mine(const struct vre_engine *e, const struct vre_worker *w, uint32_t i);
 VRE_FN void sock_send(struct vre_engine *e);
 

@@ -64,6 +64,14 @@ static uint16_t ipv4_header_sum(const uint8_t *ip, uint32_t ihl)
 	return (uint16_t)sum;
 }
 
+/* A packet that is not one this engine parses (its IP or UDP header, or longer than any RoCE packet): counted. */
+static int malformed(struct vre_engine *e)
+{
+	net_count(&e->net.rx_packets, 1);
+	net_count(&e->net.rx_malformed, 1);
+	return -EBADMSG;
+}
+
 /* One IPv4 packet from a ring: its UDP payload to the engine if it is whole, unfragmented and for 4791. */
 static int ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
 {
@@ -72,17 +80,17 @@ static int ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vr
 	const uint8_t *udp;
 
 	if (len < 20 || (ip[0] >> 4) != 4)
-		goto malformed;
+		return malformed(e);
 	ihl = (uint32_t)(ip[0] & 0xf) * 4;
 	total = be16_get(ip + 2);
 	if (ihl < 20 || total > len || total < ihl + 8 || ip[9] != 17 || ipv4_header_sum(ip, ihl) != 0xffff)
-		goto malformed;  /* (the host's IP stack has not checked it yet: the ring sees it first) */
+		return malformed(e);  /* (the host's IP stack has not checked it yet: the ring sees it first) */
 	udp = ip + ihl;
 	if (be16_get(udp + 2) != VRE_ROCE_PORT)
 		return -EPROTO;  /* someone else's UDP (the daemon's filter normally keeps it away): not counted */
 	udp_len = be16_get(udp + 4);
 	if ((be16_get(ip + 6) & 0x3fff) || udp_len < 8 || udp_len > total - ihl)
-		goto malformed;  /* a fragment (RoCE is never fragmented), or UDP lengths that do not add up */
+		return malformed(e);  /* a fragment (RoCE is never fragmented), or UDP lengths that do not add up */
 	memset(&addr, 0, sizeof(addr));
 	memcpy(addr.src, ipv4_mapped_prefix, 12);
 	memcpy(addr.src + 12, ip + 12, 4);
@@ -93,10 +101,6 @@ static int ipv4_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vr
 	addr.ip_id = be16_get(ip + 4);
 	addr.ip_frag = be16_get(ip + 6);
 	return input(e, udp + 8, udp_len - 8, &addr);
-malformed:
-	net_count(&e->net.rx_packets, 1);
-	net_count(&e->net.rx_malformed, 1);
-	return -EBADMSG;
 }
 
 /* One IPv6 packet from a ring: its UDP payload to the engine if it is whole and for 4791 (no extension headers:
@@ -108,10 +112,10 @@ static int ipv6_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vr
 	const uint8_t *udp;
 
 	if (len < 48 || (ip[0] >> 4) != 6 || ip[6] != 17)
-		goto malformed;
+		return malformed(e);
 	payload_len = be16_get(ip + 4);
 	if (payload_len < 8 || payload_len > len - 40)
-		goto malformed;
+		return malformed(e);
 	udp = ip + 40;
 	if (be16_get(udp + 2) != VRE_ROCE_PORT)
 		return -EPROTO;  /* someone else's UDP (the daemon's filter normally keeps it away): not counted */
@@ -119,13 +123,9 @@ static int ipv6_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vr
 	memcpy(addr.src, ip + 8, 16);
 	memcpy(addr.dst, ip + 24, 16);
 	if (udp_len < 8 || udp_len > payload_len || ipv4_mapped(addr.src) || ipv4_mapped(addr.dst))
-		goto malformed;
+		return malformed(e);
 	addr.sport = be16_get(udp);
 	return input(e, udp + 8, udp_len - 8, &addr);
-malformed:
-	net_count(&e->net.rx_packets, 1);
-	net_count(&e->net.rx_malformed, 1);
-	return -EBADMSG;
 }
 
 VRE_FN int ip_packet(struct vre_engine *e, const uint8_t *ip, uint32_t len, vre_input_fn input)
@@ -144,9 +144,8 @@ static struct tpacket2_hdr *ring_frame(const struct vre_rx_ring *r, uint32_t i)
 }
 
 /* Make socket `fd` ring `r`: TPACKET_V2, the ring mapped, bound to `family` (AF_INET or AF_INET6) on every link,
- * and in fanout group *group
- * (0: the first ring of several makes one, the kernel choosing its id; one ring alone joins none). 0, or the
- * errno of the step that failed, named in *step (tx.c reports it). */
+ * and in fanout group *group (0: the first ring of several makes one, the kernel choosing its id; one ring alone
+ * joins none). 0, or the errno of the step that failed, named in *step (tx.c reports it). */
 VRE_FN int ring_open(struct vre_rx_ring *r, int fd, int family, uint32_t nrings, uint32_t *group,
 		     const char **step)
 {
@@ -190,11 +189,12 @@ VRE_FN int ring_open(struct vre_rx_ring *r, int fd, int family, uint32_t nrings,
 	return 0;
 }
 
-VRE_FN void ring_close(struct vre_rx_ring *r)
+VRE_FN void rings_free(struct vre_rx_ring *rings, uint32_t n)
 {
-	if (r->map)
-		munmap(r->map, RING_BYTES);
-	r->map = NULL;
+	for (uint32_t i = 0; i < n; i++)
+		if (rings[i].map)
+			munmap(rings[i].map, RING_BYTES);
+	free(rings);
 }
 
 /* The frames the kernel could not place since the last look (a full ring), into rx_dropped. */
@@ -226,8 +226,7 @@ static uint32_t ring_recv(struct vre_engine *e, struct vre_rx_ring *r, uint32_t 
 		if (from->sll_pkttype != PACKET_HOST) {
 			/* another host's, a broadcast or our own going out: the filter keeps them away */
 		} else if (h->tp_snaplen < h->tp_len || h->tp_net > RING_FRAME || h->tp_snaplen > RING_FRAME - h->tp_net) {
-			net_count(&e->net.rx_packets, 1);
-			net_count(&e->net.rx_malformed, 1);  /* longer than any RoCE packet */
+			(void)malformed(e);  /* longer than any RoCE packet */
 		} else if (r->family == AF_INET6) {
 			(void)ipv6_packet(e, (uint8_t *)h + h->tp_net, h->tp_snaplen, input);
 		} else {
@@ -255,7 +254,7 @@ VRE_FN uint32_t sock_recv(struct vre_engine *e, struct vre_worker *w, uint32_t b
 	for (uint32_t i = 0; i < e->nrings && done < budget; i++)
 		if (ring_mine(e, w, i))
 			done += ring_recv(e, &e->rings[i], budget - done, input);
-	if (w)
+	if (w && done)
 		stat_add(&w->stats.rx_packets, done);
 	return done;
 }

@@ -11,14 +11,6 @@
 
 #include "vre.h"
 
-/* Rings [0, n) unmapped and freed (their sockets stay the daemon's). */
-static void rings_free(struct vre_rx_ring *rings, uint32_t n)
-{
-	for (uint32_t i = 0; i < n; i++)
-		ring_close(&rings[i]);
-	free(rings);
-}
-
 int vre_net_attach(struct vre_engine *e, const int *rx_fds, const int *rx6_fds, uint32_t nrx, int tx_fd, int udp6_fd)
 {
 	struct vre_rx_ring *rings = NULL;
