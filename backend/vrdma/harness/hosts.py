@@ -165,7 +165,7 @@ class HostNetwork(Managed):
     def _plain_bridge(self) -> None:
         """The bridge forwards frames as a switch does, without passing them through iptables: where the host has
         br_netfilter loaded (Docker loads it), every new namespace starts with its `bridge-nf-call-*` on, and the
-        switch then ran the hosts' every frame through netfilter (14% of a RoCE sender's time in the between-
+        switch then ran the hosts' every frame through netfilter (16% of a RoCE sender's time in the between-
         backends benchmark, docs/performance.md): a cost no real switch puts on the hosts' path."""
         netns.pushns(self.switch)
         try:
