@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from vrdma.bench import backend, guests, methods
+from vrdma.bench import backend, guests, methods, neighbours
 
 
 def test_the_documented_method_table_is_the_generated_one() -> None:
@@ -26,3 +26,21 @@ def test_the_cli_default_is_the_documented_control_iterations() -> None:
     from vrdma import cli
 
     assert cli.build_parser().parse_args(["bench"]).iterations == methods.CONTROL_ITERATIONS
+
+
+def test_the_cli_names_the_benchmarks_the_bench_runs() -> None:
+    import argparse
+
+    import pytest
+
+    from vrdma import bench, cli
+
+    assert cli.BENCH_GROUPS == bench.GROUPS
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "--only", "scaling,neighbour", "--scaling-threads", "1,2,4"])
+    assert (args.only, args.scaling_threads) == (("scaling", "neighbour"), (1, 2, 4))
+    assert parser.parse_args(["bench"]).scaling_threads == neighbours.SCALING_THREADS
+    for bad in (["--only", "scaling,nope"], ["--scaling-threads", "2,4"], ["--scaling-threads", "1,4,2"],
+                ["--scaling-threads", "1,x"]):
+        with pytest.raises(argparse.ArgumentTypeError):
+            {"--only": cli._bench_groups, "--scaling-threads": cli._thread_counts}[bad[0]](bad[1])

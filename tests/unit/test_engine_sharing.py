@@ -20,6 +20,8 @@ from vrdma.testing.simulated_guest import Buffer, SimMr, SimQp
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 PAGE = 4096
 PIECE = 64 * KIB  # DeviceLimits.piece_bytes
+SMALL_PIECE = 16 * KIB  # DeviceLimits.small_piece_bytes
+SMALL_WORK_NS = 1_000_000  # engine.h VRE_SMALL_WORK_NS: how long a small message keeps other VMs' pieces small
 WRITE, SEND = abi.const("VRDMA_WR_RDMA_WRITE"), abi.const("VRDMA_WR_SEND")
 SUCCESS = abi.const("VRDMA_WC_SUCCESS")
 
@@ -108,6 +110,7 @@ def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vm
     vms.poll()
     assert [(c.wr_id, c.status) for c in small1.completions()] == [(2, SUCCESS)]
     assert big0.completions() == [], "the 1 GiB WRITE completed in one turn: it was not cut into pieces"
+    vms.advance(SMALL_WORK_NS)  # vm1's small message no longer keeps vm0's pieces small (the next test's rule)
     # ... and vm0's own second QP gets its turn between the pieces too.
     own0, own1 = pair(vms, vm0, vm1, 4 * KIB)
     own0.verbs.post_send(own0.qp, WRITE, [(own0.mr.addr, 8, own0.mr.lkey)], wr_id=3, remote_addr=own1.mr.addr,
@@ -126,6 +129,44 @@ def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vm
     assert qos["pieced_messages"] == 1
     assert qos["deferred_bytes"] == GIB - PIECE  # every piece but the first waited for a later turn
     assert vms.engine.counters(vm0.dev)["tx_bytes"] == GIB + 8
+
+
+def test_pieces_are_small_while_another_vm_sends_small_messages_and_large_again_after(vms: LocalVms) -> None:
+    """vm0's 4 MiB WRITE moves 64 KiB a pass alone; once vm1 has sent an 8-byte WRITE, 16 KiB a pass (its turns and
+    pieces small, so the next small message waits for less of it), even while vm0 sends small messages of its own
+    between; 64 KiB again once vm1 has sent none for a millisecond."""
+    vm0, vm1 = vms.vms
+    big0, big1 = pair(vms, vm0, vm1, 4 * MIB)
+    small1, small0 = pair(vms, vm1, vm0, 4 * KIB)
+    own0, own1 = pair(vms, vm0, vm1, 4 * KIB)
+    vm0.verbs.memory.write(big0.mr.buf.gpa, b"\xab" * 4 * MIB)
+    written = 0
+
+    def moved() -> int:
+        nonlocal written
+        vms.poll()
+        was, written = written, vm1.verbs.memory.read(big1.mr.buf.gpa, 4 * MIB).count(b"\xab")
+        return written - was
+
+    def small(side: Side, peer: Side) -> None:
+        side.verbs.post_send(side.qp, WRITE, [(side.mr.addr, 8, side.mr.lkey)], remote_addr=peer.mr.addr,
+                             rkey=peer.mr.rkey)
+
+    big0.verbs.post_send(big0.qp, WRITE, [(big0.mr.addr, 4 * MIB, big0.mr.lkey)], remote_addr=big1.mr.addr,
+                         rkey=big1.mr.rkey)
+    assert [moved() for _ in range(2)] == [PIECE, PIECE]
+    small(small1, small0)
+    assert moved() == PIECE  # vm0's turn came before vm1's in that pass
+    assert [moved() for _ in range(3)] == [SMALL_PIECE] * 3
+    small(own0, own1)  # vm0's own small message hides nothing of vm1's
+    vms.advance(SMALL_WORK_NS // 2)
+    # (A piece costs its bytes and a work request, more than a small turn is worth: now and then vm0 sits a turn
+    # out to pay its debt.)
+    passes = [moved() for _ in range(12)]
+    assert set(passes) == {0, SMALL_PIECE}, passes
+    vms.advance(SMALL_WORK_NS // 2)
+    assert max(moved() for _ in range(2)) == PIECE
+    assert small1.completions()[0].status == SUCCESS and own0.completions()[0].status == SUCCESS
 
 
 def test_a_send_in_pieces_fills_one_receive(vms: LocalVms) -> None:

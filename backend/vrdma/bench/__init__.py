@@ -22,6 +22,7 @@ measurements live in backend.py (no guest) and guests.py (two booted guests).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vrdma import paths
@@ -36,7 +37,7 @@ from vrdma.bench.backend import (
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import between_backends, interhost
 from vrdma.bench.metric import Metric, Report, write
-from vrdma.bench.neighbours import noisy_neighbour, scaling, sharing
+from vrdma.bench.neighbours import SCALING_THREADS, noisy_neighbour, scaling, sharing
 
 log = logging.getLogger(__name__)
 
@@ -80,38 +81,69 @@ def ratios(results: list[Metric]) -> list[Metric]:
     return out
 
 
-def run(iterations: int = 5000, output: Path | None = None) -> Report:
-    """Every benchmark, one after the other; the results are written to ``output`` (JSON) with a plot beside it."""
-    log.info("control-command round trip: %d QUERY_DEVICE through the simulated frontend", iterations)
-    results = control_round_trip(iterations)
-    log.info("host memcpy bandwidth (C and Python)")
-    results += memcpy_bandwidth()
-    log.info("backend at native speed: the simulated frontend as two VMs, a C driver posting RDMA WRITEs")
-    results += native_backend()
-    log.info("the noisy neighbour: a victim's 8-byte WRITEs and commands beside a neighbour's flood (four VMs)")
-    results += noisy_neighbour()
-    log.info("sharing the engine: two floods at weights 1:1 and 3:1, one under a byte limit (four VMs)")
-    results += sharing()
-    log.info("the engine's threads: two independent floods served by one and by two engine threads (four VMs)")
-    results += scaling()
-    log.info("between hosts without guests: two backends in two namespaces, 1 MiB WRITEs, iperf3 between them")
-    results += between_backends()
-    log.info("backend CPU while idle: booting two guests with %d idle QPs", IDLE_QPS)
-    results += idle_cpu()
-    log.info("backend CPU while idle without the doorbell recheck: two simulated VMs with %d idle QPs",
-             IDLE_SIM_QPS)
-    results += idle_without_recheck()
-    log.info("vrdma and rxe side by side in two guests (%s)",
-             ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime",
-                                               "NVMe-oF and NVMe/TCP with fio"]))
-    guest_results, sweeps = guests_vs_rxe()
-    results += guest_results
-    log.info("between hosts: four guests on two hosts (vrdma and rxe on each), iperf3 between the hosts")
-    results += interhost()
+Sweeps = dict[str, dict[str, dict[int, float]]]  # device -> tool -> message size -> GB/s
+
+
+def groups(iterations: int = 5000, scaling_threads: tuple[int, ...] = SCALING_THREADS,
+           sweeps: Sweeps | None = None) -> dict[str, tuple[str, Callable[[], list[Metric]]]]:
+    """Every benchmark by name, in the order `vrdma bench` runs them: what it does (for the log) and how. The guests'
+    bandwidth sweeps, which the plot draws, go into ``sweeps``."""
+
+    def guests() -> list[Metric]:
+        results, guest_sweeps = guests_vs_rxe()
+        if sweeps is not None:
+            sweeps.update(guest_sweeps)
+        return results
+
+    def idle() -> list[Metric]:
+        return idle_cpu() + idle_without_recheck()
+
+    tools = ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime",
+                                              "NVMe-oF and NVMe/TCP with fio"])
+    return {
+        "control": (f"control-command round trip: {iterations} QUERY_DEVICE through the simulated frontend",
+                    lambda: control_round_trip(iterations)),
+        "memcpy": ("host memcpy bandwidth (C and Python)", memcpy_bandwidth),
+        "native": ("backend at native speed: the simulated frontend as two VMs, a C driver posting RDMA WRITEs",
+                   native_backend),
+        "neighbour": ("the noisy neighbour: a victim's 8-byte WRITEs and commands beside a neighbour's flood "
+                      "(four VMs)", noisy_neighbour),
+        "sharing": ("sharing the engine: two floods at weights 1:1 and 3:1, one under a byte limit (four VMs)",
+                    sharing),
+        "scaling": (f"the engine's threads: independent floods served by {', '.join(map(str, scaling_threads))} "
+                    "engine thread(s)", lambda: scaling(scaling_threads)),
+        "between-backends": ("between hosts without guests: two backends in two namespaces, 1 MiB WRITEs, iperf3 "
+                             "between them", between_backends),
+        "idle": (f"backend CPU while idle: two guests with {IDLE_QPS} idle QPs, then two simulated VMs that do not "
+                 f"ask for the doorbell recheck with {IDLE_SIM_QPS}", idle),
+        "guests": (f"vrdma and rxe side by side in two guests ({tools})", guests),
+        "interhost": ("between hosts: four guests on two hosts (vrdma and rxe on each), iperf3 between the hosts",
+                      interhost),
+    }
+
+
+GROUPS = tuple(groups())  # the names `vrdma bench --only` takes
+
+
+def run(iterations: int = 5000, output: Path | None = None, only: Sequence[str] = GROUPS,
+        scaling_threads: tuple[int, ...] = SCALING_THREADS) -> Report:
+    """The benchmarks named in ``only`` (default: every one), one after the other; the results are written to
+    ``output`` (JSON) with a plot beside it."""
+    sweeps: Sweeps = {}
+    table = groups(iterations, scaling_threads, sweeps)
+    unknown = [name for name in only if name not in table]
+    if unknown:
+        raise ValueError(f"no benchmark named {', '.join(unknown)} (there are: {', '.join(table)})")
+    results: list[Metric] = []
+    for name, (what, measure) in table.items():
+        if name in only:
+            log.info("%s", what)
+            results += measure()
     results += ratios(results)
     out = output or paths.build_dir() / "bench" / "results.json"
     write(results, out)
-    memcpy_sweep = next(r.sweep for r in results if r.name == "memcpy_1mib_gbps") or {}
-    png = out.with_suffix(".png")
-    plot(sweeps, {int(k): v for k, v in memcpy_sweep.items() if int(k) <= MIB}, png)
+    memcpy_sweep = next((r.sweep for r in results if r.name == "memcpy_1mib_gbps"), None) or {}
+    png = out.with_suffix(".png") if sweeps or memcpy_sweep else None
+    if png:
+        plot(sweeps, {int(k): v for k, v in memcpy_sweep.items() if int(k) <= MIB}, png)
     return Report(results, out, png)

@@ -26,7 +26,7 @@ class Metric:
 class Report:
     metrics: list[Metric]
     results_file: Path
-    plot_file: Path
+    plot_file: Path | None  # none where no benchmark run had a sweep to draw
 
     def table(self) -> str:
         """The metrics as a table, one line each."""

@@ -19,11 +19,13 @@ limit (its rate against the limit).
 each, served by one engine thread and then by two (`--engine-threads`): the aggregate bandwidth and WRITE rate, and
 what two threads make of it against one. The floods' drivers post a queue's worth (1,024 WRITEs) at a time and sleep
 until it has drained, looking now and then (as drivers that wait for their completions would), so that on two cores
-the engine's threads have the cores.
+the engine's threads have the cores. Where a machine has more cores, `vrdma bench --only scaling --scaling-threads
+1,2,4,8` draws the curve further, with one pair of VMs per thread of the largest count.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 import threading
@@ -31,6 +33,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import cast
 
 from vrdma.bench.backend import MIB, STREAM_TIMEOUT_NS, NativePair, native_pair
 from vrdma.bench.metric import Metric
@@ -40,6 +43,8 @@ from vrdma.harness import daemon as daemon_launcher
 from vrdma.harness.daemon import socket_path
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.testing.frontend import Frontend
+
+log = logging.getLogger(__name__)
 
 ROUNDS = 3                # alternating rounds of the three conditions
 VICTIM_WRITES = 1000      # signaled 8-byte WRITEs per round and condition, one at a time, back to back ...
@@ -121,25 +126,24 @@ def _quantile(samples: list[float], q: float) -> float:
 
 
 @contextmanager
-def four_vms(engine_threads: int = 1, depth: int = FLOOD_DEPTH) -> Iterator[
-        tuple[daemon_launcher.DaemonProcess, NativePair, NativePair]]:
-    """One backend serving vm0..vm3: the victim pair (vm1 writes into vm0) and the neighbour's (vm3 into vm2), with
-    send queues of `depth`."""
-    guests = [GuestIdentity(i) for i in range(4)]
+def simulated_vms(pairs: int = 2, engine_threads: int = 1, depth: int = FLOOD_DEPTH) -> Iterator[
+        tuple[daemon_launcher.DaemonProcess, list[NativePair]]]:
+    """One backend serving 2 x `pairs` simulated VMs, pair k being vm(2k+1) writing into vm(2k), with send queues
+    of `depth` (pair 0 is the victim's, pair 1 the neighbour's)."""
+    guests = [GuestIdentity(i) for i in range(2 * pairs)]
     options = ["--engine-threads", str(engine_threads)]
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
             daemon_launcher.for_guests(Path(tmp), guests, options=options) as daemon, ExitStack() as stack:
         fes = [stack.enter_context(Frontend(str(socket_path(Path(tmp), g)), memory_size=64 * MIB)) for g in guests]
-        victim = native_pair(Path(tmp), fes[0], fes[1], (guests[0].name, guests[1].name), depth)
-        neighbour = native_pair(Path(tmp), fes[2], fes[3], (guests[2].name, guests[3].name), depth)
-        yield daemon, victim, neighbour
+        yield daemon, [native_pair(Path(tmp), fes[2 * k], fes[2 * k + 1], (guests[2 * k].name, guests[2 * k + 1].name),
+                                   depth) for k in range(pairs)]
 
 
 def noisy_neighbour() -> list[Metric]:
     writes: dict[str, list[float]] = {condition: [] for condition in FLOODS}
     commands: dict[str, list[float]] = {condition: [] for condition in FLOODS}
     moved: dict[str, list[float]] = {condition: [] for condition in FLOODS if FLOODS[condition]}
-    with four_vms() as (_, victim, neighbour):
+    with simulated_vms() as (_, (victim, neighbour)):
         for _ in range(ROUNDS):
             for condition, length in FLOODS.items():
                 if not length:
@@ -180,7 +184,7 @@ def sharing() -> list[Metric]:
     """Weights and limits honoured: the byte ratio of two equal floods at weights 1:1 and 3:1, and one flood's rate
     under a byte limit against that limit."""
     results: list[Metric] = []
-    with four_vms() as (daemon, victim, neighbour):
+    with simulated_vms() as (daemon, (victim, neighbour)):
         first, second = GuestIdentity(1).name, GuestIdentity(3).name  # the requesters
         for weights in ((100, 100), (300, 100)):
             _qos(daemon, first, weight=weights[0])
@@ -194,19 +198,39 @@ def sharing() -> list[Metric]:
     return results
 
 
-def scaling() -> list[Metric]:
-    """Two independent floods at once, served by 1 and by 2 engine threads: aggregate 1 MiB bandwidth and 8-byte
-    WRITE rate, and two threads' figure over one's."""
+def _engine_busy_ns(daemon: daemon_launcher.DaemonProcess) -> int:
+    """The engine threads' time in passes that did work, all together (`vrdma admin counters`)."""
+    threads = cast(list[dict[str, int]], daemon_launcher.admin(daemon, {"command": "counters"})["engine_threads"])
+    return sum(t["busy_ns"] for t in threads)
+
+
+def scaling(thread_counts: tuple[int, ...] = SCALING_THREADS) -> list[Metric]:
+    """Independent floods at once, one pair of VMs per thread of the largest count (at least two pairs), served by
+    each count of engine threads in turn: aggregate 1 MiB bandwidth and 8-byte WRITE rate, and each count's figure
+    over one thread's."""
+    if not thread_counts or thread_counts[0] != 1 or list(thread_counts) != sorted(set(thread_counts)):
+        raise ValueError(f"scaling needs rising engine thread counts from 1, not {thread_counts}")
+    pairs = max(2, thread_counts[-1])
     figures: dict[tuple[str, int], float] = {}
-    for threads in SCALING_THREADS:
-        with four_vms(engine_threads=threads, depth=SCALING_DEPTH) as (_, victim, neighbour):
-            figures["1mib", threads] = sum(_floods([victim, neighbour], MIB, SCALING_SLEEP_US["1mib"])) * MIB / 1e9
-            figures["8b", threads] = sum(_floods([victim, neighbour], 8, SCALING_SLEEP_US["8b"])) / 1e6
+    busy: dict[tuple[str, int], float] = {}
+    for threads in thread_counts:
+        log.info("scaling: %d pairs of VMs flooding, %d engine thread(s)", pairs, threads)
+        with simulated_vms(pairs, engine_threads=threads, depth=SCALING_DEPTH) as (daemon, floods):
+            for size, length, scale in (("1mib", MIB, MIB / 1e9), ("8b", 8, 1e-6)):
+                before, start = _engine_busy_ns(daemon), time.perf_counter()
+                figures[size, threads] = sum(_floods(floods, length, SCALING_SLEEP_US[size])) * scale
+                spent = (_engine_busy_ns(daemon) - before) / 1e9
+                busy[size, threads] = 100 * spent / threads / (time.perf_counter() - start)
+    command = COMMAND if pairs == 2 else f"{COMMAND} ({2 * pairs} VMs)"
     results: list[Metric] = []
     for size, unit, name in (("1mib", "GB/s", "gbps"), ("8b", "M/s", "mops")):
-        for threads in SCALING_THREADS:
+        for threads in thread_counts:
             results.append(Metric(f"scaling_{size}_{name}_{threads}_threads", round(figures[size, threads], 3),
-                                  unit, COMMAND))
-        results.append(Metric(f"scaling_{size}_2_threads_vs_1", round(figures[size, 2] / figures[size, 1], 3), "x",
-                              COMMAND))
+                                  unit, command))
+            # How busy the threads were (their passes that did work): whether the engine or the drivers bound it.
+            results.append(Metric(f"scaling_{size}_engine_busy_{threads}_threads_pct",
+                                  round(busy[size, threads], 1), "% of each thread", command))
+        for threads in thread_counts[1:]:
+            results.append(Metric(f"scaling_{size}_{threads}_threads_vs_1",
+                                  round(figures[size, threads] / figures[size, 1], 3), "x", command))
     return results

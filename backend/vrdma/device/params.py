@@ -69,10 +69,12 @@ class DeviceLimits:
     # The scheduler (struct vre_sched; engine/poll.c): a VM's turn is worth quantum_bytes * weight / 100 of copying,
     # a work request costing wr_cost_bytes on top (about what an 8-byte WRITE costs the engine beyond its data), and
     # a message longer than piece_bytes moves a piece per turn: 64 KiB is ~2 us of copying, the most one VM's bulk
-    # transfer keeps another's small message waiting (docs/backend.md, "Sharing the engine").
+    # transfer keeps another's small message waiting (docs/backend.md, "Sharing the engine"); while another VM of
+    # the same engine thread sends small messages (at most small_piece_bytes), turns and pieces are that size.
     quantum_bytes: int = _limit(64 * KIB)
     piece_bytes: int = _limit(64 * KIB)
     wr_cost_bytes: int = _limit(2 * KIB)
+    small_piece_bytes: int = _limit(16 * KIB)
     park_after_idle_us: int = _limit(50)     # poll this long without work, then park until a guest wakes the device
     # A parked engine looks at the doorbells again this often even if nobody wakes it: the wake-up handshake needs
     # the guest's memory fence between its doorbell store and its read of the parked flag, and a guest that does

@@ -62,4 +62,29 @@ static inline void share_unthrottle(struct vre_share *s, int64_t now)
 	}
 }
 
+/*
+ * Small messages nearby (struct vre_sched): while another device of the running thread has moved a small message
+ * in the last VRE_SMALL_WORK_NS, a device's turns and pieces are small_piece_bytes. The thread keeps the last two
+ * devices that did, so that a device sending small messages between its large ones does not hide another's.
+ */
+static inline bool small_work_near(struct vre_engine *e, const struct vre_device *d)
+{
+	const struct vre_ctx *c = ctx(e);
+
+	for (uint32_t i = 0; i < 2; i++)
+		if (c->small[i].dev && c->small[i].dev != d && c->now - c->small[i].at < VRE_SMALL_WORK_NS)
+			return true;
+	return false;
+}
+
+/* Device `d` moved a small message: the latest of the two kept, the other device's kept beside it. */
+static inline void small_work_seen(struct vre_engine *e, const struct vre_device *d)
+{
+	struct vre_ctx *c = ctx(e);
+
+	if (c->small[0].dev != d)
+		c->small[1] = c->small[0];
+	c->small[0] = (struct vre_small_work){ .at = c->now, .dev = d };
+}
+
 #endif /* VRDMA_ENGINE_ACCOUNT_H */

@@ -72,6 +72,7 @@ class SchedConfig(TypedDict):
     quantum_bytes: int
     piece_bytes: int
     wr_cost_bytes: int
+    small_piece_bytes: int
 
 
 class QosConfig(TypedDict):

@@ -34,8 +34,10 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 		return NULL;
 	}
 	/* 64 KiB a turn and a piece: ~2 us of copying at memory speed, what one VM's bulk transfer may keep another's
-	 * small message waiting; a work request costs about what copying 2 KiB does (docs/backend.md). */
-	e->sched = (struct vre_sched){ .quantum_bytes = 64 << 10, .piece_bytes = 64 << 10, .wr_cost_bytes = 2048 };
+	 * small message waiting, 16 KiB while small messages are about; a work request costs about what copying 2 KiB
+	 * does (docs/backend.md). */
+	e->sched = (struct vre_sched){ .quantum_bytes = 64 << 10, .piece_bytes = 64 << 10, .wr_cost_bytes = 2048,
+				       .small_piece_bytes = 16 << 10 };
 	if (gid_index_init(e)) {
 		vre_locks_destroy(e);
 		free(e->devices);
@@ -201,9 +203,10 @@ void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters
 int vre_sched_set(struct vre_engine *e, const struct vre_sched *sched)
 {
 	if (!sched->quantum_bytes || sched->quantum_bytes > (1u << 30) || sched->piece_bytes < VRDMA_PAGE_SIZE ||
-	    sched->piece_bytes > (1u << 30) || sched->wr_cost_bytes > (1u << 20))
+	    sched->piece_bytes > (1u << 30) || sched->wr_cost_bytes > (1u << 20) ||
+	    sched->small_piece_bytes < VRDMA_PAGE_SIZE || sched->small_piece_bytes > sched->piece_bytes)
 		return vre_fail(e, EINVAL, "scheduler sizes out of range (quantum 1..1 GiB, piece 4 KiB..1 GiB, work "
-				"request cost at most 1 MiB)");
+				"request cost at most 1 MiB, small piece 4 KiB..piece)");
 	e->sched = *sched;
 	return 0;
 }

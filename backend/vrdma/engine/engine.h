@@ -235,13 +235,19 @@ struct vre_net_counters {
  * The scheduler (vre_sched_set): how the engine shares itself between the devices with work. Each device's turn is
  * worth quantum_bytes times its weight of copying, a work request costing wr_cost_bytes on top of its data (what
  * the engine spends on one beyond its bytes); a message longer than piece_bytes moves in pieces of that size, with
- * other QPs' and devices' turns between them, so that a small message never waits behind a whole large one.
+ * other QPs' and devices' turns between them, so that a small message never waits behind a whole large one. While
+ * another device of the same engine thread has sent a small message (at most small_piece_bytes) in the last
+ * VRE_SMALL_WORK_NS, a device's turn and pieces are worth small_piece_bytes instead: that small message's successor
+ * waits for a few microseconds of copying less, and bulk transfers alone keep their large pieces (Justitia splits
+ * only while latency-sensitive flows are present).
  */
 struct vre_sched {
 	uint32_t quantum_bytes;
 	uint32_t piece_bytes;
 	uint32_t wr_cost_bytes;
+	uint32_t small_piece_bytes;
 };
+#define VRE_SMALL_WORK_NS 1000000  /* how long a small message keeps its thread's turns and pieces small */
 
 /* A device's quality of service (vre_device_qos): its weight against the other devices with work (1 ..
  * VRE_MAX_WEIGHT), and its limits as token buckets (0: no limit): payload bytes and work requests per second, each

@@ -121,10 +121,14 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 	return n;
 }
 
-/* A device's worth per turn. */
-static int64_t turn_worth(const struct vre_engine *e, const struct vre_device *d)
+/* A device's worth per turn: a small piece's while another device of this thread sends small messages. */
+static int64_t turn_worth(struct vre_engine *e, const struct vre_device *d)
 {
-	return (int64_t)((uint64_t)e->sched.quantum_bytes * d->share.weight / VRE_DEFAULT_WEIGHT) + 1;
+	uint32_t quantum = e->sched.quantum_bytes;
+
+	if (quantum > e->sched.small_piece_bytes && small_work_near(e, d))
+		quantum = e->sched.small_piece_bytes;
+	return (int64_t)((uint64_t)quantum * d->share.weight / VRE_DEFAULT_WEIGHT) + 1;
 }
 
 /* A device's turn opens: its buckets brought up to date, its share of this round earned. False: nothing to run. */

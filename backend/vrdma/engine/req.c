@@ -34,6 +34,7 @@ static enum exec execute(struct vre_engine *e, struct vre_device *d, struct vre_
 	struct vre_request r = { .e = e, .d = d, .qp = qp, .w = w, .op = vre_opcode(w->hdr.opcode),
 				 .local = ctx(e)->scratch.local };
 	struct vre_piece *p = &qp->piece;
+	uint32_t piece_max;
 	uint8_t status;
 	struct vre_device *dd;
 	struct vre_qp *dqp;
@@ -54,6 +55,8 @@ static enum exec execute(struct vre_engine *e, struct vre_device *d, struct vre_
 	status = wqe_local_data(&r);
 	if (status != VRDMA_WC_SUCCESS)
 		goto local_error;
+	if (r.len <= e->sched.small_piece_bytes)
+		small_work_seen(e, d);  /* the other devices' turns and pieces small for a while */
 	if (qp->cfg.flags & VRE_QP_UD) {
 		ud_send(&r);  /* a datagram: sent (and completed) whether or not anyone takes it */
 		ctx(e)->moved = r.len;
@@ -65,8 +68,9 @@ static enum exec execute(struct vre_engine *e, struct vre_device *d, struct vre_
 	}
 	r.off = p->done;
 	r.piece = r.len - r.off;
-	if (r.piece > e->sched.piece_bytes && !(r.op->flags & OP_ATOMIC))
-		r.piece = e->sched.piece_bytes;
+	piece_max = small_work_near(e, d) ? e->sched.small_piece_bytes : e->sched.piece_bytes;
+	if (r.piece > piece_max && !(r.op->flags & OP_ATOMIC))
+		r.piece = piece_max;
 	r.first = r.off == 0;
 	r.last = r.off + r.piece == r.len;
 
