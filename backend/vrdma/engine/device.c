@@ -19,7 +19,10 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	if (!e)
 		return NULL;
 	memset(e, 0, sizeof(*e));
-	e->devices = calloc(max_devices, sizeof(*e->devices));
+	/* Cache-line aligned, as struct vre_device's lines are laid out (a uint32_t count of them cannot overflow). */
+	e->devices = aligned_alloc(64, (size_t)max_devices * sizeof(*e->devices));
+	if (e->devices)
+		memset(e->devices, 0, (size_t)max_devices * sizeof(*e->devices));
 	if (!e->devices) {
 		free(e);
 		return NULL;

@@ -42,11 +42,15 @@ static void *worker_main(void *arg);
 
 /* -- events --------------------------------------------------------------------------------------------------- */
 
-/* After a pass: write the events eventfd once for events the caller has not been told of. */
+/* After a pass that posted events: write the events eventfd once for events the caller has not been told of. Only
+ * then the event ring's lock, which every thread taking it every pass would pass from core to core. */
 static void tell_events(struct vre_engine *e)
 {
 	bool tell;
 
+	if (!ctx(e)->posted)
+		return;
+	ctx(e)->posted = false;
 	events_lock(e);
 	tell = e->ev_head != e->ev_tail && !e->threads.events_told;
 	e->threads.events_told |= tell;
@@ -105,9 +109,10 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 	if (!config->budget || config->events_fd < 0 || n < 1 || n > VRE_MAX_THREADS)
 		return vre_fail(e, EINVAL, "engine threads need a budget, an events fd and a count of 1 to %u",
 				VRE_MAX_THREADS);
-	w = calloc(n, sizeof(*w));
+	w = aligned_alloc(64, n * sizeof(*w));  /* each its own cache lines (its context's scratch is aligned) */
 	if (!w)
 		return vre_fail(e, ENOMEM, "no memory for %u engine threads", n);
+	memset(w, 0, n * sizeof(*w));
 	e->threads.config = *config;
 	e->threads.events_told = false;
 	for (uint32_t k = 0; k < n; k++) {

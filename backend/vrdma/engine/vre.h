@@ -197,12 +197,13 @@ struct vre_share {
 };
 
 struct vre_device {
-	/* Its lock and what the threads read without it (thread.c); a device's opening and closing keeps them. */
-	pthread_mutex_t lock;     /* recursive */
-	uint32_t waiters;         /* atomic: callers waiting for `lock` (the owner lets them have it first) */
+	/* What every engine thread reads every pass, looking for its devices (thread.c), seldom written: a cache line
+	 * apart from the lock its owner takes every turn. A device's opening and closing keeps them. */
 	uint32_t owner;           /* atomic: the engine thread that runs it (balance() moves it) */
-	uint32_t worked;          /* atomic: its last turn did work (balance() looks for such a device to move) */
+	uint32_t waiters;         /* atomic: callers waiting for `lock` (the owner lets them have it first) */
 	bool open;                /* written under every lock (atomic), read by a thread looking for its devices */
+	pthread_mutex_t lock __attribute__((aligned(64)));  /* recursive */
+	uint32_t worked;          /* atomic: its last turn did work (balance() looks for such a device to move) */
 	/* Everything from here, and everything the device holds (its objects, its guest memory), is touched only
 	 * under `lock`: its owner takes it for the device's turn, another device's thread to deliver into it, a
 	 * caller for a call. */
@@ -264,6 +265,7 @@ struct vre_ctx {
 	uint32_t worker;          /* the engine thread's index, VRE_NO_WORKER for the callers' */
 	int64_t now;              /* the clock as the current pass read it */
 	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
+	bool posted;              /* it posted an event since it last told of events (thread.c) */
 	struct vre_device *held;  /* another device it holds the lock of for this turn (req.c's destination) */
 	/* The last small messages it moved, of two devices, the latest first (account.h: small_work_seen). */
 	struct vre_small_work { int64_t at; const struct vre_device *dev; } small[2];
