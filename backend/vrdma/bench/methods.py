@@ -75,8 +75,10 @@ def rows() -> list[tuple[str, str, str]]:
          f"{_n(neighbours.SCALING_SLEEP_US['1mib'])} us for 1 MiB WRITEs and every "
          f"{_n(neighbours.SCALING_SLEEP_US['8b'])} us for 8-byte ones), {_n(neighbours.SHARE_SECONDS)} s each, "
          f"served by {' and by '.join(_n(t) for t in neighbours.SCALING_THREADS)} engine thread(s) "
-         "(`--engine-threads`)",
-         "`scaling_{1mib_gbps,8b_mops}_{1,2}_threads` (aggregate), `scaling_{1mib,8b}_2_threads_vs_1`"),
+         "(`--engine-threads`), with the threads' busy share from `vrdma admin counters`; `vrdma bench --only "
+         "scaling --scaling-threads 1,2,4,8` runs more counts, one pair of VMs per thread of the largest",
+         "`scaling_{1mib_gbps,8b_mops}_{1,2}_threads` (aggregate), `scaling_{1mib,8b}_engine_busy_{1,2}_threads_pct`, "
+         "`scaling_{1mib,8b}_2_threads_vs_1`"),
         ("idle", f"two guests booted, {_n(g.IDLE_QPS)} connected RC QPs ({_n(g.IDLE_QPS // 2)} per guest, "
          "`vrdma/harness/guest/idle_qps.py`), wait until the engine has parked, psutil CPU times over "
          f"{_n(g.IDLE_SECONDS)} s (the TCG guests ask for the doorbell recheck); then two simulated VMs that do not "
