@@ -176,7 +176,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from vrdma import bench
 
     report = bench.run(iterations=args.iterations, output=Path(args.output) if args.output else None,
-                       only=args.only or bench.GROUPS, scaling_threads=args.scaling_threads)
+                       only=args.only or bench.GROUPS, scaling_threads=args.scaling_threads, smoke=args.smoke)
     if report.plot_file:
         print(f"plot: {report.plot_file}")
     print(report.table())
@@ -294,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--iterations", type=_positive_int, default=5000,  # vrdma.bench.methods.CONTROL_ITERATIONS
                        help="control-command round trips to time (default 5000)")
     bench.add_argument("--output", metavar="PATH", help="results file (default build/bench/results.json)")
+    bench.add_argument("--smoke", action="store_true",
+                       help="every figure in a fraction of the time (one run each, short waits; what `make test` "
+                            "checks): the figures are not measurements")
     bench.add_argument("--only", type=_bench_groups, metavar="NAME[,NAME...]",
                        help="run only these benchmarks (default every one): " + ", ".join(BENCH_GROUPS))
     bench.add_argument("--scaling-threads", type=_thread_counts, default=(1, 2), metavar="N[,N...]",

@@ -28,18 +28,21 @@ from pathlib import Path
 from vrdma import paths
 from vrdma.bench.backend import (
     IDLE_SIM_QPS,
+    IDLE_SIM_SECONDS,
     MIB,
     control_round_trip,
     idle_without_recheck,
     memcpy_bandwidth,
     native_backend,
 )
-from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
+from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, IDLE_SECONDS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import between_backends, interhost
 from vrdma.bench.metric import Metric, Report, write
-from vrdma.bench.neighbours import SCALING_THREADS, noisy_neighbour, scaling, sharing
+from vrdma.bench.neighbours import ROUNDS, SCALING_THREADS, noisy_neighbour, scaling, sharing
 
 log = logging.getLogger(__name__)
+
+SMOKE_IDLE_SECONDS = 2.0  # `--smoke`: the idle backend's CPU counted this long (10 s each in a measurement)
 
 
 def ratios(results: list[Metric]) -> list[Metric]:
@@ -85,18 +88,22 @@ Sweeps = dict[str, dict[str, dict[int, float]]]  # device -> tool -> message siz
 
 
 def groups(iterations: int = 5000, scaling_threads: tuple[int, ...] = SCALING_THREADS,
-           sweeps: Sweeps | None = None) -> dict[str, tuple[str, Callable[[], list[Metric]]]]:
+           sweeps: Sweeps | None = None, smoke: bool = False) -> dict[str, tuple[str, Callable[[], list[Metric]]]]:
     """Every benchmark by name, in the order `vrdma bench` runs them: what it does (for the log) and how. The guests'
-    bandwidth sweeps, which the plot draws, go into ``sweeps``."""
+    bandwidth sweeps, which the plot draws, go into ``sweeps``. ``smoke``: every figure produced in a fraction of
+    the time (one run of each, short waits, rxe's runs short: what `make test` checks), none of them a
+    measurement."""
 
     def guests() -> list[Metric]:
-        results, guest_sweeps = guests_vs_rxe()
+        results, guest_sweeps = guests_vs_rxe(smoke)
         if sweeps is not None:
             sweeps.update(guest_sweeps)
         return results
 
     def idle() -> list[Metric]:
-        return idle_cpu() + idle_without_recheck()
+        seconds = SMOKE_IDLE_SECONDS if smoke else None
+        return (idle_cpu(seconds=seconds or IDLE_SECONDS)
+                + idle_without_recheck(seconds=seconds or IDLE_SIM_SECONDS))
 
     tools = ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime",
                                               "NVMe-oF and NVMe/TCP with fio"])
@@ -107,18 +114,18 @@ def groups(iterations: int = 5000, scaling_threads: tuple[int, ...] = SCALING_TH
         "native": ("backend at native speed: the simulated frontend as two VMs, a C driver posting RDMA WRITEs",
                    native_backend),
         "neighbour": ("the noisy neighbour: a victim's 8-byte WRITEs and commands beside a neighbour's flood "
-                      "(four VMs)", noisy_neighbour),
+                      "(four VMs)", lambda: noisy_neighbour(1 if smoke else ROUNDS)),
         "sharing": ("sharing the engine: two floods at weights 1:1 and 3:1, one under a byte limit (four VMs)",
                     sharing),
         "scaling": (f"the engine's threads: independent floods served by {', '.join(map(str, scaling_threads))} "
                     "engine thread(s)", lambda: scaling(scaling_threads)),
         "between-backends": ("between hosts without guests: two backends in two namespaces, 1 MiB WRITEs, iperf3 "
-                             "between them", between_backends),
+                             "between them", lambda: between_backends(smoke=smoke)),
         "idle": (f"backend CPU while idle: two guests with {IDLE_QPS} idle QPs, then two simulated VMs that do not "
                  f"ask for the doorbell recheck with {IDLE_SIM_QPS}", idle),
         "guests": (f"vrdma and rxe side by side in two guests ({tools})", guests),
         "interhost": ("between hosts: four guests on two hosts (vrdma and rxe on each), iperf3 between the hosts",
-                      interhost),
+                      lambda: interhost(smoke=smoke)),
     }
 
 
@@ -126,11 +133,11 @@ GROUPS = tuple(groups())  # the names `vrdma bench --only` takes
 
 
 def run(iterations: int = 5000, output: Path | None = None, only: Sequence[str] = GROUPS,
-        scaling_threads: tuple[int, ...] = SCALING_THREADS) -> Report:
-    """The benchmarks named in ``only`` (default: every one), one after the other; the results are written to
-    ``output`` (JSON) with a plot beside it."""
+        scaling_threads: tuple[int, ...] = SCALING_THREADS, smoke: bool = False) -> Report:
+    """The benchmarks named in ``only`` (default: every one), one after the other (``smoke``: see groups); the
+    results are written to ``output`` (JSON) with a plot beside it."""
     sweeps: Sweeps = {}
-    table = groups(iterations, scaling_threads, sweeps)
+    table = groups(iterations, scaling_threads, sweeps, smoke)
     unknown = [name for name in only if name not in table]
     if unknown:
         raise ValueError(f"no benchmark named {', '.join(unknown)} (there are: {', '.join(table)})")

@@ -46,10 +46,15 @@ FULL_CONNECT = re.compile(r"^qp_conn\s+(\d+)\n.*?^full connect\s+\d+\s+(\d+)", f
 GUEST_MEMORY_MIB = 3072  # room for a 1 GiB registration next to the guest's own RAM disk
 NVMEOF_NAMESPACE_MIB = 256
 NVMEOF_RUNTIME_S = 5  # per fio run: TCG guests reach a steady rate within a second
+# `vrdma bench --smoke` (what `make test` runs: every figure produced, none a measurement): rxe moves a few MB/s
+# under TCG, so its perftest runs send this many messages, and fio runs this long.
+SMOKE_RXE_ITERATIONS = 5
+SMOKE_NVMEOF_RUNTIME_S = 1
 
 
-def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]]]:
-    """vrdma and the kernel's software RoCE (rxe) side by side in the same two guests, same runs, same sizes.
+def guests_vs_rxe(smoke: bool = False) -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]]]:
+    """vrdma and the kernel's software RoCE (rxe) side by side in the same two guests, same runs, same sizes
+    (``smoke``: one run of each, rxe's and fio's short).
 
     Returns the metrics and the bandwidth sweeps ({device: {tool: {size: GB/s}}}) for the plot."""
     from vrdma.harness import verbs
@@ -57,6 +62,8 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
 
     results: list[Metric] = []
     sweeps: dict[str, dict[str, dict[int, float]]] = {}
+    iterations = {**BW_ITERATIONS, "rxe0": SMOKE_RXE_ITERATIONS} if smoke else BW_ITERATIONS
+    fio_seconds = SMOKE_NVMEOF_RUNTIME_S if smoke else NVMEOF_RUNTIME_S
     with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, \
             Cluster(2, Path(tmp), memory_mib=GUEST_MEMORY_MIB) as guests:
         server, client = guests[0], guests[1]
@@ -64,8 +71,8 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
         # rdma_cm picks the device by IP address, and vrdma0 and rxe0 would share eth0's: each is measured alone
         # (vrdma0 before rxe0 exists, rxe0 once vrdma is unloaded, at the end).
         results.append(cm_connect_rate(server, client, "vrdma0", accel))
-        results += nvmeof_rates(server, client, "vrdma", "rdma", accel)
-        results += nvmeof_rates(server, client, "nvmetcp", "tcp", accel)
+        results += nvmeof_rates(server, client, "vrdma", "rdma", accel, fio_seconds)
+        results += nvmeof_rates(server, client, "nvmetcp", "tcp", accel, fio_seconds)
         for vm in guests:
             verbs.add_rxe(vm, "rxe0")
         for device in ("vrdma0", "rxe0"):
@@ -80,12 +87,12 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
                     # The headline figure (1 MiB WRITE) is the median of three runs: memory bandwidth on a
                     # shared host moves from one second to the next. perftest under TCG occasionally reports 0
                     # (its clock is emulated): such a run is repeated, not averaged in.
-                    runs = 3 if tool == "ib_write_bw" and size == MIB else 1
+                    runs = 3 if tool == "ib_write_bw" and size == MIB and not smoke else 1
                     figures: list[float] = []
                     with sampler or contextlib.nullcontext():
                         for _ in range(runs + 2):
                             row = verbs.perftest(server, client, tool, device, gid,
-                                                 ("-s", str(size), "-n", str(BW_ITERATIONS[device])))[-1]
+                                                 ("-s", str(size), "-n", str(iterations[device])))[-1]
                             if row["BW average[MiB/sec]"] > 0:
                                 figures.append(row["BW average[MiB/sec]"] * MIB / 1e9)
                             if len(figures) == runs:
@@ -117,7 +124,7 @@ def guests_vs_rxe() -> tuple[list[Metric], dict[str, dict[str, dict[int, float]]
         for vm in guests:
             vm.run(["rmmod", "vrdma"]).check("rmmod vrdma (rxe0 alone on eth0 for rdma_cm)")
         results.append(cm_connect_rate(server, client, "rxe0", accel))
-        results += nvmeof_rates(server, client, "rxe", "rdma", accel)
+        results += nvmeof_rates(server, client, "rxe", "rdma", accel, fio_seconds)
     return results, sweeps
 
 
@@ -160,7 +167,8 @@ def restart_to_usable(guests: Any, accel: str) -> Metric:
                   f"again in two {accel} guests)")
 
 
-def nvmeof_rates(target_vm: Any, host_vm: Any, name: str, transport: str, accel: str) -> list[Metric]:
+def nvmeof_rates(target_vm: Any, host_vm: Any, name: str, transport: str, accel: str,
+                 seconds: int = NVMEOF_RUNTIME_S) -> list[Metric]:
     """NVMe over Fabrics from ``host_vm`` to ``target_vm``: fio 4 KiB random reads at depth 32 (IOPS) and 128 KiB
     sequential reads at depth 8 (bandwidth) on a RAM namespace written in full first. Over RDMA on whichever RDMA
     device holds the target's address (vrdma0, or rxe0 once vrdma is unloaded), or NVMe/TCP over virtio-net."""
@@ -168,7 +176,7 @@ def nvmeof_rates(target_vm: Any, host_vm: Any, name: str, transport: str, accel:
 
     label = "nvmetcp" if transport == "tcp" else f"{name}_nvmeof"
     what = "NVMe/TCP over virtio-net" if transport == "tcp" else f"NVMe-oF over {name}"
-    timed = (f"--runtime={NVMEOF_RUNTIME_S}", "--time_based", f"--size={NVMEOF_NAMESPACE_MIB}M")
+    timed = (f"--runtime={seconds}", "--time_based", f"--size={NVMEOF_NAMESPACE_MIB}M")
     with nvmeof.target(target_vm, transport, size_mib=NVMEOF_NAMESPACE_MIB) as exported, \
             nvmeof.host(host_vm, exported) as device:
         fio.job(host_vm, device, "--rw=write", "--bs=1M", "--iodepth=4", f"--size={NVMEOF_NAMESPACE_MIB}M")

@@ -38,6 +38,8 @@ BW_ITERATIONS = {"vrdma0": 200, "rxe0": 20}
 LAT_ITERATIONS = 300
 IPERF_PORT = 5201
 IPERF_SECONDS = 3
+SMOKE_SECONDS = 1             # `vrdma bench --smoke`: iperf3 this long, one run of each WRITE figure, and rxe's ...
+SMOKE_RXE_ITERATIONS = 5      # ... perftest runs this many messages (a few MB/s under TCG)
 MTU = 9000
 IP_UDP_HEADERS = 28
 # A RoCE packet's UDP payload at the largest path MTU (4096): its BTH, the data and the ICRC. The per-packet cost of
@@ -48,7 +50,7 @@ BACKENDS_SLEEP_US = 500       # ... the driver looking this often whether they a
 BACKENDS_RUNS = 3             # ... for a second (neighbours.SHARE_SECONDS), this many runs (the median)
 
 
-def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
+def interhost(memory_mib: int = 1024, mtu: int = MTU, smoke: bool = False) -> list[Metric]:
     from vrdma.harness import verbs
     from vrdma.harness.multihost import MultiHost
 
@@ -58,7 +60,10 @@ def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
             MultiHost(Path(tmp), plan, memory_mib=memory_mib, mtu=mtu) as mh:
         accel = mh.accel.upper()
         where = f"two {accel} guests on two hosts"
-        results.append(udp_reference((mh.fabric[0], mh.fabric[1]), mtu - IP_UDP_HEADERS))
+        seconds = SMOKE_SECONDS if smoke else IPERF_SECONDS
+        iterations = {**BW_ITERATIONS, "rxe0": SMOKE_RXE_ITERATIONS} if smoke else BW_ITERATIONS
+        runs = 1 if smoke else 3
+        results.append(udp_reference((mh.fabric[0], mh.fabric[1]), mtu - IP_UDP_HEADERS, seconds=seconds))
         gids = [verbs.ipv4_gid_index(vm, dev) for vm, dev in zip(mh.vms, PLAN_DEVICES, strict=True)]
 
         def bandwidth(server: int, client: int) -> float:
@@ -66,11 +71,11 @@ def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
             figures = []
             for _ in range(5):
                 row = verbs.perftest(mh.vms[server], mh.vms[client], "ib_write_bw", PLAN_DEVICES[server],
-                                     gids[server], ("-s", str(MIB), "-n", str(BW_ITERATIONS[PLAN_DEVICES[client]])),
+                                     gids[server], ("-s", str(MIB), "-n", str(iterations[PLAN_DEVICES[client]])),
                                      client_device=(PLAN_DEVICES[client], gids[client]))[-1]
                 if row["BW average[MiB/sec]"] > 0:  # (perftest under TCG now and then reports 0: run again)
                     figures.append(row["BW average[MiB/sec]"] * MIB / 1e9)
-                if len(figures) == 3:
+                if len(figures) == runs:
                     break
             if not figures:
                 raise RuntimeError(f"ib_write_bw vm{client} -> vm{server} reported no bandwidth")
@@ -92,7 +97,7 @@ def interhost(memory_mib: int = 1024, mtu: int = MTU) -> list[Metric]:
     return results
 
 
-def between_backends(mtu: int = MTU) -> list[Metric]:
+def between_backends(mtu: int = MTU, smoke: bool = False) -> list[Metric]:
     """The backends alone between two hosts: two `vrdma backend --roce` in two network namespaces of a
     vrdma.harness.hosts fabric (jumbo-frame links), one simulated VM each (its GID its host's address), RC QPs
     connected across with a 4096-byte path MTU; the C load generator posts 1 MiB RDMA WRITEs from h0's VM to h1's
@@ -118,8 +123,9 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
         fabric = stack.enter_context(HostNetwork(2, subnet="10.95.0.0/24", prefix=f"bb{os.getpid() % 100000}",
                                                  mtu=mtu))
         hosts = (fabric[0], fabric[1])
-        references = [udp_reference(hosts, mtu - IP_UDP_HEADERS, "interhost_backends_udp_gbps"),
-                      udp_reference(hosts, ROCE_DATAGRAM, "interhost_backends_udp_roce_size_gbps")]
+        seconds = SMOKE_SECONDS if smoke else IPERF_SECONDS
+        references = [udp_reference(hosts, mtu - IP_UDP_HEADERS, "interhost_backends_udp_gbps", seconds),
+                      udp_reference(hosts, ROCE_DATAGRAM, "interhost_backends_udp_roce_size_gbps", seconds)]
         frontends = []
         daemons = []
         for i, host in enumerate(hosts):
@@ -136,7 +142,7 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
                            gids=(gids[1], gids[0]), path_mtu=5)
         # The driver sleeps while its queue drains (a spinning one would take one of the cores both backends and
         # the hosts' forwarding need: three spinners on two cores halve what the backends can do).
-        figures = [_floods([pair], MIB, BACKENDS_SLEEP_US)[0] * MIB / 1e9 for _ in range(BACKENDS_RUNS)]
+        figures = [_floods([pair], MIB, BACKENDS_SLEEP_US)[0] * MIB / 1e9 for _ in range(1 if smoke else BACKENDS_RUNS)]
         for i, daemon in enumerate(daemons):
             log.debug("between backends: h%d's RoCE counters %s, engine threads %s", i,
                       vm_counters(daemon, f"vm{i}")["roce"], admin(daemon, {"command": "counters"})["engine_threads"])
@@ -146,7 +152,8 @@ def between_backends(mtu: int = MTU) -> list[Metric]:
     return [*references, Metric("interhost_backends_write_bw_1mib_gbps", value, "GB/s", command)]
 
 
-def udp_reference(hosts: tuple[Host, Host], datagram: int, name: str = "interhost_udp_gbps") -> Metric:
+def udp_reference(hosts: tuple[Host, Host], datagram: int, name: str = "interhost_udp_gbps",
+                  seconds: int = IPERF_SECONDS) -> Metric:
     """iperf3's UDP throughput from hosts[0] to hosts[1] (what arrived), unlimited rate, in datagrams of ``datagram``
     bytes (the largest the links carry unfragmented, or the size of a RoCE packet's), as the metric ``name``."""
     h0, h1 = hosts
@@ -156,7 +163,7 @@ def udp_reference(hosts: tuple[Host, Host], datagram: int, name: str = "interhos
         for line in server.stdout:  # "Server listening on 5201 (test #1)": ready
             if "listening" in line:
                 break
-        client = h0.run(["iperf3", "-u", "-b", "0", "-l", str(datagram), "-t", str(IPERF_SECONDS), "-J",
+        client = h0.run(["iperf3", "-u", "-b", "0", "-l", str(datagram), "-t", str(seconds), "-J",
                          "-c", h1.address, "-p", str(IPERF_PORT)], timeout=60)
         report = json.loads(client.stdout) if client.stdout.strip().startswith("{") else {}
         end = report.get("end", {}).get("sum")
@@ -169,4 +176,4 @@ def udp_reference(hosts: tuple[Host, Host], datagram: int, name: str = "interhos
         server.wait(10)
     log.info("UDP between the hosts (iperf3): %.3f GB/s received", received)
     return Metric(name, round(received, 3), "GB/s",
-                  f"vrdma bench (iperf3 -u -b 0 -l {datagram} -t {IPERF_SECONDS}, host h0 to host h1)")
+                  f"vrdma bench (iperf3 -u -b 0 -l {datagram} -t {seconds}, host h0 to host h1)")

@@ -139,12 +139,12 @@ def simulated_vms(pairs: int = 2, engine_threads: int = 1, depth: int = FLOOD_DE
                                    depth) for k in range(pairs)]
 
 
-def noisy_neighbour() -> list[Metric]:
+def noisy_neighbour(rounds: int = ROUNDS) -> list[Metric]:
     writes: dict[str, list[float]] = {condition: [] for condition in FLOODS}
     commands: dict[str, list[float]] = {condition: [] for condition in FLOODS}
     moved: dict[str, list[float]] = {condition: [] for condition in FLOODS if FLOODS[condition]}
     with simulated_vms() as (_, (victim, neighbour)):
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for condition, length in FLOODS.items():
                 if not length:
                     _victim_round(victim, writes[condition], commands[condition])
