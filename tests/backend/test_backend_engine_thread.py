@@ -135,7 +135,7 @@ def test_memory_tables_and_destroys_racing_traffic_move_no_wrong_byte(pair: tupl
 def test_two_engine_threads_run_two_busy_vms_one_each(tmp_path: Path) -> None:
     """Two pairs, vm0 -> vm1 and vm2 -> vm3, each flooding 1 MiB WRITEs, with two engine threads: the VMs are given
     out in turn (vm0 and vm2 to one thread), and the other thread, with nothing to do, takes one of the two busy
-    senders; every WRITE completes and both threads moved data."""
+    senders, and each receiver follows its sender's thread; every WRITE completes and both threads moved data."""
     backend = BackendProcess(tmp_path, names=("vm0", "vm1", "vm2", "vm3"), options=["--engine-threads", "2"])
     try:
         with (backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1, backend.frontend("vm2") as fe2,
@@ -168,6 +168,8 @@ def test_two_engine_threads_run_two_busy_vms_one_each(tmp_path: Path) -> None:
             counters = backend.admin_ask("counters")
         threads = {name: vm["engine_thread"] for name, vm in counters["vms"].items()}
         assert threads["vm0"] != threads["vm2"], f"both busy senders on one thread: {threads}"
+        # Each receiver followed its sender to its thread (req.c's follow), so no lock crosses between them.
+        assert (threads["vm1"], threads["vm3"]) == (threads["vm0"], threads["vm2"]), threads
         assert sum(t["devices_taken"] for t in counters["engine_threads"]) >= 1, counters["engine_threads"]
         assert all(t["work"] > 0 for t in counters["engine_threads"]), counters["engine_threads"]
     finally:

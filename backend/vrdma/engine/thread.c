@@ -116,7 +116,8 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 	e->threads.config = *config;
 	e->threads.events_told = false;
 	for (uint32_t k = 0; k < n; k++) {
-		w[k] = (struct vre_worker){ .engine = e, .index = k, .cpu = config->cpus[k], .ctx.engine = e };
+		w[k] = (struct vre_worker){ .engine = e, .index = k, .cpu = config->cpus[k], .ctx.engine = e,
+					    .ctx.worker = k };
 		w[k].nfds_room = e->ndevices + e->nrings + 1;  /* its kick, rings, devices */
 		w[k].fds = calloc(w[k].nfds_room, sizeof(*w[k].fds));
 		w[k].kick_fd = w[k].fds ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
