@@ -154,9 +154,6 @@ static struct vre_device *destination(struct vre_engine *e, struct vre_qp *qp, c
  * delivering into each other's devices would wait for each other). */
 #define DESTINATION_TRIES 64
 
-/* A destination that moves to its sender's thread at most this often (two senders on two threads do not toss it). */
-#define FOLLOW_EVERY_NS 10000000
-
 /*
  * A destination that had no work of its own in its last turn (a VM that only receives) and runs on another thread
  * moves to this one (its lock is held here): its sender and it then share a thread and its locks stop crossing
@@ -165,9 +162,9 @@ static struct vre_device *destination(struct vre_engine *e, struct vre_qp *qp, c
 static void follow(struct vre_ctx *c, struct vre_device *dd)
 {
 	if (c->worker == VRE_NO_WORKER || __atomic_load_n(&dd->owner, __ATOMIC_RELAXED) == c->worker ||
-	    __atomic_load_n(&dd->worked, __ATOMIC_RELAXED) || c->now - dd->followed_at < FOLLOW_EVERY_NS)
+	    __atomic_load_n(&dd->worked, __ATOMIC_RELAXED) || c->now - dd->moved_at < VRE_MOVE_EVERY_NS)
 		return;
-	dd->followed_at = c->now;
+	dd->moved_at = c->now;
 	__atomic_store_n(&dd->owner, c->worker, __ATOMIC_RELEASE);
 }
 

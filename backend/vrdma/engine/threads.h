@@ -9,6 +9,11 @@
 struct vre_engine;
 struct vre_device;
 
+/* A device changes thread at most this often (struct vre_device.moved_at): two senders on two threads do not toss
+ * their receiver between them (req.c's follow), and threads whose drivers come and go in bursts do not toss busy
+ * devices between them (thread.c's balance), each move costing the device's cache lines. */
+#define VRE_MOVE_EVERY_NS 10000000
+
 /* One of the engine's threads (thread.c): it runs the devices it owns (struct vre_device.owner). */
 struct vre_worker {
 	struct vre_engine *engine;

@@ -208,7 +208,7 @@ struct vre_device {
 	 * under `lock`: its owner takes it for the device's turn, another device's thread to deliver into it, a
 	 * caller for a call. */
 	bool parked;              /* its owner parked: its doorbell pages' parked slots are set */
-	int64_t followed_at;      /* when it last moved to a sender's thread (req.c's follow) */
+	int64_t moved_at;         /* when it last changed thread (req.c's follow, thread.c's balance) */
 	int wake_fd;              /* a duplicate of the wake queue's kick eventfd, or -1 (vre_device_wake_fd) */
 	struct vre_device_limits lim;
 	uint8_t *doorbells;
