@@ -45,7 +45,7 @@ VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, ui
 		e->ev_tail++;
 	}
 	events_unlock(e);
-	ctx(e)->posted = true;  /* its thread tells of it after its pass */
+	__atomic_store_n(&e->threads.events_posted, 1, __ATOMIC_RELEASE);  /* the next pass of any thread tells */
 	if (full && dev < e->ndevices)
 		e->devices[dev].counters.events_dropped++;
 }

@@ -42,16 +42,17 @@ static void *worker_main(void *arg);
 
 /* -- events --------------------------------------------------------------------------------------------------- */
 
-/* After a pass that posted events: write the events eventfd once for events the caller has not been told of. Only
- * then the event ring's lock, which every thread taking it every pass would pass from core to core. */
+/* After a pass: write the events eventfd once for events the caller has not been told of (posted by any thread or
+ * by the caller's own calls). The event ring's lock only when something was posted: every thread taking it every
+ * pass passed its cache line from core to core. */
 static void tell_events(struct vre_engine *e)
 {
 	bool tell;
 
-	if (!ctx(e)->posted)
+	if (!__atomic_load_n(&e->threads.events_posted, __ATOMIC_ACQUIRE))
 		return;
-	ctx(e)->posted = false;
 	events_lock(e);
+	__atomic_store_n(&e->threads.events_posted, 0, __ATOMIC_RELAXED);
 	tell = e->ev_head != e->ev_tail && !e->threads.events_told;
 	e->threads.events_told |= tell;
 	events_unlock(e);

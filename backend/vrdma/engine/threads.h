@@ -38,6 +38,7 @@ struct vre_threads {
 	struct vre_thread_config config;
 	uint64_t recheck_ns;      /* atomic */
 	bool events_told;         /* events_fd was written since the caller last took events (under ev_lock) */
+	uint32_t events_posted;   /* atomic: events were posted since a thread last looked (thread.c's tell_events) */
 	pthread_mutex_t ev_lock;  /* the event ring's: any thread posts, the caller takes */
 	pthread_mutex_t net_lock; /* recursive: the packets waiting to go, the network counters' writers */
 	pthread_mutex_t gid_lock; /* recursive: the GID index (changed under every lock, read under this one) */

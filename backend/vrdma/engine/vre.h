@@ -265,7 +265,6 @@ struct vre_ctx {
 	uint32_t worker;          /* the engine thread's index, VRE_NO_WORKER for the callers' */
 	int64_t now;              /* the clock as the current pass read it */
 	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
-	bool posted;              /* it posted an event since it last told of events (thread.c) */
 	struct vre_device *held;  /* another device it holds the lock of for this turn (req.c's destination) */
 	/* The last small messages it moved, of two devices, the latest first (account.h: small_work_seen). */
 	struct vre_small_work { int64_t at; const struct vre_device *dev; } small[2];
