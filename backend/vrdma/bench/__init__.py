@@ -28,14 +28,13 @@ from pathlib import Path
 from vrdma import paths
 from vrdma.bench.backend import (
     IDLE_SIM_QPS,
-    IDLE_SIM_SECONDS,
     MIB,
     control_round_trip,
     idle_without_recheck,
     memcpy_bandwidth,
     native_backend,
 )
-from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, IDLE_SECONDS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
+from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import between_backends, interhost
 from vrdma.bench.metric import Metric, Report, write
 from vrdma.bench.neighbours import ROUNDS, SCALING_THREADS, noisy_neighbour, scaling, sharing
@@ -101,9 +100,9 @@ def groups(iterations: int = 5000, scaling_threads: tuple[int, ...] = SCALING_TH
         return results
 
     def idle() -> list[Metric]:
-        seconds = SMOKE_IDLE_SECONDS if smoke else None
-        return (idle_cpu(seconds=seconds or IDLE_SECONDS)
-                + idle_without_recheck(seconds=seconds or IDLE_SIM_SECONDS))
+        if smoke:
+            return idle_cpu(seconds=SMOKE_IDLE_SECONDS) + idle_without_recheck(seconds=SMOKE_IDLE_SECONDS)
+        return idle_cpu() + idle_without_recheck()
 
     tools = ", ".join(BW_TOOLS + LAT_TOOLS + ["UD ib_send_lat/bw", "QP creation", "ibv_reg_mr", "cmtime",
                                               "NVMe-oF and NVMe/TCP with fio"])

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vrdma.bench.guests import SMOKE_RXE_ITERATIONS
 from vrdma.bench.metric import Metric
 
 if TYPE_CHECKING:
@@ -38,8 +39,8 @@ BW_ITERATIONS = {"vrdma0": 200, "rxe0": 20}
 LAT_ITERATIONS = 300
 IPERF_PORT = 5201
 IPERF_SECONDS = 3
-SMOKE_SECONDS = 1             # `vrdma bench --smoke`: iperf3 this long, one run of each WRITE figure, and rxe's ...
-SMOKE_RXE_ITERATIONS = 5      # ... perftest runs this many messages (a few MB/s under TCG)
+SMOKE_SECONDS = 1             # `vrdma bench --smoke`: iperf3 this long, one run of each WRITE figure, and rxe's
+                              # perftest runs as short as between guests (guests.SMOKE_RXE_ITERATIONS)
 MTU = 9000
 IP_UDP_HEADERS = 28
 # A RoCE packet's UDP payload at the largest path MTU (4096): its BTH, the data and the ICRC. The per-packet cost of

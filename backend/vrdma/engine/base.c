@@ -4,7 +4,10 @@
  * ring the model drains, and the doorbell slots queues take. Nothing here knows an RDMA object.
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "vre.h"
@@ -17,6 +20,17 @@ VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...)
 	vsnprintf(e->error, sizeof(e->error), fmt, ap);
 	va_end(ap);
 	return -err;
+}
+
+/* `n` objects of `size` bytes (a multiple of 64: structs with cache-line aligned members), zeroed, the array
+ * cache-line aligned so that each object's lines are its own; NULL without memory or if n * size overflows. */
+VRE_FN void *vre_alloc_lines(size_t n, size_t size)
+{
+	void *p = size && n > SIZE_MAX / size ? NULL : aligned_alloc(64, n * size);
+
+	if (p)
+		memset(p, 0, n * size);
+	return p;
 }
 
 VRE_FN int64_t vre_monotonic_ns(void)

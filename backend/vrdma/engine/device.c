@@ -14,15 +14,11 @@
 
 struct vre_engine *vre_engine_new(uint32_t max_devices)
 {
-	struct vre_engine *e = aligned_alloc(64, sizeof(*e));  /* the scratch is cache-line aligned */
+	struct vre_engine *e = vre_alloc_lines(1, sizeof(*e));  /* the caller's scratch is cache-line aligned */
 
 	if (!e)
 		return NULL;
-	memset(e, 0, sizeof(*e));
-	/* Cache-line aligned, as struct vre_device's lines are laid out (a uint32_t count of them cannot overflow). */
-	e->devices = aligned_alloc(64, (size_t)max_devices * sizeof(*e->devices));
-	if (e->devices)
-		memset(e->devices, 0, (size_t)max_devices * sizeof(*e->devices));
+	e->devices = vre_alloc_lines(max_devices, sizeof(*e->devices));  /* as struct vre_device's lines are laid out */
 	if (!e->devices) {
 		free(e);
 		return NULL;

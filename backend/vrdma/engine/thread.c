@@ -110,10 +110,9 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 	if (!config->budget || config->events_fd < 0 || n < 1 || n > VRE_MAX_THREADS)
 		return vre_fail(e, EINVAL, "engine threads need a budget, an events fd and a count of 1 to %u",
 				VRE_MAX_THREADS);
-	w = aligned_alloc(64, n * sizeof(*w));  /* each its own cache lines (its context's scratch is aligned) */
+	w = vre_alloc_lines(n, sizeof(*w));  /* each its own cache lines (its context's scratch is aligned) */
 	if (!w)
 		return vre_fail(e, ENOMEM, "no memory for %u engine threads", n);
-	memset(w, 0, n * sizeof(*w));
 	e->threads.config = *config;
 	e->threads.events_told = false;
 	for (uint32_t k = 0; k < n; k++) {

@@ -437,6 +437,7 @@ VRE_TABLE(qp)
 
 VRE_FN int vre_fail(struct vre_engine *e, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 VRE_FN int64_t vre_monotonic_ns(void);
+VRE_FN void *vre_alloc_lines(size_t n, size_t size);
 VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
 VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index);
 VRE_FN volatile uint32_t *vre_db_claim(struct vre_device *d, uint32_t index);
