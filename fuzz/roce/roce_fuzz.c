@@ -25,8 +25,10 @@
 
 #include "roce.h"
 
+/* The packets in flight are a ring (the first at inflight_head): popping moves no packet, where a memmove of
+ * up to MAX_INFLIGHT packets of PKT_ROOM bytes once took a sixth of the fuzzer's time. */
 static struct packet inflight[MAX_INFLIGHT], pool[POOL], scratch;
-static uint32_t ninflight, pool_next, pool_count;
+static uint32_t inflight_head, ninflight, pool_next, pool_count;
 bool verbose;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -52,9 +54,23 @@ static uint32_t poll_host(struct host *h)
 	return work;
 }
 
+/* A packet's copy: its header and the bytes it holds, not the whole room. */
+static void copy_packet(struct packet *to, const struct packet *from)
+{
+	to->len = from->len;
+	to->addr = from->addr;
+	memcpy(to->data, from->data, from->len);
+}
+
+/* The i-th packet in flight, from the first. */
+static struct packet *flying(uint32_t i)
+{
+	return &inflight[(inflight_head + i) % MAX_INFLIGHT];
+}
+
 static void keep(const struct packet *p)
 {
-	pool[pool_next++ % POOL] = *p;
+	copy_packet(&pool[pool_next++ % POOL], p);
 	if (pool_count < POOL)
 		pool_count++;
 }
@@ -69,7 +85,7 @@ static uint32_t collect(void)
 			CHECK(scratch.len <= PKT_ROOM, "a packet of %u bytes", scratch.len);
 			keep(&scratch);
 			if (ninflight < MAX_INFLIGHT)
-				inflight[ninflight++] = scratch;
+				copy_packet(flying(ninflight++), &scratch);
 			n++;
 		}
 	}
@@ -92,7 +108,7 @@ static void deliver(const struct packet *p)
 static void pop(uint32_t n)
 {
 	n = n < ninflight ? n : ninflight;
-	memmove(inflight, inflight + n, (ninflight - n) * sizeof(inflight[0]));
+	inflight_head = (inflight_head + n) % MAX_INFLIGHT;
 	ninflight -= n;
 }
 
@@ -114,35 +130,37 @@ static void op_network(struct in *in)
 	switch (how & 7) {
 	case 0: case 1: case 2:
 		for (uint32_t i = 0; i < n && i < ninflight; i++)
-			deliver(&inflight[i]);
+			deliver(flying(i));
 		pop(n);
 		break;
 	case 3:  /* lost */
 		pop(1);
 		break;
 	case 4:  /* duplicated */
-		deliver(&inflight[0]);
+		deliver(flying(0));
 		break;
 	case 5:  /* the first held back behind the next n */
 		if (ninflight > 1) {
-			scratch = inflight[0];
+			copy_packet(&scratch, flying(0));
 			pop(1);
 			for (uint32_t i = 0; i < n && i < ninflight; i++)
-				deliver(&inflight[i]);
+				deliver(flying(i));
 			pop(n);
 			deliver(&scratch);
 		}
 		break;
 	case 6:  /* two swapped */
 		if (ninflight > 1) {
-			scratch = inflight[0];
-			inflight[0] = inflight[1];
-			inflight[1] = scratch;
+			struct packet *first = flying(0), *second = flying(1);
+
+			copy_packet(&scratch, first);
+			copy_packet(first, second);
+			copy_packet(second, &scratch);
 		}
 		break;
 	default:  /* everything, in order */
 		for (uint32_t i = 0; i < ninflight; i++)
-			deliver(&inflight[i]);
+			deliver(flying(i));
 		pop(ninflight);
 	}
 }
@@ -239,7 +257,7 @@ static void op_forge(struct in *in)
 	collect();
 	if (!pool_count)
 		return;
-	scratch = pool[u8(in) % pool_count];
+	copy_packet(&scratch, &pool[u8(in) % pool_count]);
 	p = &scratch;
 	if (how & 1)  /* the other way: as if from the destination to the source */
 		memcpy(p->addr.dst, hosts[(how >> 1) & 1].gid, 16);
@@ -379,7 +397,7 @@ static void drain(void)
 		collect();
 		work += ninflight;
 		for (uint32_t i = 0; i < ninflight; i++)
-			deliver(&inflight[i]);
+			deliver(flying(i));
 		pop(ninflight);
 		if (!work && !settled()) {
 			int64_t next = next_deadline();
@@ -449,7 +467,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct path path;
 
 	read_path(&in, &path);
-	ninflight = pool_next = pool_count = 0;
+	inflight_head = ninflight = pool_next = pool_count = 0;
 	for (int i = 0; i < HOSTS; i++)
 		setup_host(i, &path);
 	for (int i = 0; i < HOSTS; i++)
