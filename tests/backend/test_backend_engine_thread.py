@@ -19,7 +19,7 @@ from backend_process import SimSide as Side
 
 from vrdma.device import abi
 from vrdma.device.constants import CommandOpcode
-from vrdma.testing.frontend import Frontend
+from vrdma.testing.frontend import Frontend, FrontendError
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.protocol import Request
 
@@ -91,6 +91,30 @@ def test_two_commands_of_one_device_in_flight_at_once_are_both_answered(pair: tu
                for head, gpas in ((first, first_in), (second, second_in))}
     assert (answers[first].opcode, answers[first].seq, answers[first].status) == (CommandOpcode.QUERY_DEVICE, 1, 0)
     assert (answers[second].opcode, answers[second].seq, answers[second].status) == (CommandOpcode.QUERY_PORT, 2, 0)
+
+
+def test_an_event_a_command_posts_reaches_the_guest_while_the_threads_are_parked(pair: tuple[Side, Side]) -> None:
+    """An event posted by the event loop's own call into the engine (a QP of an SRQ moved to the error state by
+    MODIFY_QP: its last WQE reached) is told by the next pass of the device's thread, which the command's kick wakes:
+    the threads tell of every posted event, not only of those they posted themselves (thread.c's tell_events)."""
+    a, _ = pair
+    srq = a.verbs.create_srq(a.pd)
+    qp = a.verbs.create_qp(a.pd, a.cq, a.cq, srq=srq)
+    a.verbs.post_event_buffers()
+    deadline = time.monotonic() + 10
+    while not a.verbs.parked():  # nothing to do: the device's thread parks
+        assert time.monotonic() < deadline, "the engine never parked"
+        time.sleep(0.001)
+    a.verbs.modify_qp(qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_ERR"))
+    last_wqe = abi.const("VRDMA_EVENT_QP_LAST_WQE")
+    seen: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 10
+    while (last_wqe, qp.handle) not in seen:
+        try:
+            events = a.verbs.wait_events(timeout=max(deadline - time.monotonic(), 0.001))
+        except FrontendError:
+            pytest.fail(f"no QP_LAST_WQE event for QP {qp.handle} within 10 s; events (type, handle): {seen}")
+        seen += [(int(event.type), int(event.handle)) for event in events]
 
 
 def test_memory_tables_and_destroys_racing_traffic_move_no_wrong_byte(pair: tuple[Side, Side]) -> None:

@@ -10,6 +10,7 @@ the device's business; :func:`user_abi` loads it the same way for the tests that
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
@@ -86,9 +87,16 @@ def const(name: str) -> int:
     return constants[name]
 
 
+@functools.cache
+def _struct(struct: str) -> tuple[Any, int]:
+    """``struct <struct> *`` as cffi's type, and the struct's size: looked up once (a command names its structs on
+    every call, and cffi parses a type's name each time it is given one)."""
+    return ffi.typeof(f"struct {struct} *"), int(ffi.sizeof(f"struct {struct}"))
+
+
 def new(struct: str, **fields: Any) -> Any:
     """A zeroed ``struct <struct>`` with the given top-level fields set."""
-    obj = ffi.new(f"struct {struct} *")
+    obj = ffi.new(_struct(struct)[0])
     for key, value in fields.items():
         setattr(obj, key, value)
     return obj
@@ -100,16 +108,16 @@ def to_bytes(obj: Any) -> bytes:
 
 def from_bytes(struct: str, data: bytes) -> Any:
     """Parse exactly ``sizeof(struct <struct>)`` bytes (a copy, never a view into guest memory)."""
-    size = ffi.sizeof(f"struct {struct}")
+    pointer, size = _struct(struct)
     if len(data) != size:
         raise AbiError(f"struct {struct} needs {size} bytes, got {len(data)}")
-    obj = ffi.new(f"struct {struct} *")
+    obj = ffi.new(pointer)
     ffi.memmove(obj, data, size)
     return obj
 
 
 def sizeof(struct: str) -> int:
-    return int(ffi.sizeof(f"struct {struct}"))
+    return _struct(struct)[1]
 
 
 def check_enum(enum: type[IntEnum] | type[IntFlag], prefix: str, exclude: tuple[str, ...] = ()) -> None:

@@ -58,15 +58,24 @@ def _by_handle(pick: Callable[[DeviceObjects], Callable[[int], None]]) -> Handle
     return handler
 
 
-def _query_device(objs: DeviceObjects, request: Any, response: Any) -> None:
-    for name, value in query_fields(objs.limits).items():
-        setattr(response, name, value)
+def _query_device_body(objs: DeviceObjects) -> bytes:
+    """QUERY_DEVICE's answer after its header: the device's limits and identity, which never change."""
+    response = abi.new("vrdma_resp_query_device", **query_fields(objs.limits))
     response.fw_ver = objs.identity.fw_version
     response.node_guid = objs.identity.node_guid
     response.sys_image_guid = objs.identity.node_guid
     response.vendor_id = 0x1AF4
     response.vendor_part_id = abi.const("VRDMA_VIRTIO_ID")
     response.hw_ver = abi.const("VRDMA_ABI_VERSION")
+    return abi.to_bytes(response)[RESP_HDR_SIZE:]
+
+
+def _query_device(objs: DeviceObjects, request: Any, response: Any) -> None:
+    # Made once per device and copied: setting its twenty fields one by one was most of the command's time.
+    body = objs.fixed_answers.get(CommandOpcode.QUERY_DEVICE)
+    if body is None:
+        body = objs.fixed_answers[CommandOpcode.QUERY_DEVICE] = _query_device_body(objs)
+    abi.ffi.buffer(response)[RESP_HDR_SIZE:] = body
 
 
 PORT_SPEED_EDR = 32  # IB speed codes as the kernel's enum ib_port_speed: 25 Gb/s a lane

@@ -38,6 +38,8 @@ class DeviceObjects:
                  set_alive: Callable[[int, bool], None], route: Callable[[bytes], int]) -> None:
         self.limits = limits
         self.identity = identity
+        # Answers that never change for this device (its limits and identity), by command opcode, made on first ask.
+        self.fixed_answers: dict[int, bytes] = {}
         self.seat = seat
         self.gids = GidTable(owner, limits.gid_table_len, seat)
         self.ucontexts = UserContexts(limits.doorbell_pages, set_alive)

@@ -33,6 +33,11 @@ except ImportError as err:  # pragma: no cover - depends on the build
 log = logging.getLogger(__name__)
 
 VU_WATCH_IN = 1 << 0
+# cffi's types, looked up once: the control path pops, reads and writes through them for every command, and cffi
+# parses a type's name each time it is given one.
+_UINTPTR, _CHAR_P = ffi.typeof("uintptr_t"), ffi.typeof("char *")
+_VU_DEV_P, _ELEMENT_P = ffi.typeof("VuDev *"), ffi.typeof("VuVirtqElement *")
+_ELEMENT_SIZE = ffi.sizeof("VuVirtqElement")
 VIRTIO_F_VERSION_1 = 1 << 32
 VHOST_USER_F_PROTOCOL_FEATURES = 1 << 30
 # Messages after which the guest's memory table may look different.
@@ -147,6 +152,7 @@ class VhostUserConnection:
         self._iface.queue_set_started = lib.vrdma_queue_set_started
         self._iface.get_config = lib.vrdma_get_config
         self._watches: dict[int, tuple[Any, Any]] = {}
+        self._vu_dev = ffi.cast(_VU_DEV_P, self._vu)  # the VuDev self._vu starts with (as long-lived as it)
         if not lib.vrdma_vu_init(self._vu, model.num_queues, sock.fileno(), self._handle, self._iface):
             raise OSError(f"{name}: libvhost-user could not initialise the device")
         self._guard = guard.owner(f"{name} guest memory", self._memory_fault) if guard is not None else None
@@ -156,7 +162,7 @@ class VhostUserConnection:
 
     @property
     def _dev(self) -> Any:
-        return ffi.cast("VuDev *", self._vu)
+        return self._vu_dev
 
     # -- incoming messages ------------------------------------------------------------------------------------
 
@@ -305,15 +311,14 @@ class VhostUserConnection:
 
     def pop(self, index: int) -> Element | None:
         vq = lib.vu_get_queue(self._dev, index)
-        raw = lib.vu_queue_pop(self._dev, vq, ffi.sizeof("VuVirtqElement"))
+        raw = lib.vu_queue_pop(self._vu_dev, vq, _ELEMENT_SIZE)
         if raw == ffi.NULL:
             return None
-        elem = ffi.cast("VuVirtqElement *", raw)
-        out_sg = [(int(ffi.cast("uintptr_t", elem.out_sg[i].iov_base)), int(elem.out_sg[i].iov_len))
-                  for i in range(elem.out_num)]
-        in_sg = [(int(ffi.cast("uintptr_t", elem.in_sg[i].iov_base)), int(elem.in_sg[i].iov_len))
-                 for i in range(elem.in_num)]
-        return Element(out_sg, in_sg, ffi.gc(elem, lib.free))
+        elem = ffi.cast(_ELEMENT_P, raw)
+        outs, ins = elem.out_sg, elem.in_sg
+        return Element([(int(ffi.cast(_UINTPTR, outs[i].iov_base)), outs[i].iov_len) for i in range(elem.out_num)],
+                       [(int(ffi.cast(_UINTPTR, ins[i].iov_base)), ins[i].iov_len) for i in range(elem.in_num)],
+                       ffi.gc(elem, lib.free))
 
     def push(self, index: int, element: Element, written: int) -> None:
         vq = lib.vu_get_queue(self._dev, index)
@@ -329,10 +334,10 @@ class VhostUserConnection:
 
     def read(self, address: int, length: int) -> bytes:
         """Bytes at a host address that libvhost-user translated from guest memory."""
-        return bytes(ffi.buffer(ffi.cast("char *", address), length))
+        return bytes(ffi.buffer(ffi.cast(_CHAR_P, address), length))
 
     def write(self, address: int, data: bytes) -> None:
-        ffi.memmove(ffi.cast("char *", address), data, len(data))
+        ffi.memmove(ffi.cast(_CHAR_P, address), data, len(data))
 
     @property
     def features(self) -> int:
