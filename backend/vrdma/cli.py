@@ -129,7 +129,10 @@ def _cmd_admin(args: argparse.Namespace) -> int:
                          "running with --admin-socket there?)") from err
     if not reply.get("ok"):
         raise VrdmaError(f"the backend refused: {reply.get('error')}")
-    if args.admin_command != "vm" or args.json:
+    if args.admin_command == "counters":
+        # Every VM's counters, and the backend's own: its network's and each engine thread's.
+        print(json.dumps({key: value for key, value in reply.items() if key != "ok"}, indent=2, sort_keys=True))
+    elif args.admin_command != "vm" or args.json:
         print(json.dumps(reply.get("vms", reply.get("vm", reply)), indent=2, sort_keys=True))
     elif args.vm_action == "list":
         rows = [("NAME", "STATE", "MAC", "SOCKET", "DOORBELL")]

@@ -113,7 +113,9 @@ def test_admin_socket_counters_and_test_hooks(tmp_path: Path) -> None:
         assert ask(admin, {"command": "nope"})["ok"] is False
         out = subprocess.run([sys.executable, "-m", "vrdma.cli", "admin", "--socket", str(admin), "counters"],
                              capture_output=True, text=True, check=True).stdout
-        assert json.loads(out)["vm0"]["commands"] == 4
+        printed = json.loads(out)
+        assert printed["vms"]["vm0"]["commands"] == 4
+        assert {"network", "engine_threads"} <= set(printed) and printed["engine_threads"][0]["passes"] > 0, printed
     finally:
         assert backend.stop() == 0
 

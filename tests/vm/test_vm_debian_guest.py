@@ -177,7 +177,7 @@ def test_the_backend_service_runs_under_systemd_and_serves_a_vm_added_at_run_tim
     assert [entry["name"] for entry in listed] == [TEST_VM], listed
     served = vm.run(["python3", "-c", FRONTEND, f"/run/vrdma/{TEST_VM}.sock"]).check("the simulated frontend")
     assert re.search(r"^max_qp [1-9]\d*$", served.stdout, flags=re.M), served.stdout
-    counters = json.loads(_admin(vm, "counters"))
+    counters = json.loads(_admin(vm, "counters"))["vms"]
     assert counters[TEST_VM]["commands"] >= 1 and counters[TEST_VM]["command_errors"] == 0, counters
     _admin(vm, "vm", "remove", TEST_VM)
     assert json.loads(_admin(vm, "vm", "--json", "list")) == []
