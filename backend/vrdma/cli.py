@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--admin-socket", "--socket", default=DEFAULT_ADMIN_SOCKET, metavar="PATH",
                        help=f"the backend's --admin-socket (default {DEFAULT_ADMIN_SOCKET}, the service's)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
-    admin_sub.add_parser("counters", help="per-VM counters as JSON")
+    admin_sub.add_parser("counters", help="the counters as JSON: every VM's, the network's and each engine thread's")
     admin_vm = admin_sub.add_parser("vm", help="add, list and remove the VMs the backend serves, while it runs")
     admin_vm.add_argument("--json", action="store_true", help="print the backend's reply as JSON")
     vm_actions = admin_vm.add_subparsers(dest="vm_action", required=True, metavar="ACTION")
