@@ -43,8 +43,8 @@ CORPUS = ROOT / "fuzz" / "corpus"
 CRASHES = ROOT / "fuzz" / "crashes"
 DEFAULT_INPUTS = 1_000_000
 # Seconds an interface may take in a default run, whatever its rate (measured on the project's 2-core machines,
-# 2026-11-27, a slow instance: engine 15 min, engine-threads about 70 (TSan), roce about 85, vhost-user 7, commands
-# 4, campaign 4 for 1,000,000 inputs); one that runs out of it short of its inputs fails the run.
+# 2026-11-27, a slow instance: engine 18 min, engine-threads 61 (TSan), roce about 85, vhost-user 6, commands 4,
+# campaign 4 for 1,000,000 inputs); one that runs out of it short of its inputs fails the run.
 TIME_CAP = {"engine": 1800, "engine-threads": 5400, "roce": 5400, "vhost-user": 1800, "commands": 1800,
             "campaign": 1800}
 SMOKE_SECONDS = {"engine": 12, "engine-threads": 6, "roce": 6, "vhost-user": 8, "commands": 8, "campaign": 18}

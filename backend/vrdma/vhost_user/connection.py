@@ -152,17 +152,13 @@ class VhostUserConnection:
         self._iface.queue_set_started = lib.vrdma_queue_set_started
         self._iface.get_config = lib.vrdma_get_config
         self._watches: dict[int, tuple[Any, Any]] = {}
-        self._vu_dev = ffi.cast(_VU_DEV_P, self._vu)  # the VuDev self._vu starts with (as long-lived as it)
+        self._dev = ffi.cast(_VU_DEV_P, self._vu)  # the VuDev self._vu starts with (as long-lived as it)
         if not lib.vrdma_vu_init(self._vu, model.num_queues, sock.fileno(), self._handle, self._iface):
             raise OSError(f"{name}: libvhost-user could not initialise the device")
         self._guard = guard.owner(f"{name} guest memory", self._memory_fault) if guard is not None else None
-        _DEVICES[int(ffi.cast("uintptr_t", self._dev))] = self
+        _DEVICES[int(ffi.cast(_UINTPTR, self._dev))] = self
         loop.add_reader(sock.fileno(), self._readable)
         log.info("%s: frontend connected", name)
-
-    @property
-    def _dev(self) -> Any:
-        return self._vu_dev
 
     # -- incoming messages ------------------------------------------------------------------------------------
 
@@ -311,7 +307,7 @@ class VhostUserConnection:
 
     def pop(self, index: int) -> Element | None:
         vq = lib.vu_get_queue(self._dev, index)
-        raw = lib.vu_queue_pop(self._vu_dev, vq, _ELEMENT_SIZE)
+        raw = lib.vu_queue_pop(self._dev, vq, _ELEMENT_SIZE)
         if raw == ffi.NULL:
             return None
         elem = ffi.cast(_ELEMENT_P, raw)
@@ -364,7 +360,7 @@ class VhostUserConnection:
         for fd in list(self._watches):
             self._remove_watch(fd)
         self.reader.close()
-        _DEVICES.pop(int(ffi.cast("uintptr_t", self._dev)), None)
+        _DEVICES.pop(int(ffi.cast(_UINTPTR, self._dev)), None)
         if self.on_closed is not None:
             self.on_closed(cause, reason)
 
@@ -373,7 +369,7 @@ _DEVICES: dict[int, VhostUserConnection] = {}
 
 
 def _device(dev: Any) -> VhostUserConnection:
-    return _DEVICES[int(ffi.cast("uintptr_t", dev))]
+    return _DEVICES[int(ffi.cast(_UINTPTR, dev))]
 
 
 def _guarded(default: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -381,7 +377,7 @@ def _guarded(default: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(dev: Any, *args: Any) -> Any:
-            device = _DEVICES.get(int(ffi.cast("uintptr_t", dev)))
+            device = _DEVICES.get(int(ffi.cast(_UINTPTR, dev)))
             if device is None:
                 return default
             try:
