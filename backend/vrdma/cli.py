@@ -7,6 +7,7 @@ error (its message names the cause).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -347,23 +348,34 @@ def _thread_counts(text: str) -> tuple[int, ...]:
 
 def unwind_on_sigterm() -> None:
     """SIGTERM unwinds this process like Ctrl-C, so that `vm up` stops the guests it was starting instead of leaving
-    them behind; in a fork of it that has not exec'd, it does what SIGTERM does by default.
+    them behind; a fork of it that has not exec'd gets SIGTERM's default back as it is made, and dies of it.
 
     A fork runs on a copy of its parent's stack. pyroute2 forks a helper for each namespace it creates or opens a
     socket in, and SIGTERMs it once it has answered; a helper not yet at its os._exit() unwound that copy into the
     `except BaseException:` of `vm up` (or the exit of `vrdma bench`'s fabric), which removed the hosts' namespaces
     under the parent still setting them up: their veths went with them ("no link ... in <switch>", an IndexError
-    for a host's eth0, FileNotFoundError for /var/run/netns/<host>; docs/harness.md)."""
-    owner = os.getpid()
+    for a host's eth0, FileNotFoundError for /var/run/netns/<host>; docs/harness.md).
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != owner:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise SystemExit(128 + signum)
+    The default is restored at fork time, not by the handler: Python runs a handler only between bytecodes, so a
+    SIGTERM that lands after the last check and before a blocking call (a helper about to sleep or read) waits for
+    that call to return; with the kernel's default the fork dies wherever it is."""
+    signal.signal(signal.SIGTERM, _raise_system_exit)
+    _register_fork_hook()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+
+@functools.cache
+def _register_fork_hook() -> None:
+    """Once a process, however often the CLI's main runs in it: an at-fork hook cannot be removed."""
+    os.register_at_fork(after_in_child=_default_sigterm)
+
+
+def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _default_sigterm() -> None:
+    if signal.getsignal(signal.SIGTERM) is _raise_system_exit:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # Parts of the package that only a checkout has (docs/packaging.md: vrdma-backend leaves them out).
