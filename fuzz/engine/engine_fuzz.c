@@ -464,10 +464,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct in in = { data, size };
 	struct vre_engine *e = vre_engine_new(NDEV);
-	/* Pieces of a page and turns of two (one while another device sends small messages): every message of more
-	 * than a page moves in pieces, with turns between. */
+	/* Pieces of a page and turns of two (one while another device sends small messages; pieces and turns of two
+	 * while no other device works): every message of more than two pages moves in pieces, with turns between. */
 	const struct vre_sched sched = { .quantum_bytes = 2 * PAGE, .piece_bytes = PAGE, .wr_cost_bytes = 512,
-					 .small_piece_bytes = PAGE };
+					 .small_piece_bytes = PAGE, .solo_bytes = 2 * PAGE };
 
 	CHECK(e);
 	CHECK(vre_sched_set(e, &sched) == 0);

@@ -19,9 +19,10 @@ from vrdma.testing.simulated_guest import Buffer, SimMr, SimQp
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 PAGE = 4096
-PIECE = 64 * KIB  # DeviceLimits.piece_bytes
-SMALL_PIECE = 16 * KIB  # DeviceLimits.small_piece_bytes
-SMALL_WORK_NS = 1_000_000  # engine.h VRE_SMALL_WORK_NS: how long a small message keeps other VMs' pieces small
+PIECE = 64 * KIB  # DeviceLimits.piece_bytes: while another VM of the thread works
+SMALL_PIECE = 16 * KIB  # DeviceLimits.small_piece_bytes: while another VM of the thread sends small messages
+SOLO = 1 * MIB  # DeviceLimits.solo_bytes: while no other VM of the thread works
+RECENT_WORK_NS = 1_000_000  # engine.h VRE_RECENT_WORK_NS: how long a VM's work sizes the other VMs' pieces
 WRITE, SEND = abi.const("VRDMA_WR_RDMA_WRITE"), abi.const("VRDMA_WR_SEND")
 SUCCESS = abi.const("VRDMA_WC_SUCCESS")
 
@@ -96,7 +97,8 @@ def shares(vms: LocalVms, floods: list[Flood], until: int) -> list[int]:
 
 def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vms: LocalVms) -> None:
     """vm0 WRITEs 1 GiB to vm1; vm1's 8-byte WRITE to vm0, rung after it, completes in the first turn, while vm0's
-    WRITE has moved one piece; vm0's completes after 16,384 pieces with every page of it written."""
+    WRITE has moved one piece (a solo one: nothing else had worked); vm0's own second QP gets a turn between the
+    pieces too; vm0's WRITE completes after 1,024 pieces with every page of it written."""
     vm0, vm1 = vms.vms
     big0, big1 = vm0.side(4 * KIB, cq_entries=64), vm1.side(4 * KIB, cq_entries=64)
     vms.connect(vm0, big0.qp, vm1, big1.qp)
@@ -110,7 +112,7 @@ def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vm
     vms.poll()
     assert [(c.wr_id, c.status) for c in small1.completions()] == [(2, SUCCESS)]
     assert big0.completions() == [], "the 1 GiB WRITE completed in one turn: it was not cut into pieces"
-    vms.advance(SMALL_WORK_NS)  # vm1's small message no longer keeps vm0's pieces small (the next test's rule)
+    vms.advance(RECENT_WORK_NS)  # vm1's small message no longer keeps vm0's pieces small (the next test's rule)
     # ... and vm0's own second QP gets its turn between the pieces too.
     own0, own1 = pair(vms, vm0, vm1, 4 * KIB)
     own0.verbs.post_send(own0.qp, WRITE, [(own0.mr.addr, 8, own0.mr.lkey)], wr_id=3, remote_addr=own1.mr.addr,
@@ -121,51 +123,61 @@ def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vm
         turns += 1
         if turns == 3:
             assert [(c.wr_id, c.status) for c in own0.completions()] == [(3, SUCCESS)]
-        assert turns <= GIB // PIECE + 2
+        assert turns <= GIB // SOLO + 1
     assert [(c.wr_id, c.status, c.byte_len) for c in done] == [(1, SUCCESS, GIB)]
-    assert turns >= GIB // PIECE // 2  # vm0's turns were shared between its two QPs for a while
+    assert turns == GIB // SOLO  # a piece a turn, the small WRITE of vm0's other QP in one of them
     assert vm1.verbs.memory.read(dst_backing.gpa, 16 * PAGE) == pattern
     qos = vm0.device.qos_counters()
     assert qos["pieced_messages"] == 1
-    assert qos["deferred_bytes"] == GIB - PIECE  # every piece but the first waited for a later turn
+    assert qos["deferred_bytes"] == GIB - SOLO  # every piece but the first waited for a later turn
     assert vms.engine.counters(vm0.dev)["tx_bytes"] == GIB + 8
 
 
-def test_pieces_are_small_while_another_vm_sends_small_messages_and_large_again_after(vms: LocalVms) -> None:
-    """vm0's 4 MiB WRITE moves 64 KiB a pass alone; once vm1 has sent an 8-byte WRITE, 16 KiB a pass (its turns and
-    pieces small, so the next small message waits for less of it), even while vm0 sends small messages of its own
-    between; 64 KiB again once vm1 has sent none for a millisecond."""
+def test_a_vms_pieces_follow_what_the_other_vms_of_its_thread_do(vms: LocalVms) -> None:
+    """vm0's 16 MiB WRITE moves a solo piece (1 MiB) a pass alone; once vm1 has sent an 8-byte WRITE, 16 KiB a pass
+    (its turns and pieces small, so the next small message waits for less of it), even while vm0 sends small
+    messages of its own between; 64 KiB a pass while vm1 moves a large message; 1 MiB again once vm1 has done
+    nothing for a millisecond."""
     vm0, vm1 = vms.vms
-    big0, big1 = pair(vms, vm0, vm1, 4 * MIB)
+    big0, big1 = pair(vms, vm0, vm1, 16 * MIB)
     small1, small0 = pair(vms, vm1, vm0, 4 * KIB)
     own0, own1 = pair(vms, vm0, vm1, 4 * KIB)
-    vm0.verbs.memory.write(big0.mr.buf.gpa, b"\xab" * 4 * MIB)
+    large1, large0 = pair(vms, vm1, vm0, 1 * MIB)
+    vm0.verbs.memory.write(big0.mr.buf.gpa, b"\xab" * 16 * MIB)
     written = 0
 
     def moved() -> int:
         nonlocal written
         vms.poll()
-        was, written = written, vm1.verbs.memory.read(big1.mr.buf.gpa, 4 * MIB).count(b"\xab")
+        was, written = written, vm1.verbs.memory.read(big1.mr.buf.gpa, 16 * MIB).count(b"\xab")
         return written - was
 
-    def small(side: Side, peer: Side) -> None:
-        side.verbs.post_send(side.qp, WRITE, [(side.mr.addr, 8, side.mr.lkey)], remote_addr=peer.mr.addr,
+    def write(side: Side, peer: Side, length: int) -> None:
+        side.verbs.post_send(side.qp, WRITE, [(side.mr.addr, length, side.mr.lkey)], remote_addr=peer.mr.addr,
                              rkey=peer.mr.rkey)
 
-    big0.verbs.post_send(big0.qp, WRITE, [(big0.mr.addr, 4 * MIB, big0.mr.lkey)], remote_addr=big1.mr.addr,
-                         rkey=big1.mr.rkey)
-    assert [moved() for _ in range(2)] == [PIECE, PIECE]
-    small(small1, small0)
-    assert moved() == PIECE  # vm0's turn came before vm1's in that pass
+    write(big0, big1, 16 * MIB)
+    assert [moved() for _ in range(2)] == [SOLO, SOLO]
+    write(small1, small0, 8)
+    assert moved() == SOLO  # vm0's turn came before vm1's in that pass
     assert [moved() for _ in range(3)] == [SMALL_PIECE] * 3
-    small(own0, own1)  # vm0's own small message hides nothing of vm1's
-    vms.advance(SMALL_WORK_NS // 2)
+    write(own0, own1, 8)  # vm0's own small message hides nothing of vm1's
+    vms.advance(RECENT_WORK_NS // 2)
     # (A piece costs its bytes and a work request, more than a small turn is worth: now and then vm0 sits a turn
     # out to pay its debt.)
     passes = [moved() for _ in range(12)]
     assert set(passes) == {0, SMALL_PIECE}, passes
-    vms.advance(SMALL_WORK_NS // 2)
-    assert max(moved() for _ in range(2)) == PIECE
+    vms.advance(RECENT_WORK_NS // 2)
+    write(large1, large0, MIB)
+    assert [moved() for _ in range(3)] == [SOLO, PIECE, PIECE]  # vm0's turn came first in the pass vm1 began
+    # (vm1's own pieces are small: vm0's small message is half a millisecond old.)
+    passes = []
+    while not large1.completions():
+        passes.append(moved())
+        assert len(passes) <= 2 * MIB // SMALL_PIECE, "vm1's 1 MiB WRITE did not complete"
+    assert set(passes) == {0, PIECE}, passes  # a turn out now and then, for the debt
+    vms.advance(RECENT_WORK_NS)
+    assert moved() == SOLO
     assert small1.completions()[0].status == SUCCESS and own0.completions()[0].status == SUCCESS
 
 
@@ -186,9 +198,9 @@ def test_a_send_in_pieces_fills_one_receive(vms: LocalVms) -> None:
 
 def test_a_receiver_in_error_between_the_pieces_of_a_send_flushes_the_receive_it_was_filling(vms: LocalVms) -> None:
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 1 * MIB)
-    b.verbs.post_recv(b.qp, [(b.mr.addr, MIB, b.mr.lkey)], wr_id=7)
-    a.verbs.post_send(a.qp, SEND, [(a.mr.addr, MIB, a.mr.lkey)], wr_id=9)
+    a, b = pair(vms, vm0, vm1, 4 * MIB)
+    b.verbs.post_recv(b.qp, [(b.mr.addr, 4 * MIB, b.mr.lkey)], wr_id=7)
+    a.verbs.post_send(a.qp, SEND, [(a.mr.addr, 4 * MIB, a.mr.lkey)], wr_id=9)
     vms.poll()
     assert b.completions() == []
     b.verbs.modify_qp(b.qp, abi.const("VRDMA_QP_STATE"), qp_state=abi.const("VRDMA_QPS_ERR"))
@@ -202,26 +214,28 @@ def test_a_wqe_rewritten_between_its_pieces_fails_and_an_mr_gone_between_them_is
     gets a local QP operation error; an MR deregistered by its VM between two pieces ends the WRITE with a remote
     access error (and nothing more is written into memory it no longer registers)."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 1 * MIB)
-    a.verbs.post_send(a.qp, WRITE, [(a.mr.addr, MIB, a.mr.lkey)], wr_id=1, remote_addr=b.mr.addr, rkey=b.mr.rkey)
+    a, b = pair(vms, vm0, vm1, 4 * MIB)
+    a.verbs.post_send(a.qp, WRITE, [(a.mr.addr, 4 * MIB, a.mr.lkey)], wr_id=1, remote_addr=b.mr.addr,
+                      rkey=b.mr.rkey)
     vms.poll()
     slot = a.qp.sq.slot_gpa(0)
     # The first SGE follows the WQE's header; struct vrdma_sge is addr (8 bytes), length, lkey.
-    vm0.verbs.memory.write(slot + abi.sizeof("vrdma_send_wqe") + 8, struct.pack("<I", MIB // 2))
+    vm0.verbs.memory.write(slot + abi.sizeof("vrdma_send_wqe") + 8, struct.pack("<I", 2 * MIB))
     vms.poll()
     assert [(c.wr_id, c.status) for c in a.completions()] == [(1, abi.const("VRDMA_WC_LOC_QP_OP_ERR"))]
 
-    c, d = pair(vms, vm0, vm1, 1 * MIB)
-    vm1.verbs.memory.write(d.mr.addr, bytes(MIB))
-    vm0.verbs.memory.write(c.mr.addr, b"\xab" * MIB)
-    c.verbs.post_send(c.qp, WRITE, [(c.mr.addr, MIB, c.mr.lkey)], wr_id=2, remote_addr=d.mr.addr, rkey=d.mr.rkey)
+    c, d = pair(vms, vm0, vm1, 4 * MIB)
+    vm1.verbs.memory.write(d.mr.addr, bytes(4 * MIB))
+    vm0.verbs.memory.write(c.mr.addr, b"\xab" * 4 * MIB)
+    c.verbs.post_send(c.qp, WRITE, [(c.mr.addr, 4 * MIB, c.mr.lkey)], wr_id=2, remote_addr=d.mr.addr,
+                      rkey=d.mr.rkey)
     vms.poll()
     vm1.verbs.call("VRDMA_CMD_DEREG_MR", "vrdma_cmd_destroy", "vrdma_resp_hdr", handle=d.mr.handle)
     for _ in range(4):
         vms.poll()
     assert [(x.wr_id, x.status) for x in c.completions()] == [(2, abi.const("VRDMA_WC_REM_ACCESS_ERR"))]
-    written = vm1.verbs.memory.read(d.mr.addr, MIB)
-    assert written[:PIECE] == b"\xab" * PIECE and written[2 * PIECE:] == bytes(MIB - 2 * PIECE)
+    written = vm1.verbs.memory.read(d.mr.addr, 4 * MIB)  # one solo piece before the MR went, at most one after
+    assert written[:SOLO] == b"\xab" * SOLO and written[2 * SOLO:] == bytes(2 * MIB)
 
 
 def test_weights_share_the_engine_and_a_new_weight_takes_effect_at_once(vms: LocalVms) -> None:

@@ -49,7 +49,8 @@ class Fabric:
         self.engine = engine
         self.limits = limits
         engine.set_schedule({"quantum_bytes": limits.quantum_bytes, "piece_bytes": limits.piece_bytes,
-                             "wr_cost_bytes": limits.wr_cost_bytes, "small_piece_bytes": limits.small_piece_bytes})
+                             "wr_cost_bytes": limits.wr_cost_bytes, "small_piece_bytes": limits.small_piece_bytes,
+                             "solo_bytes": limits.solo_bytes})
         self.devices: list[FabricMember | None] = [None] * max_devices
         self.parked = False
         self.last_work = time.monotonic()

@@ -70,11 +70,14 @@ class DeviceLimits:
     # a work request costing wr_cost_bytes on top (about what an 8-byte WRITE costs the engine beyond its data), and
     # a message longer than piece_bytes moves a piece per turn: 64 KiB is ~2 us of copying, the most one VM's bulk
     # transfer keeps another's small message waiting (docs/backend.md, "Sharing the engine"); while another VM of
-    # the same engine thread sends small messages (at most small_piece_bytes), turns and pieces are that size.
+    # the same engine thread sends small messages (at most small_piece_bytes), turns and pieces are that size, and
+    # while no other VM of the thread has worked for a millisecond, they are solo_bytes (~30 us of copying: what the
+    # first message of a VM waking up may wait; 64 KiB pieces alone cost 16 % of a VM's 1 MiB WRITE bandwidth).
     quantum_bytes: int = _limit(64 * KIB)
     piece_bytes: int = _limit(64 * KIB)
     wr_cost_bytes: int = _limit(2 * KIB)
     small_piece_bytes: int = _limit(16 * KIB)
+    solo_bytes: int = _limit(1 * MIB)
     park_after_idle_us: int = _limit(50)     # poll this long without work, then park until a guest wakes the device
     # A parked engine looks at the doorbells again this often even if nobody wakes it: the wake-up handshake needs
     # the guest's memory fence between its doorbell store and its read of the parked flag, and a guest that does

@@ -63,28 +63,38 @@ static inline void share_unthrottle(struct vre_share *s, int64_t now)
 }
 
 /*
- * Small messages nearby (struct vre_sched): while another device of the running thread has moved a small message
- * in the last VRE_SMALL_WORK_NS, a device's turns and pieces are small_piece_bytes. The thread keeps the last two
- * devices that did, so that a device sending small messages between its large ones does not hide another's.
+ * What the running thread's other devices did lately (struct vre_sched): a device's turns and pieces are
+ * small_piece_bytes while another device of the thread has moved a small message in the last VRE_RECENT_WORK_NS,
+ * piece_bytes while another has done any work in it, and solo_bytes while none has: a bulk transfer alone pays for
+ * fewer passes and pieces, and the first message of a device waking up waits for at most one solo piece. Each kind
+ * keeps the last two devices that did it, so that the device asking does not hide another behind itself.
  */
-static inline bool small_work_near(struct vre_engine *e, const struct vre_device *d)
+static inline bool recent_other(const struct vre_recent recent[2], int64_t now, const struct vre_device *d)
 {
-	const struct vre_ctx *c = ctx(e);
-
 	for (uint32_t i = 0; i < 2; i++)
-		if (c->small[i].dev && c->small[i].dev != d && c->now - c->small[i].at < VRE_SMALL_WORK_NS)
+		if (recent[i].dev && recent[i].dev != d && now - recent[i].at < VRE_RECENT_WORK_NS)
 			return true;
 	return false;
 }
 
-/* Device `d` moved a small message: the latest of the two kept, the other device's kept beside it. */
-static inline void small_work_seen(struct vre_engine *e, const struct vre_device *d)
+/* Device `d` did it now: the latest of the two kept, the other device's kept beside it. */
+static inline void recent_seen(struct vre_recent recent[2], int64_t now, const struct vre_device *d)
 {
-	struct vre_ctx *c = ctx(e);
+	if (recent[0].dev != d)
+		recent[1] = recent[0];
+	recent[0] = (struct vre_recent){ .at = now, .dev = d };
+}
 
-	if (c->small[0].dev != d)
-		c->small[1] = c->small[0];
-	c->small[0] = (struct vre_small_work){ .at = c->now, .dev = d };
+/* The most a turn of device `d` is worth, and the largest piece it moves, as its thread's other devices stand. */
+static inline uint32_t sched_size(struct vre_engine *e, const struct vre_device *d, uint32_t shared)
+{
+	const struct vre_ctx *c = ctx(e);
+
+	if (recent_other(c->small, c->now, d))
+		return e->sched.small_piece_bytes < shared ? e->sched.small_piece_bytes : shared;
+	if (recent_other(c->worked, c->now, d))
+		return shared;
+	return e->sched.solo_bytes > shared ? e->sched.solo_bytes : shared;
 }
 
 #endif /* VRDMA_ENGINE_ACCOUNT_H */

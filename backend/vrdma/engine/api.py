@@ -73,6 +73,7 @@ class SchedConfig(TypedDict):
     piece_bytes: int
     wr_cost_bytes: int
     small_piece_bytes: int
+    solo_bytes: int
 
 
 class QosConfig(TypedDict):

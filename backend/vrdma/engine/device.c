@@ -36,7 +36,7 @@ struct vre_engine *vre_engine_new(uint32_t max_devices)
 	 * small message waiting, 16 KiB while small messages are about; a work request costs about what copying 2 KiB
 	 * does (docs/backend.md). */
 	e->sched = (struct vre_sched){ .quantum_bytes = 64 << 10, .piece_bytes = 64 << 10, .wr_cost_bytes = 2048,
-				       .small_piece_bytes = 16 << 10 };
+				       .small_piece_bytes = 16 << 10, .solo_bytes = 1 << 20 };
 	if (gid_index_init(e)) {
 		vre_locks_destroy(e);
 		free(e->devices);
@@ -203,9 +203,10 @@ int vre_sched_set(struct vre_engine *e, const struct vre_sched *sched)
 {
 	if (!sched->quantum_bytes || sched->quantum_bytes > (1u << 30) || sched->piece_bytes < VRDMA_PAGE_SIZE ||
 	    sched->piece_bytes > (1u << 30) || sched->wr_cost_bytes > (1u << 20) ||
-	    sched->small_piece_bytes < VRDMA_PAGE_SIZE || sched->small_piece_bytes > sched->piece_bytes)
+	    sched->small_piece_bytes < VRDMA_PAGE_SIZE || sched->small_piece_bytes > sched->piece_bytes ||
+	    sched->solo_bytes < sched->piece_bytes || sched->solo_bytes > (1u << 30))
 		return vre_fail(e, EINVAL, "scheduler sizes out of range (quantum 1..1 GiB, piece 4 KiB..1 GiB, work "
-				"request cost at most 1 MiB, small piece 4 KiB..piece)");
+				"request cost at most 1 MiB, small piece 4 KiB..piece, solo piece..1 GiB)");
 	e->sched = *sched;
 	return 0;
 }

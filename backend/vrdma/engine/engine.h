@@ -235,19 +235,21 @@ struct vre_net_counters {
  * The scheduler (vre_sched_set): how the engine shares itself between the devices with work. Each device's turn is
  * worth quantum_bytes times its weight of copying, a work request costing wr_cost_bytes on top of its data (what
  * the engine spends on one beyond its bytes); a message longer than piece_bytes moves in pieces of that size, with
- * other QPs' and devices' turns between them, so that a small message never waits behind a whole large one. While
- * another device of the same engine thread has sent a small message (at most small_piece_bytes) in the last
- * VRE_SMALL_WORK_NS, a device's turn and pieces are worth small_piece_bytes instead: that small message's successor
- * waits for a few microseconds of copying less, and bulk transfers alone keep their large pieces (Justitia splits
- * only while latency-sensitive flows are present).
+ * other QPs' and devices' turns between them, so that a small message never waits behind a whole large one. The
+ * sizes follow what the thread's other devices did in the last VRE_RECENT_WORK_NS: while another has sent a small
+ * message (at most small_piece_bytes), a device's turn and pieces are worth small_piece_bytes, so that small
+ * message's successor waits for a few microseconds of copying less (Justitia splits only while latency-sensitive
+ * flows are present); while none has done any work, they are worth solo_bytes, since a device alone on its thread
+ * gains nothing from pieces and pays for each pass (16 % of one VM's 1 MiB WRITEs at 64 KiB).
  */
 struct vre_sched {
 	uint32_t quantum_bytes;
 	uint32_t piece_bytes;
 	uint32_t wr_cost_bytes;
 	uint32_t small_piece_bytes;
+	uint32_t solo_bytes;
 };
-#define VRE_SMALL_WORK_NS 1000000  /* how long a small message keeps its thread's turns and pieces small */
+#define VRE_RECENT_WORK_NS 1000000  /* how long a device's work (a small message) sizes its thread's turns */
 
 /* A device's quality of service (vre_device_qos): its weight against the other devices with work (1 ..
  * VRE_MAX_WEIGHT), and its limits as token buckets (0: no limit): payload bytes and work requests per second, each
@@ -286,7 +288,8 @@ void vre_device_close(struct vre_engine *e, uint32_t dev);
 /* The VM's memory table: page-aligned regions; a table refused leaves the device with no memory at all. */
 int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count);
 void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out);
-/* The scheduler's sizes (every one at least 1; piece_bytes at most quantum_bytes is not required). */
+/* The scheduler's sizes: small_piece_bytes <= piece_bytes <= solo_bytes (piece_bytes at most quantum_bytes is not
+ * required). */
 int vre_sched_set(struct vre_engine *e, const struct vre_sched *sched);
 /* A device's weight and limits, at once; its buckets start full. Taken from its next turn on. */
 int vre_device_qos(struct vre_engine *e, uint32_t dev, const struct vre_qos *qos);

@@ -121,13 +121,12 @@ static uint32_t qp_poll(struct vre_engine *e, struct vre_device *d, struct vre_q
 	return n;
 }
 
-/* A device's worth per turn: a small piece's while another device of this thread sends small messages. */
+/* A device's worth per turn: the quantum, a small piece's while another device of this thread sends small
+ * messages, a solo piece's while no other device of it works (account.h: sched_size). */
 static int64_t turn_worth(struct vre_engine *e, const struct vre_device *d)
 {
-	uint32_t quantum = e->sched.quantum_bytes;
+	uint32_t quantum = sched_size(e, d, e->sched.quantum_bytes);
 
-	if (quantum > e->sched.small_piece_bytes && small_work_near(e, d))
-		quantum = e->sched.small_piece_bytes;
 	return (int64_t)((uint64_t)quantum * d->share.weight / VRE_DEFAULT_WEIGHT) + 1;
 }
 
@@ -301,6 +300,8 @@ static uint32_t low_looks(struct vre_engine *e, struct vre_worker *w, uint32_t h
  * looks at, and the thread's count of busy devices), its invariants. */
 static void turn_done(struct vre_engine *e, struct vre_device *d, uint32_t done, bool first_round, uint32_t *busy)
 {
+	if (done)
+		recent_seen(ctx(e)->worked, ctx(e)->now, d);
 	if (first_round) {
 		cq_timers(e, d);
 		__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);

@@ -56,7 +56,7 @@ static enum exec execute(struct vre_engine *e, struct vre_device *d, struct vre_
 	if (status != VRDMA_WC_SUCCESS)
 		goto local_error;
 	if (r.len <= e->sched.small_piece_bytes)
-		small_work_seen(e, d);  /* the other devices' turns and pieces small for a while */
+		recent_seen(ctx(e)->small, ctx(e)->now, d);  /* the other devices' turns and pieces small for a while */
 	if (qp->cfg.flags & VRE_QP_UD) {
 		ud_send(&r);  /* a datagram: sent (and completed) whether or not anyone takes it */
 		ctx(e)->moved = r.len;
@@ -68,7 +68,7 @@ static enum exec execute(struct vre_engine *e, struct vre_device *d, struct vre_
 	}
 	r.off = p->done;
 	r.piece = r.len - r.off;
-	piece_max = small_work_near(e, d) ? e->sched.small_piece_bytes : e->sched.piece_bytes;
+	piece_max = sched_size(e, d, e->sched.piece_bytes);
 	if (r.piece > piece_max && !(r.op->flags & OP_ATOMIC))
 		r.piece = piece_max;
 	r.first = r.off == 0;

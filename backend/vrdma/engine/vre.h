@@ -266,8 +266,8 @@ struct vre_ctx {
 	int64_t now;              /* the clock as the current pass read it */
 	uint64_t moved;           /* bytes the last execute_send moved: what poll.c charges the device */
 	struct vre_device *held;  /* another device it holds the lock of for this turn (req.c's destination) */
-	/* The last small messages it moved, of two devices, the latest first (account.h: small_work_seen). */
-	struct vre_small_work { int64_t at; const struct vre_device *dev; } small[2];
+	/* The last two devices that moved a small message, the last two that did any work, latest first (account.h). */
+	struct vre_recent { int64_t at; const struct vre_device *dev; } small[2], worked[2];
 	struct vre_scratch scratch __attribute__((aligned(64)));  /* its own cache lines */
 };
 
