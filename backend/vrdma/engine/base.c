@@ -89,14 +89,21 @@ VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index)
  */
 VRE_FN volatile uint32_t *vre_db_claim(struct vre_device *d, uint32_t index)
 {
-	uint32_t page = VRDMA_DB_PAGE(index);
-	volatile uint32_t *slot = vre_db_slot(d, index);
+	volatile uint32_t *slot = vre_db_adopt(d, index);
 
 	store_release(slot, 0);
+	return slot;
+}
+
+/* The same, keeping what the slot holds: a loaded state's queue (the doorbell region came with the state). */
+VRE_FN volatile uint32_t *vre_db_adopt(struct vre_device *d, uint32_t index)
+{
+	uint32_t page = VRDMA_DB_PAGE(index);
+
 	d->db_pages_used[page / 64] |= 1ULL << (page % 64);
 	if (d->parked)
 		store_release(db_word(d, page, VRDMA_DB_SLOT_PARKED), 1);
-	return slot;
+	return vre_db_slot(d, index);
 }
 
 VRE_FN void vre_set_parked_flags(struct vre_device *d, uint32_t value)

@@ -83,18 +83,26 @@ VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d)
 	d->mod_next = next;
 }
 
-int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_cq_config *c)
+/* What a CQ's configuration must be, made by a command or loaded from a state. */
+VRE_FN int cq_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_cq_config *c)
 {
-	struct vre_device *d = vre_dev(e, dev);
-	struct vre_cq *cq;
-	int err;
-
 	if (!cq_slot_free(d, slot))
 		return vre_fail(e, EINVAL, "CQ slot %u unusable", slot);
 	if (!cq_ring_fits(c->entries, d->lim.max_cqe, c->ring.npages))
 		return vre_fail(e, EINVAL, "CQ of %u entries does not fit %u pages", c->entries, c->ring.npages);
 	if (!vre_db_slot(d, c->db))
 		return vre_fail(e, EINVAL, "CQ doorbell index %u unusable", c->db);
+	return 0;
+}
+
+int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_cq_config *c)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_cq *cq;
+	int err = cq_config_check(e, d, slot, c);
+
+	if (err)
+		return err;
 	cq = obj_new(e, d, sizeof(*cq), offsetof(struct vre_cq, ring), &c->ring, "a CQ", &err);
 	if (!cq)
 		return err;

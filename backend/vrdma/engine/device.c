@@ -113,6 +113,7 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	d->share.weight = VRE_DEFAULT_WEIGHT;
 	/* Under every lock (vre_lock): a thread looking for its devices reads these without one. */
 	__atomic_store_n(&d->owner, vre_new_owner(e, dev), __ATOMIC_RELEASE);
+	__atomic_store_n(&d->suspended, false, __ATOMIC_RELEASE);
 	__atomic_store_n(&d->open, true, __ATOMIC_RELEASE);
 	if (dev >= e->devices_hi)
 		__atomic_store_n(&e->devices_hi, dev + 1, __ATOMIC_RELEASE);

@@ -105,6 +105,52 @@ VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 }
 
 /*
+ * The pages of an object of a loaded state (state.c): `n` guest-physical addresses as the state holds them
+ * (little-endian, unaligned), in arrays with room for `room` (a fast-registration MR's max_pages, else n), charged
+ * to the translation budget as mem_load charges a page list. Each must be page-aligned; translated now unless
+ * `translate` is false (a state only checked: nothing is usable, and the caller frees it at once). `valid`: what
+ * the object's memory was at the source (a ring a memory-table change broke stays broken); valid pages must
+ * translate.
+ */
+VRE_FN int mem_from_state(struct vre_engine *e, struct vre_device *d, const uint8_t *gpas, uint32_t n, uint32_t room,
+			  bool translate, bool valid, struct vre_mem *m)
+{
+	memset(m, 0, sizeof(*m));
+	if (n > room || room > d->lim.max_mr_pages)
+		return vre_fail(e, EINVAL, "%u pages in room for %u (at most %u)", n, room, d->lim.max_mr_pages);
+	if (room > d->lim.max_pages_total - d->pages_in_use)
+		return vre_fail(e, ENOMEM, "%u pages: the device has %llu of %u pages translated", room,
+				(unsigned long long)d->pages_in_use, d->lim.max_pages_total);
+	if (room) {
+		m->gpa = calloc(room, sizeof(*m->gpa));
+		m->hva = calloc(room, sizeof(*m->hva));
+		if (!m->gpa || !m->hva) {
+			mem_free(m);
+			return vre_fail(e, ENOMEM, "no memory for a %u-page list", room);
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t gpa;
+
+		memcpy(&gpa, gpas + (size_t)i * sizeof(gpa), sizeof(gpa));
+		if (gpa & (PAGE_SIZE - 1)) {
+			mem_free(m);
+			return vre_fail(e, EINVAL, "page %u at %#llx is not page-aligned", i, (unsigned long long)gpa);
+		}
+		m->gpa[i] = gpa;
+		m->hva[i] = translate ? gpa_page(d, gpa) : NULL;
+		if (translate && valid && !m->hva[i]) {
+			mem_free(m);
+			return vre_fail(e, EFAULT, "page %u at %#llx is not a page of guest RAM", i, (unsigned long long)gpa);
+		}
+	}
+	m->npages = n;
+	m->valid = valid && translate;
+	d->pages_in_use += room;
+	return 0;
+}
+
+/*
  * A new object (an MR, CQ, SRQ or QP) of `size` bytes whose struct vre_mem at `mem_offset` holds `pages`, loaded and
  * translated; NULL with *err set (and the engine's message) when memory or the translation budget runs out or a page
  * is not guest RAM. obj_free gives both back (nothing for NULL: a destroy of an empty slot).

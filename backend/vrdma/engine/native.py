@@ -180,6 +180,20 @@ class Engine:
         watches a duplicate (never reads it)."""
         self._check(lib.vre_device_wake_fd(self._e, dev, fd))
 
+    # -- a device's state (state.c: what a live migration or an upgrade carries) --------------------------------
+
+    def suspend_device(self, dev: int, suspended: bool) -> None:
+        self._check(lib.vre_device_suspend(self._e, dev, int(suspended)))
+
+    def save_device(self, dev: int) -> bytes:
+        size = self._check(lib.vre_device_save(self._e, dev, ffi.NULL, 0))
+        buf = ffi.new("uint8_t[]", size)
+        self._check(lib.vre_device_save(self._e, dev, buf, size))
+        return bytes(ffi.buffer(buf, size))
+
+    def load_device(self, dev: int, state: bytes, check_only: bool = False) -> None:
+        self._check(lib.vre_device_load(self._e, dev, state, len(state), lib.VRE_LOAD_CHECK if check_only else 0))
+
     def counters(self, dev: int) -> dict[str, int]:
         out = ffi.new("struct vre_counters *")
         lib.vre_device_counters(self._e, dev, out)

@@ -79,7 +79,8 @@ static int roce_input(struct vre_engine *e, const uint8_t *udp_payload, uint32_t
 	/* The packet's device, then the network (it may answer): a ring's thread receives for every thread's devices. */
 	device_lock_blocking(d);
 	net_lock(e);
-	err = d->open ? roce_deliver(e, d, &pkt, udp_payload, addr) : -ENOENT;
+	/* a suspended device's senders retransmit what it drops (it is being saved or loaded) */
+	err = d->open && !d->suspended ? roce_deliver(e, d, &pkt, udp_payload, addr) : -ENOENT;
 	net_unlock(e);
 	net_assert(d);
 	device_unlock(d);

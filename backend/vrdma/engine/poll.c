@@ -182,10 +182,11 @@ static uint32_t device_turn(struct vre_engine *e, struct vre_device *d, uint32_t
 	return work;
 }
 
-/* Whether device `d` is one this pass runs: a thread's own (w), or every open device (w NULL: the caller polls). */
+/* Whether device `d` is one this pass runs: a thread's own (w), or every open device (w NULL: the caller polls);
+ * never a suspended one. */
 static bool runs(const struct vre_device *d, const struct vre_worker *w)
 {
-	return __atomic_load_n(&d->open, __ATOMIC_ACQUIRE) &&
+	return __atomic_load_n(&d->open, __ATOMIC_ACQUIRE) && !__atomic_load_n(&d->suspended, __ATOMIC_ACQUIRE) &&
 	       (!w || __atomic_load_n(&d->owner, __ATOMIC_ACQUIRE) == w->index);
 }
 

@@ -53,34 +53,14 @@ VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_q
 		vre_post_event(e, dev_index(e, d), VRDMA_EVENT_QP_LAST_WQE, qp->cfg.handle, 0);
 }
 
-/* An XRC target: no rings, doorbells, CQs or PD; a QPN (to be found by) and its XRC domain. Never polled. */
-static int xrc_target_create(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_qp_config *c)
+/* What a QP's configuration must be, made by a command or loaded from a state. An XRC target has no rings,
+ * doorbells, CQs or PD: a QPN (to be found by) and its XRC domain. */
+VRE_FN int qp_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_qp_config *c)
 {
-	struct vre_qp *qp;
-
-	if (!c->xrcd || c->ring.npages || c->srq != VRE_NO_SRQ || c->sq_depth || c->rq_depth)
-		return vre_fail(e, EINVAL, "an XRC target has an XRC domain and no queues");
-	qp = calloc(1, sizeof(*qp));
-	if (!qp)
-		return vre_fail(e, ENOMEM, "no memory for a QP");
-	qp->cfg = *c;
-	qp->attr.state = VRDMA_QPS_RESET;
-	qp->attr.dest_dev = VRE_NO_DEVICE;
-	qp->index = VRE_NOT_ACTIVE;
-	d->qps[slot] = qp;
-	return 0;
-}
-
-int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *c)
-{
-	struct vre_device *d = vre_dev(e, dev);
 	uint64_t size = (uint64_t)c->ring.npages * PAGE_SIZE;
 	bool xrc_ini = c->flags & VRE_QP_XRC_INI;
 	bool own_rq = c->srq == VRE_NO_SRQ && !xrc_ini;  /* an XRC initiator receives nothing */
 	uint32_t transport = c->flags & VRE_TRANSPORT;
-	struct vre_qp *qp;
-	int err;
-
 	bool gsi = c->flags & VRE_QP_GSI;
 
 	if ((c->flags & ~(VRE_QP_KERNEL | VRE_QP_GSI | VRE_TRANSPORT)) || (transport & (transport - 1)) ||
@@ -89,8 +69,11 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	if (!qp_slot_free(d, slot) || (gsi ? c->qpn != VRDMA_GSI_QPN || d->gsi >= 0 :
 				       (c->qpn & (d->lim.max_qp - 1)) != slot || c->qpn == VRDMA_GSI_QPN))
 		return vre_fail(e, EINVAL, "QP slot %u (QPN %#x) unusable", slot, c->qpn);
-	if (transport == VRE_QP_XRC_TGT)
-		return xrc_target_create(e, d, slot, c);
+	if (transport == VRE_QP_XRC_TGT) {
+		if (!c->xrcd || c->ring.npages || c->srq != VRE_NO_SRQ || c->sq_depth || c->rq_depth)
+			return vre_fail(e, EINVAL, "an XRC target has an XRC domain and no queues");
+		return 0;
+	}
 	if (c->xrcd || (xrc_ini && (c->srq != VRE_NO_SRQ || c->rq_depth)))
 		return vre_fail(e, EINVAL, "only an XRC target has an XRC domain; an XRC initiator no receive queue");
 	if (!cq_at(d, c->send_cq) || (!xrc_ini && !cq_at(d, c->recv_cq)) ||
@@ -112,20 +95,49 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 				(unsigned long long)max_pages);
 	if (!vre_db_slot(d, c->sq_db) || (own_rq && (!vre_db_slot(d, c->rq_db) || c->rq_db == c->sq_db)))
 		return vre_fail(e, EINVAL, "QP doorbell indexes %u and %u unusable", c->sq_db, c->rq_db);
-	qp = obj_new(e, d, sizeof(*qp), offsetof(struct vre_qp, ring), &c->ring, "a QP", &err);
-	if (!qp)
+	return 0;
+}
+
+/* A QP made (its configuration checked): in its slot and, unless an XRC target (never polled), the active list. */
+VRE_FN void qp_insert(struct vre_device *d, uint32_t slot, struct vre_qp *qp)
+{
+	if (qp->cfg.flags & VRE_QP_XRC_TGT) {
+		qp->index = VRE_NOT_ACTIVE;
+	} else {
+		qp->index = d->nactive;
+		d->active[d->nactive++] = qp;
+	}
+	d->qps[slot] = qp;
+	if (qp->cfg.flags & VRE_QP_GSI)
+		d->gsi = slot;
+}
+
+int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_config *c)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_qp *qp;
+	int err = qp_config_check(e, d, slot, c);
+
+	if (err)
 		return err;
+	if (c->flags & VRE_QP_XRC_TGT) {
+		qp = calloc(1, sizeof(*qp));
+		if (!qp)
+			return vre_fail(e, ENOMEM, "no memory for a QP");
+	} else {
+		bool own_rq = c->srq == VRE_NO_SRQ && !(c->flags & VRE_QP_XRC_INI);
+
+		qp = obj_new(e, d, sizeof(*qp), offsetof(struct vre_qp, ring), &c->ring, "a QP", &err);
+		if (!qp)
+			return err;
+		qp->sq_db = vre_db_claim(d, c->sq_db);
+		qp->rq_db = own_rq ? vre_db_claim(d, c->rq_db) : NULL;
+		memset(mem_at(&qp->ring, 0), 0, sizeof(struct vrdma_qp_ring_hdr));
+	}
 	qp->cfg = *c;
-	qp->sq_db = vre_db_claim(d, c->sq_db);
-	qp->rq_db = own_rq ? vre_db_claim(d, c->rq_db) : NULL;
-	memset(mem_at(&qp->ring, 0), 0, sizeof(struct vrdma_qp_ring_hdr));
 	qp->attr.state = VRDMA_QPS_RESET;
 	qp->attr.dest_dev = VRE_NO_DEVICE;
-	qp->index = d->nactive;
-	d->active[d->nactive++] = qp;
-	d->qps[slot] = qp;
-	if (gsi)
-		d->gsi = slot;
+	qp_insert(d, slot, qp);
 	return 0;
 }
 

@@ -209,5 +209,12 @@ VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct
 		ctx(e)->moved = 0;
 		return EXEC_BUSY;  /* the WQE stays at the head: the next pass tries again */
 	}
+	if (dd && __atomic_load_n(&dd->suspended, __ATOMIC_ACQUIRE)) {
+		/* Its VM is being saved or loaded (a migration, an upgrade): a pause, not a lost peer, so no retry is
+		 * spent; the WQE waits at the head as after an RNR. */
+		ctx(e)->moved = 0;
+		qp->rnr_until = ctx(e)->now + VRE_SUSPENDED_WAIT_NS;
+		return EXEC_WAIT;
+	}
 	return execute(e, d, qp, w);
 }

@@ -8,12 +8,9 @@
 
 #include "vre.h"
 
-int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_srq_config *c)
+/* What an SRQ's configuration must be, made by a command or loaded from a state. */
+VRE_FN int srq_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_srq_config *c)
 {
-	struct vre_device *d = vre_dev(e, dev);
-	struct vre_srq *srq;
-	int err;
-
 	if (!srq_slot_free(d, slot))
 		return vre_fail(e, EINVAL, "SRQ slot %u unusable", slot);
 	if (!recv_queue_fits(c->depth, d->lim.max_srq_wr, c->stride, c->max_sge, d->lim.max_sge) ||
@@ -25,6 +22,17 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 	if ((c->flags & ~VRE_SRQ_KERNEL) || (c->xrcd && (!cq_at(d, c->cq) || (c->srqn & (d->lim.max_srq - 1)) != slot)))
 		return vre_fail(e, EINVAL, "SRQ flags %#x, XRC domain %u, CQ slot %u, SRQ number %#x unusable",
 				c->flags, c->xrcd, c->cq, c->srqn);
+	return 0;
+}
+
+int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_srq_config *c)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct vre_srq *srq;
+	int err = srq_config_check(e, d, slot, c);
+
+	if (err)
+		return err;
 	srq = obj_new(e, d, sizeof(*srq), offsetof(struct vre_srq, ring), &c->ring, "an SRQ", &err);
 	if (!srq)
 		return err;

@@ -202,6 +202,7 @@ struct vre_device {
 	uint32_t owner;           /* atomic: the engine thread that runs it (balance() moves it) */
 	uint32_t waiters;         /* atomic: callers waiting for `lock` (the owner lets them have it first) */
 	bool open;                /* written under every lock (atomic), read by a thread looking for its devices */
+	bool suspended;           /* atomic, written under its lock: not run, not delivered into (vre_device_suspend) */
 	pthread_mutex_t lock __attribute__((aligned(64)));  /* recursive */
 	uint32_t worked;          /* atomic: its last turn did work (balance() looks for such a device to move) */
 	/* Everything from here, and everything the device holds (its objects, its guest memory), is touched only
@@ -441,6 +442,7 @@ VRE_FN void *vre_alloc_lines(size_t n, size_t size);
 VRE_FN void vre_post_event(struct vre_engine *e, uint32_t dev, uint32_t type, uint32_t handle, uint64_t data);
 VRE_FN volatile uint32_t *vre_db_slot(struct vre_device *d, uint32_t index);
 VRE_FN volatile uint32_t *vre_db_claim(struct vre_device *d, uint32_t index);
+VRE_FN volatile uint32_t *vre_db_adopt(struct vre_device *d, uint32_t index);
 VRE_FN void vre_set_parked_flags(struct vre_device *d, uint32_t value);
 
 /* -- crc.c: CRC-32 at memory speed --------------------------------------------------------------------------- */
@@ -464,6 +466,8 @@ VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 	     struct vre_mem *m);
 VRE_FN void *obj_new(struct vre_engine *e, struct vre_device *d, size_t size, size_t mem_offset,
 	      const struct vre_pages_desc *pages, const char *what, int *err);
+VRE_FN int mem_from_state(struct vre_engine *e, struct vre_device *d, const uint8_t *gpas, uint32_t n, uint32_t room,
+			  bool translate, bool valid, struct vre_mem *m);
 VRE_FN void obj_free(struct vre_device *d, void *obj, size_t mem_offset);
 VRE_FN void mem_put(struct vre_device *d, struct vre_mem *m);
 VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
@@ -516,11 +520,16 @@ VRE_FN void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_c
 VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
 	     bool solicited);
 VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d);
+/* What a configuration must be (cq.c, srq.c, qp.c), made by a command or loaded from a state (state.c). */
+VRE_FN int cq_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_cq_config *c);
+VRE_FN int srq_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_srq_config *c);
+VRE_FN int qp_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_qp_config *c);
 
 /* -- qp.c -------------------------------------------------------------------------------------------------- */
 
 VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
 VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
+VRE_FN void qp_insert(struct vre_device *d, uint32_t slot, struct vre_qp *qp);
 /* Whether a QP takes messages now: RTR or later, not in error, its rings still in guest memory. */
 VRE_FN bool qp_receives(const struct vre_qp *qp);
 /* Whether a requester of QP flags `req` and a responder of `resp` speak the same transport (RC with RC, UC with
@@ -578,70 +587,7 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 			   struct recv_wqe *out, uint32_t *max_sge);
 VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
-/* -- a request: what a requester hands the responder ------------------------------------------------------------ */
-
-/* What a request brings to its destination: the requester's checked local data. */
-struct vre_request {
-	struct vre_engine *e;
-	struct vre_device *d;     /* requester */
-	struct vre_qp *qp;
-	const struct send_wqe *w;
-	const struct vre_opcode *op;
-	struct seg *local;
-	uint32_t nlocal;
-	uint64_t len;
-	/* The part of the message this call moves: [off, off + piece); the whole message (0, len, true, true) unless
-	 * the scheduler cut it into pieces. */
-	uint64_t off;
-	uint64_t piece;
-	bool first;
-	bool last;
-};
-
-/* RESP_FAILED: the responder completed the request with its error; RESP_LOCAL_ERROR: the requester completes it
- * with *status and goes to the error state alone; RESP_DROPPED: an unreliable (UC) message the responder could
- * not take is lost, as if on the wire, and the requester completes it successfully. */
-enum resp { RESP_DONE, RESP_RNR, RESP_FAILED, RESP_LOCAL_ERROR, RESP_DROPPED, RESP_MORE };
-/* RESP_MORE: a piece that is not the message's last was moved; nothing completes yet. */
-
-/* -- wqe.c: a send WQE as the requesters read it --------------------------------------------------------------- */
-
-/* Copy send WQE `index` (masked into the ring) out of guest memory. */
-VRE_FN void sq_wqe(const struct vre_qp *qp, uint32_t index, struct send_wqe *w);
-/* Segments of SGEs of PD `pd`'s memory, checked (keys, PD, bounds, local write access if asked): a status. */
-VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, bool kernel, const struct vrdma_sge *sge, uint32_t n,
-			    bool need_write, uint64_t max_msg, struct seg *segs, uint32_t *nsegs, uint64_t *total);
-/* The requester's own checks of r->w (its opcode, its local data into r->local): a status. */
-VRE_FN uint8_t wqe_local_data(struct vre_request *r);
-/* The WQE at the head of the send queue completes (sq_head moves on). */
-VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct vrdma_send_wqe *w,
-		   uint8_t status, uint32_t byte_len);
-/* How long a requester waits after an RNR NAK with this timer field (the InfiniBand specification's table). */
-VRE_FN int64_t rnr_wait_ns(uint32_t timer);
-
-/* -- req.c and resp.c: a request to a QP of this engine ----------------------------------------------------------- */
-
-/* EXEC_MORE: one piece of the message moved, the WQE stays at the head for the next. */
-enum exec { EXEC_DONE, EXEC_WAIT, EXEC_MORE, EXEC_BUSY };
-
-/* One send WQE of a QP whose peer is here (or a datagram), start to finish; EXEC_WAIT: retry it later; EXEC_BUSY:
- * its destination device was another thread's or a caller's, untouched: the next pass tries again. */
-VRE_FN enum exec execute_send(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, const struct send_wqe *w);
-/* The destination device execute_send kept locked, unlocked: at the end of every turn. */
-VRE_FN void release_destination(struct vre_engine *e);
-VRE_FN enum resp respond(const struct vre_request *r, struct vre_device *dd, struct vre_qp *dqp, uint8_t *status);
-
-/* -- ud.c -------------------------------------------------------------------------------------------------- */
-
-/* How long a requester waits for an answer before it sends again: 4.096 us * 2^timeout (0: "infinite", which
- * this device takes as 100 ms without counting retries down). */
-static inline int64_t retry_wait_ns(const struct vre_qp *qp)
-{
-	return qp->attr.timeout ? (int64_t)4096 << (qp->attr.timeout & 31) : 100000000;
-}
-
-VRE_FN void ud_send(struct vre_request *r);
-
+#include "request.h"
 #include "account.h"
 #include "remote.h"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as errnos
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ class FakeDevice:
     srq_limits: dict[int, int] = field(default_factory=dict)
     gids: dict[int, tuple[bytes, int]] = field(default_factory=dict)
     qos: api.QosConfig | None = None
+    suspended: bool = False
 
 
 class FakeEngine:
@@ -95,6 +97,34 @@ class FakeEngine:
 
     def set_wake_fd(self, dev: int, fd: int) -> None:
         self.wake_fds[dev] = fd
+
+    # -- a device's state: the configured objects, as JSON (the C engine's format is its own, state.c) ----------
+
+    def suspend_device(self, dev: int, suspended: bool) -> None:
+        self._configure("suspend_device", dev).suspended = suspended
+
+    def save_device(self, dev: int) -> bytes:
+        device = self._configure("save_device", dev)
+        if not device.suspended:
+            raise EngineError(f"device {dev} runs: suspend it before saving its state", errnos.EBUSY)
+        return json.dumps({"objects": device.objects, "qp_states": device.qp_states,
+                           "srq_limits": device.srq_limits}).encode()
+
+    def load_device(self, dev: int, state: bytes, check_only: bool = False) -> None:
+        device = self._configure("load_device", dev)
+        if any(device.objects.values()):
+            raise EngineError(f"device {dev} has objects: a state loads into an empty device", errnos.EBUSY)
+        try:
+            saved = json.loads(state)
+            objects = {kind: {int(slot): config for slot, config in saved["objects"][kind].items()}
+                       for kind in LIMIT_OF}
+            qp_states = {int(slot): int(state) for slot, state in saved["qp_states"].items()}
+            srq_limits = {int(slot): int(limit) for slot, limit in saved["srq_limits"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise EngineError(f"not a device state: {err}", errnos.EINVAL) from err
+        if not check_only:
+            device.objects, device.qp_states, device.srq_limits = objects, qp_states, srq_limits
+            device.suspended = True
 
     def set_memory(self, dev: int, regions: list[tuple[int, int, int]]) -> None:
         self._configure("set_memory", dev).memory = list(regions)
