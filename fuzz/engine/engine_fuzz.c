@@ -374,6 +374,86 @@ static void op_reset(struct in *in, struct vre_engine *e, uint32_t dev)
 	}
 }
 
+/* The device closed and opened again with the doorbell region it had (the model keeps the region across a reset of
+ * the engine's side) and its memory table. */
+static void reopen(struct vre_engine *e, uint32_t dev)
+{
+	struct vm *vm = &vms[dev];
+	uint32_t pages = vm->lim.doorbell_pages ? vm->lim.doorbell_pages : 1;
+	uint8_t *doorbells = vm->doorbells;
+
+	vre_device_close(e, dev);
+	open_device(e, dev);
+	memcpy(vm->doorbells, doorbells, (size_t)pages * PAGE);
+	free(doorbells);
+	if (vm->open && vre_device_set_memory(e, dev, vm->regions, vm->nregions) < 0) {
+		vm->nregions = 0;
+		poison_unmapped(vm);
+	}
+}
+
+/*
+ * A live migration or an upgrade of one VM (engine/state.c): its device suspended and saved. Then, by the input:
+ * resumed as it was (a migration that failed); or the device reopened empty and the state loaded into it, which
+ * must check and load as it was saved (the same memory table: every page that translated translates), after which
+ * the traffic goes on where it stopped; or the state damaged on the way, which the loader refuses whole (the device
+ * left empty) or takes as a state it can run, then polled and reset, since the harness's records no longer say what
+ * the device holds.
+ */
+static void op_migrate(struct in *in, struct vre_engine *e, uint32_t dev)
+{
+	struct vm *vm = &vms[dev];
+	uint8_t how = u8(in);
+	uint16_t at = u16(in), flip = u8(in) | 1;
+	uint8_t *state;
+	int64_t size;
+	int ret;
+
+	if (!vm->open)
+		return;
+	CHECK(vre_device_suspend(e, dev, 1) == 0);
+	size = vre_device_save(e, dev, NULL, 0);
+	CHECK(size >= (int64_t)sizeof(struct vre_state_header) || size == -ENOTSUP);
+	if (size < 0 || !(how & 3)) {
+		CHECK(vre_device_suspend(e, dev, 0) == 0);
+		return;
+	}
+	state = malloc((size_t)size);
+	CHECK(state);
+	CHECK(vre_device_save(e, dev, state, (uint64_t)size) == size);
+	CHECK(vre_device_save(e, dev, state, (uint64_t)size - 1) == -ENOSPC);
+	reopen(e, dev);
+	if (!vm->open) {
+		free(state);
+		forget_objects(vm);
+		return;
+	}
+	if (how & 4) {
+		state[at % size] ^= flip;
+		ret = vre_device_load(e, dev, state, (uint64_t)size, how & 8 ? VRE_LOAD_CHECK : 0);
+		CHECK(ret <= 0);
+		if (ret == 0 && !(how & 8)) {
+			CHECK(vre_device_suspend(e, dev, 0) == 0);
+			vre_poll(e, 16);
+			take_events(e, EVENT_BATCH);
+		}
+		reopen(e, dev);
+		forget_objects(vm);
+	} else {
+		ret = vre_device_load(e, dev, state, (uint64_t)size, VRE_LOAD_CHECK);
+		if (ret)
+			fprintf(stderr, "engine_fuzz: a saved state refused: %s\n", vre_error(e));
+		CHECK(ret == 0);
+		CHECK(vre_device_load(e, dev, state, (uint64_t)size, 0) == 0);
+		struct vre_state_header h;
+
+		memcpy(&h, state, sizeof(h));
+		CHECK(vre_device_load(e, dev, state, (uint64_t)size, 0) == (h.records ? -EBUSY : 0));  /* objects now */
+		CHECK(vre_device_suspend(e, dev, 0) == 0);
+	}
+	free(state);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	(void)argc;
@@ -448,7 +528,7 @@ typedef void (*op_fn)(struct in *in, struct vre_engine *e, uint32_t dev);
 
 static const op_fn ops[] = {
 	op_mr_create, op_mr_destroy, op_cq_create, op_cq_destroy, op_srq_create, op_srq_destroy, op_qp_create,
-	op_qp_modify, op_qp_destroy, op_post_send, op_post_recv, op_poll, op_poll, op_cq_consume, op_mem_write,
+	op_qp_modify, op_qp_destroy, op_post_send, op_post_recv, op_poll, op_migrate, op_cq_consume, op_mem_write,
 	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset, op_gid_set, op_roce,
 };
 #define OP_COUNT (sizeof(ops) / sizeof(ops[0]))
@@ -457,7 +537,7 @@ static const op_fn ops[] = {
  * packets): under every lock; anything else under the lock of its VM's device only, as the backend's calls are. */
 static bool engine_wide(op_fn op)
 {
-	return op == op_poll || op == op_park || op == op_reset || op == op_gid_set || op == op_roce;
+	return op == op_poll || op == op_park || op == op_reset || op == op_gid_set || op == op_roce || op == op_migrate;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

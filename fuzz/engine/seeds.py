@@ -17,7 +17,7 @@ from pathlib import Path
 PAGE = 4096
 OP_COUNT = 22  # the length of engine_fuzz.c's ops[] (tests/unit/test_fuzz_seeds.py holds the two together)
 (MR_CREATE, MR_DESTROY, CQ_CREATE, CQ_DESTROY, SRQ_CREATE, SRQ_DESTROY, QP_CREATE, QP_MODIFY, QP_DESTROY, POST_SEND,
- POST_RECV, POLL, POLL2, CQ_CONSUME, MEM_WRITE, DOORBELL, SET_MEMORY, SRQ_LIMIT, PARK, RESET, GID_SET,
+ POST_RECV, POLL, MIGRATE, CQ_CONSUME, MEM_WRITE, DOORBELL, SET_MEMORY, SRQ_LIMIT, PARK, RESET, GID_SET,
  ROCE) = range(OP_COUNT)
 WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM, WR_SEND, WR_SEND_WITH_IMM, WR_RDMA_READ, WR_CMP_SWP, WR_FETCH_ADD = range(7)
 SEND_SIGNALED, SEND_SOLICITED, SEND_INLINE = 2, 4, 8
@@ -227,6 +227,14 @@ def scenarios() -> dict[str, Callable[[], Input]]:
         s.send(0, WR_SEND).poll().modify(1, ERR).poll()
         s.op(SET_MEMORY, 1, bytes([2]) + Input.region(REGION_GPA_PAGE, 0, 32) + Input.region(0x200, 32, 32))
         return s.send(0, WR_RDMA_WRITE).poll()
+
+    def migrate_mid_flight() -> Input:
+        """Each VM saved and loaded (engine/state.c) with WQEs and receives in flight, and once with a damaged state
+        (how: 1 load, 4 damage at `at`, 8 check only)."""
+        s = Input().setup().recv(1, count=4).send(0, WR_SEND, count=2).send(0, WR_RDMA_WRITE, remote_offset=4096)
+        s.poll().op(MIGRATE, 1, bytes([1, 0, 0, 0])).poll().op(MIGRATE, 0, bytes([1, 0, 0, 0]))
+        s.send(0, WR_SEND, count=2).poll().op(MIGRATE, 0, bytes([0, 0, 0, 0])).poll()  # resumed as it was
+        return s.op(MIGRATE, 1, bytes([5]) + struct.pack("<H", 400) + bytes([0x40])).send(0, WR_SEND).poll()
 
     def reset_mid_flight() -> Input:
         s = Input().setup().recv(1, count=4).send(0, WR_SEND, count=4)

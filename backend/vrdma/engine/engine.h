@@ -326,9 +326,9 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
  * vre_device_suspend stops a device (its pass, and deliveries into it: senders here wait without spending a retry,
  * packets from other hosts are dropped for their senders to retransmit) or lets it run again; vre_device_save
  * writes a suspended device's state without changing anything (a failed migration resumes the source as it was):
- * buf NULL asks for the size. vre_device_load rebuilds a state in an open device that has no objects, checking every
- * record as strictly as the calls that made its objects (a corrupt, foreign or hostile state is refused with the
- * device left empty) and touching no guest memory; with VRE_LOAD_CHECK it only checks (the pages need no memory
+ * buf NULL asks for the size (a shorter buffer: -ENOSPC, nothing written). vre_device_load rebuilds a state in an
+ * open device that has no objects, checking every record as strictly as the calls that made its objects (a corrupt,
+ * foreign or hostile state is refused with the device left empty) and touching no guest memory; with VRE_LOAD_CHECK it only checks (the pages need no memory
  * table: a destination checks a state before its guest's memory is known), without it every page must translate.
  * A loaded device is suspended until vre_device_suspend(.., 0).
  */

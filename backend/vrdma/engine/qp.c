@@ -141,6 +141,18 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	return 0;
 }
 
+/*
+ * What the engine relies on of a QP's attributes, set by the model (which checks each against the verbs) or loaded
+ * from a state: a state it knows, retry counts of three bits, a path MTU and PSNs of the wire's sizes. The others
+ * (access flags, destination, timers, Q_Key) it takes as they come: it masks or looks up each where used.
+ */
+VRE_FN bool qp_attr_ok(const struct vre_qp_attr *a)
+{
+	return a->state <= VRDMA_QPS_ERR && a->rnr_retry <= 7 && a->retry_cnt <= 7 && a->path_mtu <= 5 &&
+	       a->sq_psn < (1u << 24) && a->rq_psn < (1u << 24) && a->max_rd_atomic <= 0xff &&
+	       a->max_dest_rd_atomic <= 0xff;
+}
+
 int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struct vre_qp_attr *attr)
 {
 	struct vre_device *d = vre_dev(e, dev);
@@ -148,6 +160,11 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 
 	if (!qp)
 		return vre_fail(e, EINVAL, "no QP in slot %u", slot);
+	if (!qp_attr_ok(attr))
+		return vre_fail(e, EINVAL, "QP attributes out of range (state %u, retries %u and %u, path MTU %u, PSNs "
+				"%#x and %#x, %u and %u reads)", attr->state, attr->rnr_retry, attr->retry_cnt,
+				attr->path_mtu, attr->sq_psn, attr->rq_psn, attr->max_rd_atomic,
+				attr->max_dest_rd_atomic);
 	if (attr->state == VRDMA_QPS_ERR) {
 		uint32_t old = qp->attr.state;
 

@@ -27,23 +27,21 @@ _Static_assert(sizeof(struct vre_state_srq) == 80, "struct vre_state_srq changed
 _Static_assert(sizeof(struct vre_state_qp) == 296, "struct vre_state_qp changed: bump VRE_STATE_VERSION");
 
 #define MAX_TIMER_NS (INT64_C(1) << 43)  /* ~2.4 h: more than any wait the engine sets (4.096 us * 2^31) */
-#define MAX_MODERATION 0xffff            /* CQ moderation's count and period (us), as the verbs carry them */
-#define MAX_RD_ATOMIC 0xff
 
-/* Where the writer is: bytes written so far, or counted only (buf NULL). */
+/* Where the writer is: bytes written so far, or counted only (buf NULL; vre_device_save counts first, so a buffer
+ * is never short). */
 struct out {
 	uint8_t *buf;
 	uint64_t len;
 	uint64_t at;
-	bool short_buf;
 };
 
 static void put(struct out *o, const void *p, uint64_t n)
 {
-	if (o->buf && !o->short_buf && n <= o->len - o->at)
+	if (!n)
+		return;  /* (p may be NULL then) */
+	if (o->buf && n <= o->len - o->at)
 		memcpy(o->buf + o->at, p, n);
-	else if (o->buf)
-		o->short_buf = true;
 	o->at += n;
 }
 
@@ -144,20 +142,12 @@ static void save_qp(const struct vre_engine *e, struct out *o, uint32_t slot, co
 	put_record(o, VRE_STATE_QP, slot, &s, sizeof(s), &qp->ring, s.held ? qp->held.wqe : NULL, held_len);
 }
 
-int64_t vre_device_save(struct vre_engine *e, uint32_t dev, uint8_t *buf, uint64_t len)
+/* The state written (or counted, buf NULL) into `o`. */
+static void save_device(const struct vre_engine *e, const struct vre_device *d, struct out *o)
 {
-	struct vre_device *d = vre_dev(e, dev);
 	struct vre_state_header h;
-	struct out o = { .buf = buf, .len = len };
+	uint64_t start = o->at;
 
-	if (!d)
-		return vre_fail(e, ENODEV, "device %u is not open", dev);
-	if (!__atomic_load_n(&d->suspended, __ATOMIC_ACQUIRE))
-		return vre_fail(e, EBUSY, "device %u runs: suspend it before saving its state", dev);
-	for (uint32_t i = 0; i < d->lim.max_qp; i++)
-		if (d->qps[i] && d->qps[i]->net)
-			return vre_fail(e, ENOTSUP, "QP %#x has its peer on another host: its RoCE transport state cannot "
-					"be saved yet", d->qps[i]->cfg.qpn);
 	memset(&h, 0, sizeof(h));
 	h.magic = VRE_STATE_MAGIC;
 	h.version = VRE_STATE_VERSION;
@@ -168,34 +158,52 @@ int64_t vre_device_save(struct vre_engine *e, uint32_t dev, uint8_t *buf, uint64
 	h.mr_gen = d->mr_gen;
 	h.counters = d->counters;
 	h.roce = d->roce;
-	put(&o, &h, sizeof(h));
+	put(o, &h, sizeof(h));
 	for (uint32_t i = 0; i < d->lim.max_mr; i++)
 		if (d->mrs[i]) {
-			save_mr(&o, i, d->mrs[i]);
+			save_mr(o, i, d->mrs[i]);
 			h.records++;
 		}
 	for (uint32_t i = 0; i < d->lim.max_cq; i++)
 		if (d->cqs[i]) {
-			save_cq(e, &o, i, d->cqs[i]);
+			save_cq(e, o, i, d->cqs[i]);
 			h.records++;
 		}
 	for (uint32_t i = 0; i < d->lim.max_srq; i++)
 		if (d->srqs[i]) {
-			save_srq(&o, i, d->srqs[i]);
+			save_srq(o, i, d->srqs[i]);
 			h.records++;
 		}
 	for (uint32_t i = 0; i < d->lim.max_qp; i++)
 		if (d->qps[i]) {
-			save_qp(e, &o, i, d->qps[i]);
+			save_qp(e, o, i, d->qps[i]);
 			h.records++;
 		}
+	h.bytes = o->at - start;
+	if (o->buf)
+		memcpy(o->buf + start, &h, sizeof(h));  /* its count and length, known now */
+}
+
+int64_t vre_device_save(struct vre_engine *e, uint32_t dev, uint8_t *buf, uint64_t len)
+{
+	struct vre_device *d = vre_dev(e, dev);
+	struct out size = { 0 }, o = { .buf = buf, .len = len };
+
+	if (!d)
+		return vre_fail(e, ENODEV, "device %u is not open", dev);
+	if (!__atomic_load_n(&d->suspended, __ATOMIC_ACQUIRE))
+		return vre_fail(e, EBUSY, "device %u runs: suspend it before saving its state", dev);
+	for (uint32_t i = 0; i < d->lim.max_qp; i++)
+		if (d->qps[i] && d->qps[i]->net)
+			return vre_fail(e, ENOTSUP, "QP %#x has its peer on another host: its RoCE transport state cannot "
+					"be saved yet", d->qps[i]->cfg.qpn);
+	save_device(e, d, &size);
 	if (!buf)
-		return (int64_t)o.at;
-	if (o.short_buf)
-		return vre_fail(e, ENOSPC, "the state of device %u takes %llu bytes, not %llu", dev,
-				(unsigned long long)o.at, (unsigned long long)len);
-	h.bytes = o.at;
-	memcpy(buf, &h, sizeof(h));  /* its count and length, known now */
+		return (int64_t)size.at;
+	if (len < size.at)
+		return vre_fail(e, ENOSPC, "the state of device %u takes %llu bytes, not %llu (nothing written)", dev,
+				(unsigned long long)size.at, (unsigned long long)len);
+	save_device(e, d, &o);
 	return (int64_t)o.at;
 }
 
@@ -238,11 +246,11 @@ static int load_mr(struct in *in, const struct vre_state_record *rec, const stru
 	    (!c->mw_type && key_slot(d, c->lkey) != rec->slot))
 		return vre_fail(e, EINVAL, "MR slot %u unusable, or its keys name another", rec->slot);
 	if (c->pages.addr || c->pages.levels || c->pages.npages != rec->npages || !boolean(s->mapped) || !s->gen ||
-	    s->gen > in->mr_gen || (c->access & ~VRDMA_ALL_ACCESS) || c->mw_type > 2)
+	    s->gen > in->mr_gen || c->mw_type > 2)
 		return vre_fail(e, EINVAL, "MR slot %u: pages, generation, access or type out of range", rec->slot);
 	if (c->mw_type) {
 		if (rec->npages || c->max_pages || c->lkey || (c->access & ~VRDMA_MW_ACCESS) ||
-		    s->target_slot >= d->lim.max_mr || (!s->mapped && (c->length || c->access)))
+		    s->target_slot >= d->lim.max_mr)
 			return vre_fail(e, EINVAL, "memory window in slot %u: no pages, a window's rights, an MR "
 					"slot", rec->slot);
 	} else if (c->max_pages) {
@@ -286,8 +294,7 @@ static int load_cq(struct in *in, const struct vre_state_record *rec, const stru
 	int err;
 
 	if (c.ring.addr || c.ring.levels || c.ring.npages != rec->npages || !boolean(s->error) ||
-	    !boolean(s->ring_valid) || s->mod_count > MAX_MODERATION || s->mod_period_us > MAX_MODERATION ||
-	    s->mod_pending > c.entries || s->mod_left_ns < 0 || s->mod_left_ns > (int64_t)s->mod_period_us * 1000)
+	    !boolean(s->ring_valid) || s->mod_left_ns < 0 || s->mod_left_ns > (int64_t)UINT32_MAX * 1000)
 		return vre_fail(in->e, EINVAL, "CQ slot %u: its ring or moderation out of range", rec->slot);
 	err = cq_config_check(in->e, in->d, rec->slot, &c);
 	if (err)
@@ -324,7 +331,7 @@ static int load_srq(struct in *in, const struct vre_state_record *rec, const str
 	int err;
 
 	if (s->cfg.ring.addr || s->cfg.ring.levels || s->cfg.ring.npages != rec->npages || !boolean(s->error) ||
-	    !boolean(s->ring_valid) || s->limit > s->cfg.depth)
+	    !boolean(s->ring_valid))
 		return vre_fail(in->e, EINVAL, "SRQ slot %u: its ring or limit out of range", rec->slot);
 	err = srq_config_check(in->e, in->d, rec->slot, &s->cfg);
 	if (err)
@@ -346,20 +353,14 @@ static int load_srq(struct in *in, const struct vre_state_record *rec, const str
 	return 0;
 }
 
-/* A QP's attributes as the model sets them (qp.py checks each), and its runtime state. */
-static bool qp_state_ok(const struct vre_engine *e, const struct vre_device *d, const struct vre_state_qp *s)
+/* A QP's runtime state (its attributes: qp_attr_ok, as vre_qp_modify takes them). */
+static bool qp_state_ok(const struct vre_device *d, const struct vre_state_qp *s)
 {
-	const struct vre_qp_attr *a = &s->attr;
-	bool dest_ok = a->dest_dev == VRE_NO_DEVICE || a->dest_dev < e->ndevices;
 	bool piece_ok = s->piece_done ? s->piece_done < s->piece_len && s->piece_len <= d->lim.max_msg_size &&
 					(uint8_t)s->piece_opcode == s->piece_opcode && vre_opcode((uint8_t)s->piece_opcode) :
 					!s->piece_len && !s->piece_opcode;
 
-	return a->state <= VRDMA_QPS_ERR && !(a->access_flags & ~VRDMA_ALL_ACCESS) && dest_ok &&
-	       a->dest_qpn < (1u << 24) && a->min_rnr_timer <= 31 && a->rnr_retry <= 7 && a->retry_cnt <= 7 &&
-	       a->timeout <= 31 && a->path_mtu <= 5 && a->sq_psn < (1u << 24) && a->rq_psn < (1u << 24) &&
-	       a->max_rd_atomic <= MAX_RD_ATOMIC && a->max_dest_rd_atomic <= MAX_RD_ATOMIC && s->rnr_left <= 7 &&
-	       s->retry_left <= 7 && s->rnr_left_ns >= 0 && s->rnr_left_ns <= MAX_TIMER_NS && piece_ok &&
+	return qp_attr_ok(&s->attr) && s->rnr_left <= 7 && s->retry_left <= 7 && s->rnr_left_ns >= 0 && s->rnr_left_ns <= MAX_TIMER_NS && piece_ok &&
 	       boolean(s->held) && boolean(s->ring_valid) && (s->held ? s->held_sges <= d->lim.max_sge :
 								      !s->held_sges);
 }
@@ -375,7 +376,7 @@ static int load_qp(struct in *in, const struct vre_state_record *rec, const stru
 	struct vre_qp *qp;
 	int err;
 
-	if (c->ring.addr || c->ring.levels || c->ring.npages != rec->npages || !qp_state_ok(e, d, s))
+	if (c->ring.addr || c->ring.levels || c->ring.npages != rec->npages || !qp_state_ok(d, s))
 		return vre_fail(e, EINVAL, "QP slot %u: its ring, attributes or runtime state out of range", rec->slot);
 	if (s->held) {
 		memcpy(&held_hdr, held, sizeof(held_hdr));

@@ -530,6 +530,7 @@ VRE_FN int qp_config_check(struct vre_engine *e, struct vre_device *d, uint32_t 
 VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
 VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
 VRE_FN void qp_insert(struct vre_device *d, uint32_t slot, struct vre_qp *qp);
+VRE_FN bool qp_attr_ok(const struct vre_qp_attr *a);
 /* Whether a QP takes messages now: RTR or later, not in error, its rings still in guest memory. */
 VRE_FN bool qp_receives(const struct vre_qp *qp);
 /* Whether a requester of QP flags `req` and a responder of `resp` speak the same transport (RC with RC, UC with
