@@ -576,8 +576,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		uint32_t dev = (b / OP_COUNT) & 1, locked = engine_wide(op) ? VRE_NO_DEVICE : dev;
 
 		vre_lock_device(e, locked);  /* VRE_NO_DEVICE: every lock (vre_lock) */
+		char before[256];
+
+		snprintf(before, sizeof(before), "%s", vre_error(e));
 		op(&in, e, dev);
 		CHECK(strnlen(vre_error(e), 256) < 256);
+		if (verbose && strcmp(before, vre_error(e)))  /* what each operation the engine refused was told */
+			fprintf(stderr, "op %u (%u) on vm%u: %s\n", n, (unsigned)(b % OP_COUNT), dev, vre_error(e));
 		vre_unlock_device(e, locked);
 #ifdef FUZZ_ENGINE_THREAD
 		vre_kick(e, VRE_NO_DEVICE);  /* as a guest's wake-up would: a parked thread looks again */

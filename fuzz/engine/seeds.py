@@ -63,8 +63,9 @@ class Input:
            page_offset: int = 0, first: int = DATA_MR, list_page: int = LIST_MR) -> Input:
         """An MR of `pages` pages (raw page offset and length: flags 8 and 16)."""
         length = pages * PAGE - page_offset
-        raw = struct.pack("<BBHBHHBHQH", slot, 0x18, 0x10 + slot, 0, 0x1234, 0x5678, access, page_offset, length,
-                          iova_page)
+        # keys as key_for reads them: a 16-bit multiple of the table above the slot, then the variable low byte
+        raw = struct.pack("<BBHBHBHBBHQH", slot, 0x18, 0x10 + slot, 0, 0x1234, 0x12, 0x5678, 0x56, access,
+                          page_offset, length, iova_page)
         raw += bytes([0, first, list_page])
         if pages > 512:
             raw += bytes([LIST_QP2 + 1])  # a directory: its list pages start here
@@ -94,7 +95,7 @@ class Input:
     def modify(self, dev: int, state: int, slot: int = 1, dest_dev: int = 0, dest_slot: int = 1,
                rnr_retry: int = 7, retry_cnt: int = 7, timeout: int = 14, access: int = 0xF) -> Input:
         raw = bytes([0, slot, state, access, dest_dev]) + (bytes([dest_slot]) if dest_dev < 2 else b"")
-        return self.op(QP_MODIFY, dev, raw + bytes([1, rnr_retry, retry_cnt, timeout]))
+        return self.op(QP_MODIFY, dev, raw + bytes([1, rnr_retry, retry_cnt, timeout, 0]))  # Q_Key: the pool's first
 
     def connect(self, slot: int = 1, peer_slot: int = 1) -> Input:
         """Both VMs' QPs in `slot` to RTS, each pointing at the other."""
