@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from vrdma.device import abi, commands
+from vrdma.device import abi, commands, state
 from vrdma.device.fabric import Fabric
 from vrdma.device.objects import DeviceObjects, Identity
 from vrdma.device.params import DEFAULT_LIMITS, DeviceLimits, config_fields, engine_limits
@@ -187,6 +187,24 @@ class RdmaDevice:
         self.event_counters.events_posted += 1
         if self.on_event is not None:
             self.on_event()
+
+    # -- its state as data (device/state.py: a live migration, a backend upgrade) -------------------------
+
+    def suspend(self, suspended: bool = True) -> None:
+        """The engine stops running the device and delivering into it (a pause, not a loss), or runs it again."""
+        self.seat.engine.suspend_device(self.engine_index, suspended)
+
+    def save_state(self) -> bytes:
+        """Everything of the device as bytes (suspend it first); nothing changes."""
+        return state.save(self)
+
+    def check_state(self, data: bytes) -> None:
+        """StateError unless ``data`` would load into this device (its memory table not needed yet)."""
+        state.check(self, data)
+
+    def load_state(self, data: bytes) -> None:
+        """``data`` becomes this device, fresh from a reset, which stays suspended; StateError (and reset) if not."""
+        state.load(self, data)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 

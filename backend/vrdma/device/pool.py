@@ -44,6 +44,12 @@ class WireNumbers:
         self.generation = self.generation + 1 if self.generation + 1 < self.generations else 1
         return number
 
+    def restore(self, generation: int) -> None:
+        """The next generation a saved device would have given (device/state.py)."""
+        if not 1 <= generation < self.generations:
+            raise ValueError(f"number generation {generation} (1..{self.generations - 1})")
+        self.generation = generation
+
 
 class FreeSlots:
     """Free slots of a small fixed table, lowest first (a user context's doorbell slots)."""
@@ -106,6 +112,29 @@ class Pool(Generic[T]):
         if obj is not None:
             self._free.append(self.slot(handle))
         return obj
+
+    def generations(self) -> list[int]:
+        """The generation of every slot used so far: what a restored pool needs so that its handles do not repeat
+        those of the pool it was saved from (device/state.py)."""
+        return list(self._generation)
+
+    def restore(self, generations: list[int], objects: dict[int, T]) -> None:
+        """An empty pool becomes a saved one: the generations of its used slots and its objects by handle, each
+        handle naming a used slot by its current generation (ValueError saying what does not hold)."""
+        if self.objects or self._generation:
+            raise ValueError(f"{self.kind} pool in use")
+        if len(generations) > self.limit or any(not 0 <= g <= self.generation_mask for g in generations):
+            raise ValueError(f"{self.kind} pool: {len(generations)} slot generations for {self.limit} slots")
+        for handle in objects:
+            slot, generation = self.slot(handle), handle >> self.slot_bits
+            if not 0 < handle < 1 << HANDLE_BITS or slot >= len(generations) or generation != generations[slot] or \
+                    not generation:
+                raise ValueError(f"{self.kind} handle {handle:#x} does not name a used slot by its generation")
+        used = {self.slot(handle) for handle in objects}
+        self.objects = dict(objects)
+        self._generation = list(generations)
+        self._never_used = len(generations)
+        self._free = [slot for slot in range(len(generations) - 1, -1, -1) if slot not in used]
 
     def clear(self) -> None:
         """Forget every object; slots keep their generations, so handles from before stay stale."""

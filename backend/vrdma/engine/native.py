@@ -194,6 +194,23 @@ class Engine:
     def load_device(self, dev: int, state: bytes, check_only: bool = False) -> None:
         self._check(lib.vre_device_load(self._e, dev, state, len(state), lib.VRE_LOAD_CHECK if check_only else 0))
 
+    def state_objects(self, state: bytes) -> list[tuple[str, int, dict[str, int]]]:
+        kinds = {lib.VRE_STATE_MR: ("mr", "struct vre_state_mr"), lib.VRE_STATE_CQ: ("cq", "struct vre_state_cq"),
+                 lib.VRE_STATE_SRQ: ("srq", "struct vre_state_srq"), lib.VRE_STATE_QP: ("qp", "struct vre_state_qp")}
+        record = ffi.sizeof("struct vre_state_record")
+        objects, at = [], ffi.sizeof("struct vre_state_header")
+        while at + record <= len(state):
+            rec = ffi.new("struct vre_state_record *")
+            ffi.memmove(rec, state[at:at + record], record)
+            kind, struct = kinds[rec.kind]
+            body = ffi.new(f"{struct} *")
+            ffi.memmove(body, state[at + record:at + record + ffi.sizeof(struct)], ffi.sizeof(struct))
+            cfg = body.cfg
+            objects.append((kind, int(rec.slot), {name: int(getattr(cfg, name)) for name, _ in ffi.typeof(cfg).fields
+                                                  if ffi.typeof(cfg).fields and name not in ("pages", "ring")}))
+            at += int(rec.bytes)
+        return objects
+
     def counters(self, dev: int) -> dict[str, int]:
         out = ffi.new("struct vre_counters *")
         lib.vre_device_counters(self._e, dev, out)
@@ -377,11 +394,12 @@ def _under_lock(method: _Method) -> _Method:
 
 # Every call into the engine from the event loop's thread, under the lock of the device it is about (a method whose
 # first argument is `dev`) or every lock; not the threads' own controls, nor take_events (the event ring has a lock
-# of its own, engine.h). A device opened or closed, or a GID set, changes what every thread reads (the devices in
-# use, the GID index every thread routes by): every lock, though they name a device.
+# of its own, engine.h), nor state_objects (it reads the bytes it is given, nothing of the engine). A device opened
+# or closed, or a GID set, changes what every thread reads (the devices in use, the GID index every thread routes
+# by): every lock, though they name a device.
 _ENGINE_WIDE = {"open_device", "close_device", "set_gid"}
 _UNLOCKED = {"start_threads", "stop_threads", "kick", "paused", "set_recheck", "thread_stats", "device_owner",
-             "take_events", "threaded"}
+             "take_events", "threaded", "state_objects"}
 for _name, _method in list(vars(Engine).items()):
     if callable(_method) and not _name.startswith("_") and _name not in _UNLOCKED:
         setattr(Engine, _name, _under_lock(_method))

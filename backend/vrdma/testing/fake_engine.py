@@ -110,6 +110,12 @@ class FakeEngine:
         return json.dumps({"objects": device.objects, "qp_states": device.qp_states,
                            "srq_limits": device.srq_limits}).encode()
 
+    @staticmethod
+    def state_objects(state: bytes) -> list[tuple[str, int, dict[str, int]]]:
+        saved = json.loads(state)
+        return [(kind, int(slot), {k: v for k, v in config.items() if isinstance(v, int)})
+                for kind in LIMIT_OF for slot, config in saved["objects"][kind].items()]
+
     def load_device(self, dev: int, state: bytes, check_only: bool = False) -> None:
         device = self._configure("load_device", dev)
         if any(device.objects.values()):
