@@ -7,6 +7,7 @@ Interfaces, one fuzzer each (fuzz/README.md):
   roce        the RoCE transport's state between two hosts           libFuzzer + ASan + UBSan (fuzz/roce/)
   vhost-user  vhost-user framing and validation                      atheris (fuzz/vhost_user_fuzz.py)
   commands    the control-command decoder                            atheris (fuzz/commands_fuzz.py)
+  state       the device-state loader (migration, upgrade)           atheris (fuzz/state_fuzz.py)
   campaign    a real `vrdma backend`, attacker VM against victim VM  black box (fuzz/campaign/)
 
 The default budget gives each interface at least --inputs inputs (1,000,000): an input is one libFuzzer execution
@@ -46,8 +47,9 @@ DEFAULT_INPUTS = 1_000_000
 # 2026-11-27, a slow instance: engine 18 min, engine-threads 61 (TSan), roce about 85, vhost-user 6, commands 4,
 # campaign 4 for 1,000,000 inputs); one that runs out of it short of its inputs fails the run.
 TIME_CAP = {"engine": 1800, "engine-threads": 5400, "roce": 5400, "vhost-user": 1800, "commands": 1800,
-            "campaign": 1800}
-SMOKE_SECONDS = {"engine": 12, "engine-threads": 6, "roce": 6, "vhost-user": 8, "commands": 8, "campaign": 18}
+            "state": 3600, "campaign": 1800}
+SMOKE_SECONDS = {"engine": 12, "engine-threads": 6, "roce": 6, "vhost-user": 8, "commands": 8, "state": 6,
+                 "campaign": 18}
 ARTIFACT = re.compile(r"Test unit written to (\S+)")
 COVERAGE = re.compile(r"cov: (\d+) ft: (\d+)")
 
@@ -86,6 +88,7 @@ class Target:
     command: tuple[str, ...]
     inputs_from_stats: bool    # inputs are counted by the fuzzer (commands), not libFuzzer's executions
     timeout: int               # seconds one input may take before it is a hang
+    max_len: int = 4096        # the largest input libFuzzer makes (a device state with its doorbell pages: more)
 
 
 TARGETS = {
@@ -97,6 +100,7 @@ TARGETS = {
     "vhost-user": Target("vhost-user", "vhost_user", "streams", (sys.executable, "-m", "fuzz.vhost_user_fuzz"),
                          False, 20),
     "commands": Target("commands", "commands", "commands", (sys.executable, "-m", "fuzz.commands_fuzz"), True, 20),
+    "state": Target("state", "state", "states", (sys.executable, "-m", "fuzz.state_fuzz"), False, 20, 32768),
 }
 
 
@@ -110,7 +114,7 @@ def _libfuzzer(target: Target, runs: int | None, seconds: int, log: Path) -> Out
     stats = OUT / f"{target.corpus}.stats"
     stats.unlink(missing_ok=True)
     options = [f"-max_total_time={seconds}", f"-timeout={target.timeout}", "-rss_limit_mb=4096",
-               "-print_final_stats=1", f"-artifact_prefix={artifacts}/", "-max_len=4096"]
+               "-print_final_stats=1", f"-artifact_prefix={artifacts}/", f"-max_len={target.max_len}"]
     if runs is not None:
         options.append(f"-runs={runs}")
     env = dict(os.environ, VRDMA_FUZZ_STATS=str(stats), PYTHONPATH=os.pathsep.join(

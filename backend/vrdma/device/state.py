@@ -416,9 +416,25 @@ def _identity(device: RdmaDevice, f: Fields) -> None:
         raise StateError("the state was saved under other device limits than this device's")
 
 
-def check(device: RdmaDevice, data: bytes) -> DeviceObjects:
+@dataclasses.dataclass
+class Checked:
+    """A state checked against a device: everything load() applies, each value read and bounded already."""
+
+    objects: DeviceObjects
+    engine_state: bytes
+    pages: list[tuple[int, bytes]]
+    epoch: int
+    pairing_id: int
+    node_guid: int
+    events: list[bytes]
+    counters: dict[str, int]
+    qos_carried: dict[str, int]
+    doorbell_recheck: bool
+
+
+def check(device: RdmaDevice, data: bytes) -> Checked:
     """The state checked against this device without changing it (a destination's check before it knows the guest's
-    memory): its model's object tables, built aside. StateError saying what is wrong."""
+    memory): its model's object tables built aside, every other value read. StateError saying what is wrong."""
     f, engine_state, pages = split(data)
     _identity(device, f)
     for page, _ in pages:
@@ -433,42 +449,46 @@ def check(device: RdmaDevice, data: bytes) -> DeviceObjects:
     except Exception as err:  # EngineError: the engine's reason
         raise StateError(f"the engine's state: {err}") from err
     _cross_check(objects, device.seat.engine, engine_state)
-    for i, event in enumerate(f.items("events", device.limits.max_pending_events)):
-        Fields({"event": event}, f"model.events[{i}]", ("event",)).raw("event", abi.sizeof("vrdma_event"))
-    return objects
+    events = [Fields({"event": event}, f"model.events[{i}]", ("event",)).raw("event", abi.sizeof("vrdma_event"))
+              for i, event in enumerate(f.items("events", device.limits.max_pending_events))]
+    carried = f.obj("qos_carried", tuple(device.qos_carried))
+    return Checked(objects, engine_state, pages, f.integer("epoch", 1, U64), f.integer("pairing_id", 0, U64),
+                   f.integer("node_guid", 0, U64), events,
+                   {name: f.integer(name, 0, U64) for name in ("commands", "command_errors", "events_posted",
+                                                               "events_dropped")},
+                   {name: carried.integer(name, 0, U64) for name in device.qos_carried},
+                   f.flag("doorbell_recheck"))
 
 
 def load(device: RdmaDevice, data: bytes) -> None:
-    """The state becomes the device's: checked as check() does, then its doorbell pages, its engine side (whose
-    pages must translate through the device's memory table now), its GIDs, objects, identity, events and counters.
-    The device must be fresh from a reset (nothing of a guest's yet); it stays suspended in the engine until
-    resumed. On a refusal (StateError) it is reset again."""
+    """The state becomes the device's: checked whole as check() does, then applied: its doorbell pages, its engine
+    side (whose pages must translate through the device's memory table now), its GIDs, objects, identity, events
+    and counters. The device must be fresh from a reset (nothing of a guest's yet); it stays suspended in the
+    engine until resumed. On a refusal (StateError) it is as it was, or reset again if the engine refused."""
     if any(device.objects.counts().values()) or device.events:
         raise StateError(f"{device.name}: a state loads into a device fresh from a reset")
-    f, engine_state, pages = split(data)
-    objects = check(device, data)
+    checked = check(device, data)
     engine, dev = device.seat.engine, device.engine_index
     device.clear_doorbell_pages()
-    for page, content in pages:
+    for page, content in checked.pages:
         device.doorbells[page * DOORBELL_PAGE:(page + 1) * DOORBELL_PAGE] = content
+    objects = checked.objects
     try:
-        engine.load_device(dev, engine_state)
+        for index, gid in objects.gids.entries.items():
+            engine.set_gid(dev, index, gid.raw, gid.type)  # (another device of the engine may hold the GID)
+        engine.load_device(dev, checked.engine_state)
     except Exception as err:  # EngineError: a page the destination's memory table does not have, say
         device.reset(keep_memory=True)
-        raise StateError(f"the engine's state: {err}") from err
-    for index, gid in objects.gids.entries.items():
-        engine.set_gid(dev, index, gid.raw, gid.type)
+        raise StateError(f"the engine refused the state: {err}") from err
     objects.ucontexts.set_alive = device.set_alive
     device.objects = objects
-    device.epoch = f.integer("epoch", 1, U64)
-    device.pairing_id = f.integer("pairing_id", 0, U64)
-    device.identity = dataclasses.replace(device.identity, node_guid=f.integer("node_guid", 0, U64))
-    device.objects.identity = device.identity
-    device.events.extend(bytes.fromhex(e) for e in f.items("events", device.limits.max_pending_events))  # type: ignore[arg-type]
-    device.command_counters.commands = f.integer("commands", 0, U64)
-    device.command_counters.command_errors = f.integer("command_errors", 0, U64)
-    device.event_counters.events_posted = f.integer("events_posted", 0, U64)
-    device.event_counters.events_dropped = f.integer("events_dropped", 0, U64)
-    carried = f.obj("qos_carried", tuple(device.qos_carried))
-    device.qos_carried = {name: carried.integer(name, 0, U64) for name in device.qos_carried}
-    device.doorbell_recheck = f.flag("doorbell_recheck")
+    device.epoch, device.pairing_id = checked.epoch, checked.pairing_id
+    device.identity = dataclasses.replace(device.identity, node_guid=checked.node_guid)
+    objects.identity = device.identity
+    device.events.extend(checked.events)
+    device.command_counters.commands = checked.counters["commands"]
+    device.command_counters.command_errors = checked.counters["command_errors"]
+    device.event_counters.events_posted = checked.counters["events_posted"]
+    device.event_counters.events_dropped = checked.counters["events_dropped"]
+    device.qos_carried = checked.qos_carried
+    device.doorbell_recheck = checked.doorbell_recheck
