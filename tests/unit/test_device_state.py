@@ -7,6 +7,7 @@ driver, which knows nothing of it, goes on with the handles, keys and QP numbers
 
 from __future__ import annotations
 
+import ctypes
 import json
 import struct
 import zlib
@@ -15,9 +16,11 @@ from collections.abc import Iterator
 import pytest
 
 from vrdma.device import abi, state
+from vrdma.device.device import RdmaDevice
 from vrdma.device.state import StateError
 from vrdma.device.status import Status
-from vrdma.testing.inprocess import LocalVm, LocalVms, Side
+from vrdma.testing.frontend import GuestMemory
+from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms, Side
 from vrdma.testing.simulated_guest import CommandError
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -146,3 +149,59 @@ def test_a_state_is_refused_whole_and_the_device_stays_reset(vms: LocalVms) -> N
     assert vm0.device.objects.counts()["qp"] == 1
     with pytest.raises(StateError, match="fresh from a reset"):
         vm0.device.load_state(data)
+
+
+def test_a_vm_moves_between_two_seats_of_one_backend_in_the_middle_of_traffic() -> None:
+    """vm0 moves to a second seat of the same backend (the destination QEMU's device, with a copy of the guest's RAM
+    made while vm0 was suspended) while vm1 WRITEs 1 MiB into it and it SENDs to vm1: vm1's QP is re-aimed at the
+    new seat, so its WRITE lands in the copy, not in the RAM left behind; vm0's driver, now talking to the new seat,
+    gets every completion."""
+    with LocalVms(3, memory_size=16 << 20) as vms:
+        vm0, vm1, vm2 = vms.vms
+        vm2.device.close()  # its seat becomes the destination's
+        a, b = pair(vms, vm0, vm1)
+        c, d = pair(vms, vm1, vm0)
+        e, f = pair(vms, vm1, vm0)  # vm1's second flood: its pieces small, so the move lands mid-WRITE
+        pattern = bytes((i * 3 + i // 4096) % 253 for i in range(MIB))
+        vm1.verbs.memory.write(c.mr.addr, pattern)
+        c.verbs.post_send(c.qp, WRITE, [(c.mr.addr, MIB, c.mr.lkey)], wr_id=1, remote_addr=d.mr.addr,
+                          rkey=d.mr.rkey)
+        e.verbs.post_send(e.qp, WRITE, [(e.mr.addr, MIB, e.mr.lkey)], wr_id=2, remote_addr=f.mr.addr,
+                          rkey=f.mr.rkey)
+        b.verbs.post_recv(b.qp, [(b.mr.addr, KIB, b.mr.lkey)], wr_id=3)
+        vm0.verbs.memory.write(a.mr.addr, b"M" * KIB)
+        a.verbs.post_send(a.qp, SEND, [(a.mr.addr, KIB, a.mr.lkey)], wr_id=4)
+        vms.poll()
+
+        vm0.device.suspend()
+        data = vm0.device.save_state()
+        copy = GuestMemory(16 << 20)
+        copy.map[:] = vm0.memory.map[:]  # the guest's RAM as the migration copied it, at switch-over
+        view = ctypes.c_char.from_buffer(copy.map)
+        target = RdmaDevice("vm0", fabric=vms.fabric)
+        try:
+            target.set_memory([(0, 16 << 20, ctypes.addressof(view))])
+            target.check_state(data)
+            target.load_state(data)
+            target.took_over(vm0.device)
+            vm0.device.close()
+            target.suspend(False)
+            vm0.verbs.fe = LocalPort(target, copy)
+            vm0.verbs.memory = copy
+            vm0.verbs.doorbells = target.doorbells
+            done: dict[str, list[tuple[int, int]]] = {"c": [], "a": []}
+            for _ in range(10_000):
+                vms.poll()
+                done["c"] += [(cqe.wr_id, cqe.status) for cqe in c.completions()]
+                done["a"] += [(cqe.wr_id, cqe.status) for cqe in a.completions()]
+                if done["c"] and done["a"]:
+                    break
+            assert done == {"c": [(1, SUCCESS)], "a": [(4, SUCCESS)]}
+            assert copy.read(d.mr.addr, MIB) == pattern
+            assert vm0.memory.read(d.mr.addr, MIB) != pattern  # the RAM left behind did not get the rest
+            assert [(cqe.wr_id, cqe.status) for cqe in b.completions()] == [(3, SUCCESS)]
+            assert vm1.verbs.memory.read(b.mr.addr, KIB) == b"M" * KIB
+        finally:
+            target.close()
+            del view
+            copy.close()

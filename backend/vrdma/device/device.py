@@ -206,6 +206,11 @@ class RdmaDevice:
         """``data`` becomes this device, fresh from a reset, which stays suspended; StateError (and reset) if not."""
         state.load(self, data)
 
+    def took_over(self, source: RdmaDevice) -> None:
+        """The VM this device loaded was ``source``'s, a device of the same fabric (a migration between two QEMUs of
+        one backend): the QPs of every VM that delivered into ``source`` deliver here from now on."""
+        self.fabric.engine.reroute_device(source.engine_index, self.engine_index)
+
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     def close(self) -> None:

@@ -415,6 +415,9 @@ struct vre_state_qp {
 };
 
 int vre_device_suspend(struct vre_engine *e, uint32_t dev, int suspended);
+/* A VM moved from device `from` to device `to` of this engine (a migration between two QEMUs of one backend): every
+ * QP of every device whose destination was `from` now delivers into `to`. Under every lock. */
+int vre_device_reroute(struct vre_engine *e, uint32_t from, uint32_t to);
 int64_t vre_device_save(struct vre_engine *e, uint32_t dev, uint8_t *buf, uint64_t len);
 int vre_device_load(struct vre_engine *e, uint32_t dev, const uint8_t *buf, uint64_t len, uint32_t flags);
 

@@ -194,6 +194,9 @@ class Engine:
     def load_device(self, dev: int, state: bytes, check_only: bool = False) -> None:
         self._check(lib.vre_device_load(self._e, dev, state, len(state), lib.VRE_LOAD_CHECK if check_only else 0))
 
+    def reroute_device(self, source: int, target: int) -> None:
+        self._check(lib.vre_device_reroute(self._e, source, target))
+
     def state_objects(self, state: bytes) -> list[tuple[str, int, dict[str, int]]]:
         kinds = {lib.VRE_STATE_MR: ("mr", "struct vre_state_mr"), lib.VRE_STATE_CQ: ("cq", "struct vre_state_cq"),
                  lib.VRE_STATE_SRQ: ("srq", "struct vre_state_srq"), lib.VRE_STATE_QP: ("qp", "struct vre_state_qp")}

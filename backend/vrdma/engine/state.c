@@ -569,6 +569,22 @@ int vre_device_load(struct vre_engine *e, uint32_t dev, const uint8_t *buf, uint
 	return 0;
 }
 
+int vre_device_reroute(struct vre_engine *e, uint32_t from, uint32_t to)
+{
+	uint32_t hi = __atomic_load_n(&e->devices_hi, __ATOMIC_ACQUIRE);
+
+	if (from >= e->ndevices || !vre_dev(e, to))
+		return vre_fail(e, EINVAL, "no route from device %u to device %u", from, to);
+	for (uint32_t i = 0; i < hi; i++) {
+		struct vre_device *d = vre_dev(e, i);
+
+		for (uint32_t j = 0; d && j < d->lim.max_qp; j++)
+			if (d->qps[j] && d->qps[j]->attr.dest_dev == from)
+				d->qps[j]->attr.dest_dev = to;
+	}
+	return 0;
+}
+
 int vre_device_suspend(struct vre_engine *e, uint32_t dev, int suspended)
 {
 	struct vre_device *d = vre_dev(e, dev);

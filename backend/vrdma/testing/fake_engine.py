@@ -110,6 +110,9 @@ class FakeEngine:
         return json.dumps({"objects": device.objects, "qp_states": device.qp_states,
                            "srq_limits": device.srq_limits}).encode()
 
+    def reroute_device(self, source: int, target: int) -> None:
+        self.calls.append(("reroute_device", source, target))
+
     @staticmethod
     def state_objects(state: bytes) -> list[tuple[str, int, dict[str, int]]]:
         saved = json.loads(state)
