@@ -34,6 +34,15 @@ class EventLoop:
         if fd in self.selector.get_map():
             self.selector.unregister(fd)
 
+    def add_writer(self, fd: int, callback: Callback) -> None:
+        """Call ``callback`` whenever ``fd`` can take more bytes (a descriptor is watched one way: reading or
+        writing; a pipe's end is only ever one)."""
+        if fd in self.selector.get_map():
+            self.selector.unregister(fd)
+        self.selector.register(fd, selectors.EVENT_WRITE, callback)
+
+    remove_writer = remove_reader
+
     def run_once(self, timeout: float | None = None) -> int:
         """Wait up to ``timeout`` seconds for readiness and run the callbacks; return how many ran."""
         events = self.selector.select(timeout)

@@ -254,3 +254,120 @@ def test_a_reused_fd_number_is_watched_even_if_the_old_one_was_never_removed() -
         os.close(new_r)
         os.close(new_w)
         loop.close()
+
+
+# -- the device's state through the frontend's pipe (VHOST_USER_PROTOCOL_F_DEVICE_STATE) ---------------------------
+
+class StatefulModel(FakeModel):
+    """A model that migrates: its state is ``state``; a state it loads becomes ``loaded`` unless it starts with
+    b"bad"."""
+
+    def __init__(self, state: bytes) -> None:
+        super().__init__()
+        self.state = state
+        self.loaded: bytes | None = None
+
+    def protocol_features(self) -> int:
+        return super().protocol_features() | protocol.ProtocolFeature.DEVICE_STATE
+
+    def save_device_state(self, device: VhostUserConnection) -> bytes:
+        return self.state
+
+    def load_device_state(self, device: VhostUserConnection, data: bytes) -> None:
+        if data.startswith(b"bad"):
+            raise ValueError("not a state of this device")
+        self.loaded = data
+
+
+@pytest.fixture()
+def stateful() -> Iterator[tuple[Frontend, VhostUserConnection, StatefulModel]]:
+    loop = EventLoop()
+    front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    model = StatefulModel(bytes(range(256)) * (3 << 12))  # 3 MiB: the pipe takes 64 KiB at a time
+    device = VhostUserConnection("vm-test", back, loop, model)
+    yield Frontend(front, loop), device, model
+    device.close("test over", CloseCause.STOPPING)
+    front.close()
+    loop.close()
+
+
+def set_state_fd(front: Frontend, direction: int, fd: int) -> int:
+    front.send(Request.SET_DEVICE_STATE_FD, protocol.DEVICE_STATE.pack(direction, protocol.STATE_STOPPED), fds=[fd])
+    os.close(fd)  # as QEMU closes its copy of the end it passed
+    request, flags, payload = front.reply()
+    assert (request, flags) == (Request.SET_DEVICE_STATE_FD, protocol.VERSION | protocol.FLAG_REPLY)
+    return int(protocol.U64.unpack(payload)[0])
+
+
+def test_a_saved_state_streams_through_the_frontends_pipe_without_blocking_the_loop(
+        stateful: tuple[Frontend, VhostUserConnection, StatefulModel]) -> None:
+    """SAVE: the reply first (no descriptor back: VRING_NOFD), then the state, 3 MiB through a 64 KiB pipe as the
+    frontend reads it, while the loop stays free; EOF at its end; CHECK_DEVICE_STATE 0."""
+    front, device, model = stateful
+    assert front.u64(Request.GET_PROTOCOL_FEATURES) & protocol.ProtocolFeature.DEVICE_STATE
+    read_end, write_end = os.pipe()
+    assert set_state_fd(front, protocol.STATE_SAVE, write_end) == protocol.VRING_NOFD
+    os.set_blocking(read_end, False)
+    got = bytearray()
+    while True:
+        front.loop.run_once(0.1)
+        try:
+            chunk = os.read(read_end, 1 << 20)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        got += chunk
+    os.close(read_end)
+    assert bytes(got) == model.state
+    assert front.u64(Request.CHECK_DEVICE_STATE) == 0
+    assert device.state is State.CONNECTED
+
+
+def load(front: Frontend, data: bytes) -> int:
+    """LOAD ``data`` as QEMU does: the descriptor, the bytes, its end closed, CHECK_DEVICE_STATE's answer."""
+    read_end, write_end = os.pipe()
+    assert set_state_fd(front, protocol.STATE_LOAD, read_end) == protocol.VRING_NOFD
+    os.set_blocking(write_end, False)
+    at = 0
+    while at < len(data):
+        try:
+            at += os.write(write_end, data[at:at + (1 << 20)])
+        except BlockingIOError:
+            front.loop.run_once(0.1)
+    os.close(write_end)
+    return front.u64(Request.CHECK_DEVICE_STATE)
+
+
+def test_a_loaded_state_is_read_as_it_comes_and_given_to_the_model_at_check(
+        stateful: tuple[Frontend, VhostUserConnection, StatefulModel]) -> None:
+    front, device, model = stateful
+    assert load(front, model.state) == 0
+    assert model.loaded == model.state
+    assert load(front, b"bad state") == 1  # refused by the model: the migration fails, the device stays
+    assert model.loaded == model.state and device.state is State.CONNECTED
+
+
+def test_device_state_requests_out_of_turn_fail_the_transfer_not_the_device(
+        stateful: tuple[Frontend, VhostUserConnection, StatefulModel],
+        pair: tuple[Frontend, VhostUserConnection, FakeModel]) -> None:
+    """A CHECK without a SET answers 1; a SAVE whose state the frontend did not read to its end answers 1; a model
+    that does not migrate refuses SET with 1; each connection goes on. A direction or phase that does not exist is a
+    protocol error."""
+    front, device, _ = stateful
+    assert front.u64(Request.CHECK_DEVICE_STATE) == 1
+    read_end, write_end = os.pipe()
+    assert set_state_fd(front, protocol.STATE_SAVE, write_end) == protocol.VRING_NOFD
+    os.close(read_end)
+    front.loop.run_once(0.1)
+    assert front.u64(Request.CHECK_DEVICE_STATE) == 1
+    plain_front, plain_device, _ = pair
+    read_end, write_end = os.pipe()
+    assert set_state_fd(plain_front, protocol.STATE_LOAD, read_end) == 1
+    os.close(write_end)
+    assert device.state is State.CONNECTED and plain_device.state is State.CONNECTED
+    read_end, write_end = os.pipe()
+    front.send(Request.SET_DEVICE_STATE_FD, protocol.DEVICE_STATE.pack(2, protocol.STATE_STOPPED), fds=[read_end])
+    os.close(read_end)
+    os.close(write_end)
+    assert device.state is State.CLOSED

@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from vrdma.faultguard import FaultGuard
 from vrdma.loop import EventLoop
@@ -93,6 +94,33 @@ class DeviceModel(Protocol):
     def data_path_paused(self) -> AbstractContextManager[None]: ...
 
 
+@runtime_checkable
+class DeviceStateModel(Protocol):
+    """What a device model that migrates gives the vhost-user layer besides a DeviceModel's (it offers
+    ProtocolFeature.DEVICE_STATE): its state as bytes, the device stopped; and a state to take, which it refuses by
+    raising ValueError (the frontend's migration then fails)."""
+
+    def save_device_state(self, device: VhostUserConnection) -> bytes: ...
+    def load_device_state(self, device: VhostUserConnection, data: bytes) -> None: ...
+
+
+MAX_DEVICE_STATE = 1 << 30  # bytes a state the frontend sends may have, at most
+STATE_CHUNK = 1 << 20       # bytes moved per turn of the loop (QEMU reads and writes the pipe a MiB at a time)
+
+
+@dataclass
+class StateTransfer:
+    """A device state moving through the frontend's pipe (SET_DEVICE_STATE_FD): written out from the event loop as
+    the pipe takes it (SAVE), or read in as it arrives (LOAD), never blocking the loop; CHECK_DEVICE_STATE ends it."""
+
+    direction: int
+    fd: int
+    data: bytearray
+    at: int = 0
+    done: bool = False
+    failed: str = ""
+
+
 class CloseCause(enum.Enum):
     """Why a connection ended, for counters (the reason text is for people)."""
 
@@ -141,6 +169,7 @@ class VhostUserConnection:
         self.negotiated_features: int | None = None           # what SET_FEATURES negotiated (None: not yet)
         self.negotiated_protocol_features: int | None = None  # what SET_PROTOCOL_FEATURES negotiated
         self.sock.setblocking(False)
+        self.state_transfer: StateTransfer | None = None  # SET_DEVICE_STATE_FD's, until CHECK_DEVICE_STATE
         self.reader = protocol.MessageReader(sock)
         self._handle = ffi.new_handle(self)
         self._vu = ffi.new("VrdmaVu *")
@@ -198,6 +227,12 @@ class VhostUserConnection:
             # does not implement: the offer is the model's, limited to what the protocol layer accepts.
             self._reply(message, protocol.U64.pack(self.offered_protocol_features))
             return
+        if message.request == protocol.Request.SET_DEVICE_STATE_FD:
+            self._set_device_state_fd(message)  # (libvhost-user of QEMU 10.0 has neither of these two)
+            return
+        if message.request == protocol.Request.CHECK_DEVICE_STATE:
+            self._check_device_state(message)
+            return
         if message.request == protocol.Request.SET_CONFIG:
             # Config space is read-only. libvhost-user would call panic (and so drop the device) when the model
             # refuses a write; a refusal is an answer, not a protocol error: REPLY_ACK failure, if asked for.
@@ -253,6 +288,120 @@ class VhostUserConnection:
             self.shared_memory_maps += 1
             log.info("%s: shared memory region %d: %d bytes mapped (fd %d)", self.name, region.shmid,
                      region.length, region.fd)
+
+    # -- the device's state, through the frontend's pipe (live migration) ------------------------------------
+
+    def _set_device_state_fd(self, message: protocol.Message) -> None:
+        """SAVE: the model's state, taken now (the device is stopped), streamed into the pipe after the reply;
+        LOAD: the pipe read into a buffer as the frontend writes it. The reply comes first either way: the frontend
+        reads or writes the pipe only after it, and blocks on it meanwhile (a blocking backend would deadlock)."""
+        direction = protocol.DEVICE_STATE.unpack(message.payload)[0]
+        fd = message.fds.pop()
+        self._end_state_transfer()
+        error = 0
+        if not isinstance(self.model, DeviceStateModel) or not self.offered_protocol_features & \
+                protocol.ProtocolFeature.DEVICE_STATE:
+            log.warning("%s: SET_DEVICE_STATE_FD, and the device does not migrate", self.name)
+            error = 1
+        elif direction == protocol.STATE_SAVE:
+            try:
+                data = bytearray(self.model.save_device_state(self))
+            except Exception as err:  # the model's refusal (or failure) fails the migration, not the device
+                log.error("%s: the device's state cannot be saved: %s", self.name, err)
+                error = 1
+            else:
+                self.state_transfer = StateTransfer(direction, fd, data)
+        else:
+            self.state_transfer = StateTransfer(direction, fd, bytearray())
+        if error:
+            os.close(fd)
+            self._reply(message, protocol.U64.pack(error))
+            return
+        os.set_blocking(fd, False)
+        self._reply(message, protocol.U64.pack(protocol.VRING_NOFD))
+        if direction == protocol.STATE_SAVE:
+            self.loop.add_writer(fd, self._write_state)
+        else:
+            self.loop.add_reader(fd, self._on_state_readable)
+        log.info("%s: device state transfer (%s) begins", self.name,
+                 "save" if direction == protocol.STATE_SAVE else "load")
+
+    def _write_state(self) -> None:
+        t = self.state_transfer
+        if t is None or t.done:
+            return
+        try:
+            while t.at < len(t.data):
+                t.at += os.write(t.fd, t.data[t.at:t.at + STATE_CHUNK])
+        except BlockingIOError:
+            return  # the pipe is full: the frontend reads, the loop comes back
+        except OSError as err:
+            t.failed = f"writing the state: {err}"
+        self._finish_state_transfer(t)
+
+    def _on_state_readable(self) -> None:
+        self._read_state()
+
+    def _read_state(self) -> bool:
+        """Read what the pipe holds; True once the frontend closed its end (or the transfer failed)."""
+        t = self.state_transfer
+        if t is None or t.done:
+            return True
+        try:
+            while chunk := os.read(t.fd, STATE_CHUNK):
+                t.data += chunk
+                if len(t.data) > MAX_DEVICE_STATE:
+                    t.failed = f"a state of more than {MAX_DEVICE_STATE} bytes"
+                    break
+        except BlockingIOError:
+            return False
+        except OSError as err:
+            t.failed = f"reading the state: {err}"
+        self._finish_state_transfer(t)
+        return True
+
+    def _finish_state_transfer(self, t: StateTransfer) -> None:
+        """The pipe's end of the backend closed: EOF for a reading frontend, EPIPE for a writing one that sends on."""
+        if t.fd >= 0:
+            self.loop.remove_reader(t.fd)
+            os.close(t.fd)
+            t.fd = -1
+        t.done = True
+
+    def _end_state_transfer(self) -> None:
+        if self.state_transfer is not None:
+            self._finish_state_transfer(self.state_transfer)
+            self.state_transfer = None
+
+    def _check_device_state(self, message: protocol.Message) -> None:
+        """After the frontend read the state to its end (SAVE) or closed its end of the pipe (LOAD, so what is left in
+        the pipe is there now): 0 when the state moved and, loading, the model took it; 1 otherwise."""
+        t, self.state_transfer = self.state_transfer, None
+        failed = "no SET_DEVICE_STATE_FD before it" if t is None else ""
+        if t is not None and t.direction == protocol.STATE_LOAD and not t.failed and not self._read_state_to_end(t):
+            t.failed = "the frontend had not closed its end of the pipe"
+        if t is not None:
+            self._finish_state_transfer(t)
+            failed = t.failed or ("the frontend did not read the whole state" if t.direction ==
+                                  protocol.STATE_SAVE and t.at < len(t.data) else "")
+        if not failed and t is not None and t.direction == protocol.STATE_LOAD:
+            try:
+                assert isinstance(self.model, DeviceStateModel)
+                self.model.load_device_state(self, bytes(t.data))
+            except Exception as err:  # a refused state fails the migration; the device goes on as it was
+                failed = f"the device refused the state: {err}"
+        if failed:
+            log.error("%s: device state transfer failed: %s", self.name, failed)
+        else:
+            log.info("%s: device state transfer done (%d bytes)", self.name, len(t.data) if t else 0)
+        self._reply(message, protocol.U64.pack(1 if failed else 0))
+
+    def _read_state_to_end(self, t: StateTransfer) -> bool:
+        self.state_transfer = t
+        try:
+            return self._read_state()
+        finally:
+            self.state_transfer = None
 
     @property
     def offered_protocol_features(self) -> int:
@@ -349,6 +498,7 @@ class VhostUserConnection:
         log.log(level, "%s: closing the device: %s", self.name, reason)
         self.state = State.CLOSED
         self.loop.remove_reader(self.sock.fileno())
+        self._end_state_transfer()
         # The model lets go of guest memory first (its data engine holds addresses in it) ...
         self.model.disconnected(self, reason)
         # ... and the fault guard (an address range unmapped next may be mapped again for someone else) ...

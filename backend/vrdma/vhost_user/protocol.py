@@ -51,13 +51,15 @@ class ProtocolFeature(enum.IntFlag):
     CONFIG = 1 << 9
     BACKEND_SEND_FD = 1 << 10
     CONFIGURE_MEM_SLOTS = 1 << 15
+    DEVICE_STATE = 1 << 19       # SET_DEVICE_STATE_FD and CHECK_DEVICE_STATE: the back-end's state migrates
     SHMEM = 1 << 20              # VHOST_USER_BACKEND_SHMEM_MAP (docs/qemu.md)
 
 
 # What the message table below implements; a device may offer less, never more.
 SUPPORTED_PROTOCOL_FEATURES = (ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG
                                | ProtocolFeature.CONFIGURE_MEM_SLOTS | ProtocolFeature.BACKEND_REQ
-                               | ProtocolFeature.BACKEND_SEND_FD | ProtocolFeature.SHMEM)
+                               | ProtocolFeature.BACKEND_SEND_FD | ProtocolFeature.SHMEM
+                               | ProtocolFeature.DEVICE_STATE)
 
 
 class Request(enum.IntEnum):
@@ -92,6 +94,17 @@ class Request(enum.IntEnum):
     GET_MAX_MEM_SLOTS = 36
     ADD_MEM_REG = 37
     REM_MEM_REG = 38
+    SET_DEVICE_STATE_FD = 42
+    CHECK_DEVICE_STATE = 43
+
+
+# SET_DEVICE_STATE_FD's payload (QEMU's VhostUserTransferDeviceState): the direction, and the phase, of which there
+# is one (the device stopped); its reply is a u64 whose low byte is an error (0: accepted) and whose VRING_NOFD bit
+# says that no descriptor comes back (the frontend's pipe carries the state).
+DEVICE_STATE = struct.Struct("<II")
+STATE_SAVE = 0       # VHOST_TRANSFER_STATE_DIRECTION_SAVE: the back-end writes its state into the descriptor
+STATE_LOAD = 1       # ... LOAD: the back-end reads a state from it
+STATE_STOPPED = 0    # VHOST_TRANSFER_STATE_PHASE_STOPPED
 
 
 class ProtocolError(VrdmaError):
@@ -283,6 +296,13 @@ def _vring_fd(message: Message, num_queues: int) -> int:
     return 0 if value & VRING_NOFD else 1
 
 
+def _device_state_fd(message: Message, num_queues: int) -> int:
+    direction, phase = DEVICE_STATE.unpack(message.payload)
+    if direction not in (STATE_SAVE, STATE_LOAD) or phase != STATE_STOPPED:
+        raise BadPayload(f"SET_DEVICE_STATE_FD with direction {direction} and phase {phase}")
+    return 1
+
+
 def _rem_mem_reg_fds(message: Message, num_queues: int) -> int:
     return len(message.fds) if len(message.fds) <= 1 else 1  # QEMU may or may not attach the region's fd
 
@@ -311,6 +331,8 @@ RULES: dict[Request, tuple[SizeRule, FdRule]] = {
     Request.GET_MAX_MEM_SLOTS: (_fixed(0), _no_fds),
     Request.ADD_MEM_REG: (_fixed(U64.size + MEMORY_REGION.size), _one_fd),
     Request.REM_MEM_REG: (_fixed(U64.size + MEMORY_REGION.size), _rem_mem_reg_fds),
+    Request.SET_DEVICE_STATE_FD: (_fixed(DEVICE_STATE.size), _device_state_fd),
+    Request.CHECK_DEVICE_STATE: (_fixed(0), _no_fds),
 }
 
 
