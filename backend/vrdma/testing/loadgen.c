@@ -8,6 +8,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
@@ -100,24 +101,28 @@ int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct na
 {
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)(uintptr_t)q->ring_hdr;
 	int64_t start = now_ns();
-	uint64_t posted = 0;
+	uint64_t posted = 0, signaled = 0, completed = 0;
 	uint8_t status;
 
-	while (posted < count || __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) != q->prod) {
+	/* Until every signaled WRITE has its CQE: the send queue's consumer index moves before the last CQE is
+	 * written, and a CQE left behind would be the next run's (which then reads one completion early, or
+	 * overflows its CQ). */
+	while (posted < count || completed < signaled) {
 		if (posted < count && q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) < q->depth) {
-			posted++;
-			post_write(q, w, posted % signal_every == 0 || posted == count);
+			bool signal = ++posted % signal_every == 0 || posted == count;
+
+			signaled += signal;
+			post_write(q, w, signal);
 			continue;
 		}
-		while (poll_one(cq, &status))
+		while (poll_one(cq, &status)) {
 			if (status != VRDMA_WC_SUCCESS)
 				return -2;
+			completed++;
+		}
 		if (now_ns() - start > timeout_ns)
 			return -1;
 	}
-	while (poll_one(cq, &status))
-		if (status != VRDMA_WC_SUCCESS)
-			return -2;
 	return now_ns() - start;
 }
 
