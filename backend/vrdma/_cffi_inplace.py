@@ -36,19 +36,20 @@ def device_api_headers(package_dir: Path) -> list[Path]:
     return [abi_include_dir(package_dir) / name for name in DEVICE_API_HEADERS]
 
 
-def api_ffi(module: str, header: Path, marker: str, source: Path | list[Path], include_dirs: list[Path],
-            libraries: list[str] | None = None) -> cffi.FFI:
+def api_ffi(module: str, header: Path | list[Path], marker: str, source: Path | list[Path],
+            include_dirs: list[Path], libraries: list[str] | None = None) -> cffi.FFI:
     """An API-mode FFI for C whose header declares its API between /* <marker>-BEGIN */ and -END: that text is
     the cffi declaration, so the API is declared once. ``source``: one C file, or a list of C files, compiled as
     the module's one translation unit (a list is #included in order: the files stay apart in the tree while the
     compiler sees them whole and inlines across them, as it did when they were one file; split into separate
-    units, the data engine's 8-byte WRITE rate fell by 14%). ``libraries``: linked in (-l). Warnings are errors."""
-    text = header.read_text()
-    match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", text, flags=re.S)
-    if match is None:
-        raise SystemExit(f"{header} has no {marker}-BEGIN/END section")
+    units, the data engine's 8-byte WRITE rate fell by 14%). ``libraries``: linked in (-l). Warnings are errors.
+    Several headers: their sections declared in order (a later one may use the types of an earlier one)."""
     ffi = cffi.FFI()
-    ffi.cdef(re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S))
+    for path in header if isinstance(header, list) else [header]:
+        match = re.search(rf"/\* {marker}-BEGIN \*/(.*)/\* {marker}-END \*/", path.read_text(), flags=re.S)
+        if match is None:
+            raise SystemExit(f"{path} has no {marker}-BEGIN/END section")
+        ffi.cdef(re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S))
     if isinstance(source, Path):
         ffi.set_source(module, source.read_text(), include_dirs=[str(d) for d in include_dirs],
                        extra_compile_args=CFLAGS, libraries=libraries or [])

@@ -334,3 +334,46 @@ def test_the_responder_counts_each_drop_under_the_step_that_dropped_it(
     run_until_completions(wire, a, 1)
     post(a, WrOpcode.RDMA_WRITE, 64, 2, remote_addr=b.mr.addr + DATA, rkey=b.mr.rkey)
     assert [c.wr_id for c in run_until_completions(wire, a, 1)] == [2], "the QP goes on"
+
+
+# -- a VM's device saved and loaded with its RoCE QP mid-traffic (issue 28) ----------------------------------------
+
+@pytest.mark.parametrize("moved", ["requester", "responder"])
+def test_a_rc_qp_to_another_host_survives_its_device_saved_and_loaded_mid_traffic(
+        pair: tuple[LocalHost, Side, LocalHost, Side], moved: str) -> None:
+    """A SEND, a WRITE, a READ and an atomic between two hosts, some of their packets on the wire, some not sent
+    yet; then one side's device suspended (what arrives meanwhile is dropped), saved, reset and loaded from the state
+    (its PSNs, started WQEs, READ ring, timer and receive carried): every operation completes once, with its data,
+    the lost packets sent again by the transport."""
+    a_host, a, b_host, b = pair
+    wire = Wire([a_host, b_host])
+    data = pattern(6000)
+    a.verbs.memory.write(a.mr.addr + DATA, data)
+    b.verbs.memory.write(b.mr.addr + DATA, pattern(4096, seed=5))
+    b.verbs.memory.write(b.mr.addr + 0x30000, (7).to_bytes(8, "little"))
+    b.verbs.post_recv(b.qp, [(b.mr.addr + 0x40000, 0x10000, b.mr.lkey)], wr_id=70)
+    post(a, WrOpcode.SEND, len(data), 1)
+    post(a, WrOpcode.RDMA_WRITE, len(data), 2, remote_addr=b.mr.addr + 0x50000, rkey=b.mr.rkey)
+    post_read(a, b, 4096, wr_id=3)
+    a.verbs.memory.write(a.mr.addr + LOCAL + 0x2000, b"\xa5" * 8)
+    post(a, WrOpcode.ATOMIC_FETCH_AND_ADD, 8, 4, LOCAL + 0x2000, remote_addr=b.mr.addr + 0x30000, rkey=b.mr.rkey,
+         compare_add=3)
+    a_host.poll()
+    in_flight = a_host.sent()
+    wire.deliver(in_flight[:len(in_flight) // 2])  # half of the first packets arrive
+    host = a_host if moved == "requester" else b_host
+    host.device.suspend()
+    data_state = host.device.save_state()
+    wire.deliver(in_flight[len(in_flight) // 2:])  # the rest lands on a suspended device: dropped
+    host.device.reset(keep_memory=True)
+    host.device.load_state(data_state)
+    host.device.suspend(False)
+    done = run_until_completions(wire, a, 4)
+    assert [(c.wr_id, c.status) for c in done] == [(i, WcStatus.SUCCESS) for i in (1, 2, 3, 4)]
+    (got,) = b.completions()
+    assert (got.wr_id, got.status, got.byte_len) == (70, WcStatus.SUCCESS, len(data))
+    assert b.verbs.memory.read(b.mr.addr + 0x40000, len(data)) == data
+    assert b.verbs.memory.read(b.mr.addr + 0x50000, len(data)) == data
+    assert a.verbs.memory.read(a.mr.addr + LOCAL, 4096) == pattern(4096, seed=5)
+    assert a.verbs.memory.read(a.mr.addr + LOCAL + 0x2000, 8) == (7).to_bytes(8, "little")
+    assert b.verbs.memory.read(b.mr.addr + 0x30000, 8) == (10).to_bytes(8, "little")  # the atomic ran once

@@ -28,7 +28,8 @@ def sources() -> list[Path]:
 
 def make_ffi() -> cffi.FFI:
     # zlib: its CRC-32 finishes what crc.c folds (and is all of it where the CPU has no PCLMULQDQ).
-    return api_ffi("vrdma.engine._engine", HERE / "engine.h", "ENGINE-API", sources(), [HERE, abi_include_dir(HERE)],
+    return api_ffi("vrdma.engine._engine", [HERE / "engine.h", HERE / "state_format.h"], "ENGINE-API", sources(),
+                   [HERE, abi_include_dir(HERE)],
                    libraries=LIBRARIES)
 
 

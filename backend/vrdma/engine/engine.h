@@ -328,92 +328,12 @@ void vre_qp_destroy(struct vre_engine *e, uint32_t dev, uint32_t slot);
  * writes a suspended device's state without changing anything (a failed migration resumes the source as it was):
  * buf NULL asks for the size (a shorter buffer: -ENOSPC, nothing written). vre_device_load rebuilds a state in an
  * open device that has no objects, checking every record as strictly as the calls that made its objects (a corrupt,
- * foreign or hostile state is refused with the device left empty) and touching no guest memory; with VRE_LOAD_CHECK it only checks (the pages need no memory
- * table: a destination checks a state before its guest's memory is known), without it every page must translate.
- * A loaded device is suspended until vre_device_suspend(.., 0).
+ * foreign or hostile state is refused with the device left empty) and touching no guest memory; with VRE_LOAD_CHECK
+ * it only checks (the pages need no memory table: a destination checks a state before its guest's memory is known),
+ * without it every page must translate. A loaded device is suspended until vre_device_suspend(.., 0). The records:
+ * state_format.h.
  */
-#define VRE_STATE_MAGIC 0x53414456   /* "VDAS" in its little-endian bytes */
-#define VRE_STATE_VERSION 1
 #define VRE_LOAD_CHECK 1
-
-struct vre_state_header {
-	uint32_t magic;
-	uint32_t version;
-	uint64_t bytes;           /* the whole state, this header included */
-	uint32_t records;
-	uint32_t max_mr;          /* the tables it was saved from: slots, keys and QPNs name them */
-	uint32_t max_cq;
-	uint32_t max_srq;
-	uint32_t max_qp;
-	uint32_t reserved;
-	uint64_t mr_gen;          /* the device's MRs made so far (struct vre_mr.gen) */
-	struct vre_counters counters;
-	struct vre_roce_counters roce;
-};
-
-/* Each object: this header, its kind's struct, `npages` guest-physical page addresses (8 bytes each), and a QP's
- * held receive WQE. */
-#define VRE_STATE_MR 1
-#define VRE_STATE_CQ 2
-#define VRE_STATE_SRQ 3
-#define VRE_STATE_QP 4
-
-struct vre_state_record {
-	uint32_t kind;            /* VRE_STATE_*: every MR first, then CQs, SRQs, QPs (each names only earlier ones) */
-	uint32_t slot;
-	uint32_t bytes;           /* the record: this header, its struct, its pages */
-	uint32_t npages;
-};
-
-struct vre_state_mr {
-	struct vre_mr_config cfg; /* as the engine has it now (a fast registration or a bind changes it); pages: none */
-	uint64_t gen;
-	uint64_t target_gen;      /* a window: the MR it is bound to, and that MR's generation then */
-	uint32_t target_slot;
-	uint32_t bound_qpn;
-	uint32_t mapped;          /* a fast-registration MR mapped, a window bound */
-	uint32_t reserved;
-};
-
-struct vre_state_cq {
-	struct vre_cq_config cfg;
-	uint32_t prod;
-	uint32_t arm_done;
-	uint32_t error;
-	uint32_t mod_count;
-	uint32_t mod_period_us;
-	uint32_t mod_pending;
-	uint32_t ring_valid;      /* 0: a memory-table change had left its ring without memory (it stays so) */
-	uint32_t reserved;
-	int64_t mod_left_ns;      /* what was left of its moderation period (0: no timer) */
-};
-
-struct vre_state_srq {
-	struct vre_srq_config cfg;
-	uint32_t cons;
-	uint32_t limit;
-	uint32_t error;
-	uint32_t ring_valid;
-};
-
-struct vre_state_qp {
-	struct vre_qp_config cfg;
-	struct vre_qp_attr attr;
-	uint32_t sq_head;
-	uint32_t rq_cons;
-	uint32_t rnr_left;
-	uint32_t retry_left;
-	uint32_t piece_opcode;    /* the head WQE's message under way (piece_done 0: none) */
-	uint32_t held;            /* 1: a receive is held, its WQE after the pages (struct vrdma_recv_wqe, held_sges SGEs) */
-	uint32_t held_sges;       /* the receive a SEND in pieces fills (held): the SGEs its copy has room for */
-	uint32_t ring_valid;
-	uint32_t reserved[2];
-	uint64_t piece_done;
-	uint64_t piece_len;
-	int64_t rnr_left_ns;      /* what was left of its wait after an RNR or a timeout (0: none) */
-	struct vre_qp_counters counters;
-};
-
 int vre_device_suspend(struct vre_engine *e, uint32_t dev, int suspended);
 /* A VM moved from device `from` to device `to` of this engine (a migration between two QEMUs of one backend): every
  * QP of every device whose destination was `from` now delivers into `to`. Under every lock. */
@@ -601,5 +521,7 @@ void vre_device_roce_counters(struct vre_engine *e, uint32_t dev, struct vre_roc
 uint32_t vre_crc32(uint32_t crc, const uint8_t *p, size_t n);
 
 /* ENGINE-API-END */
+
+#include "state_format.h"  /* the device state's records (part of the API: the cffi declaration too) */
 
 #endif /* VRDMA_ENGINE_H */

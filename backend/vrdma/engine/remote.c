@@ -26,6 +26,40 @@ VRE_FN void net_qp_free(struct vre_qp *qp)
  * responder from RTR on, its requester from RTS on); one in RESET forgets it all. The model checked the GIDs: the
  * source is one of the device's own.
  */
+/* A remote QP's transport state, zeroed (its send queue's slots, its receive), or ENOMEM. */
+VRE_FN int net_qp_alloc(struct vre_engine *e, struct vre_qp *qp)
+{
+	struct vre_remote *n = calloc(1, sizeof(*n));
+
+	if (n) {
+		n->sent = calloc(qp->cfg.sq_depth ? qp->cfg.sq_depth : 1, sizeof(*n->sent));
+		n->rwqe = malloc(sizeof(*n->rwqe));
+	}
+	if (!n || !n->sent || !n->rwqe) {
+		if (n) {
+			free(n->sent);
+			free(n->rwqe);
+		}
+		free(n);
+		return vre_fail(e, ENOMEM, "no memory for QP %#x's transport", qp->cfg.qpn);
+	}
+	qp->net = n;
+	return 0;
+}
+
+/* Its addresses and path MTU, from its attributes (a modify's, or a loaded state's). */
+VRE_FN void net_qp_address(struct vre_qp *qp)
+{
+	struct vre_remote *n = qp->net;
+
+	memcpy(n->addr.src, qp->attr.sgid, 16);
+	memcpy(n->addr.dst, qp->attr.dgid, 16);
+	n->addr.sport = roce_sport(qp->cfg.qpn, qp->attr.dest_qpn);
+	n->addr.dport = VRE_ROCE_PORT;
+	n->addr.ip_frag = IP_DONT_FRAGMENT;  /* and so identification 0 from Linux (docs/interhost.md) */
+	n->mtu = mtu_bytes(qp->attr.path_mtu);
+}
+
 VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state)
 {
 	uint32_t state = qp->attr.state;
@@ -39,29 +73,10 @@ VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_
 	if (!net_on(e) || qp->attr.dest_dev != VRE_NO_DEVICE || (qp->cfg.flags & ~(VRE_QP_KERNEL | VRE_QP_UC)) ||
 	    state == VRDMA_QPS_ERR || !net_reaches(e, qp->attr.sgid, qp->attr.dgid))
 		return 0;
-	if (!qp->net) {
-		n = calloc(1, sizeof(*n));
-		if (n) {
-			n->sent = calloc(qp->cfg.sq_depth ? qp->cfg.sq_depth : 1, sizeof(*n->sent));
-			n->rwqe = malloc(sizeof(*n->rwqe));
-		}
-		if (!n || !n->sent || !n->rwqe) {
-			if (n) {
-				free(n->sent);
-				free(n->rwqe);
-			}
-			free(n);
-			return vre_fail(e, ENOMEM, "no memory for QP %#x's transport", qp->cfg.qpn);
-		}
-		qp->net = n;
-	}
+	if (!qp->net && net_qp_alloc(e, qp))
+		return -ENOMEM;
 	n = qp->net;
-	memcpy(n->addr.src, qp->attr.sgid, 16);
-	memcpy(n->addr.dst, qp->attr.dgid, 16);
-	n->addr.sport = roce_sport(qp->cfg.qpn, qp->attr.dest_qpn);
-	n->addr.dport = VRE_ROCE_PORT;
-	n->addr.ip_frag = IP_DONT_FRAGMENT;  /* and so identification 0 from Linux (docs/interhost.md) */
-	n->mtu = mtu_bytes(qp->attr.path_mtu);
+	net_qp_address(qp);
 	if (old_state < VRDMA_QPS_RTR) {
 		n->epsn = qp->attr.rq_psn & PSN_MASK;
 		n->msn = 0;

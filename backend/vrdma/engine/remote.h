@@ -163,6 +163,8 @@ VRE_FN void ud_input(struct vre_engine *e, struct vre_device *d, struct vre_qp *
 VRE_FN int net_qp_update(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t old_state);
 VRE_FN bool net_busy(const struct vre_qp *qp);
 VRE_FN void net_qp_free(struct vre_qp *qp);
+VRE_FN int net_qp_alloc(struct vre_engine *e, struct vre_qp *qp);
+VRE_FN void net_qp_address(struct vre_qp *qp);
 /* rreq.c: how the requester's state moves (rcomp.c moves it through these too; net_check says what they keep). */
 VRE_FN void cursor_at(struct vre_qp *qp, uint32_t index, uint32_t psn);
 VRE_FN void rewind_to(struct vre_qp *qp, uint32_t psn);

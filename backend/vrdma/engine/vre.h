@@ -589,6 +589,21 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t budget);
 
 #include "request.h"
+
+/* -- state.c and restore.c: a device's state as data --------------------------------------------------------------- */
+
+/* Bytes of a receive WQE of n SGEs, as a state carries it (a held receive, a remote QP's). */
+static inline uint64_t recv_bytes(uint64_t n)
+{
+	return sizeof(struct vrdma_recv_wqe) + n * sizeof(struct vrdma_sge);
+}
+
+/* The bytes of a remote QP's part of its record: its struct, its send queue's slots, the READ ring, its receive. */
+static inline uint64_t remote_bytes(uint32_t sq_depth, uint32_t rwqe_sges, bool rwqe_held)
+{
+	return sizeof(struct vre_state_remote) + (uint64_t)(sq_depth ? sq_depth : 1) * sizeof(struct vre_state_sent) +
+	       (uint64_t)VRE_STATE_MAX_RD * sizeof(struct vre_state_rd) + (rwqe_held ? recv_bytes(rwqe_sges) : 0);
+}
 #include "account.h"
 #include "remote.h"
 
