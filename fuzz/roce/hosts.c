@@ -72,6 +72,40 @@ void read_path(struct in *in, struct path *p)
 	p->uc = flags & 2;
 }
 
+/*
+ * A live migration or an upgrade of one host's VM (engine/state.c, restore.c), the harness's network going on
+ * around it: its device suspended and saved, then resumed as it was (a migration that failed), or closed, opened
+ * again (the same doorbell region and guest memory: what the destination has after the move) and loaded from the
+ * state, which must check and load as it was saved, RoCE transport state and all. What arrives while it is
+ * suspended is dropped, and the transport must make up for it.
+ */
+void op_migrate(struct in *in)
+{
+	struct host *h = &hosts[u8(in) & 1];
+	struct vre_region region = { .gpa = 0, .size = (uint64_t)ARENA_PAGES * PAGE, .hva = (uint64_t)(uintptr_t)h->arena };
+	bool reload = u8(in) & 1;
+	uint8_t *state;
+	int64_t size;
+
+	CHECK(vre_device_suspend(h->e, 0, 1) == 0, "%s", vre_error(h->e));
+	size = vre_device_save(h->e, 0, NULL, 0);
+	CHECK(size > 0, "%s", vre_error(h->e));
+	if (reload) {
+		state = malloc((size_t)size);
+		CHECK(state, "no memory for a state");
+		CHECK(vre_device_save(h->e, 0, state, (uint64_t)size) == size, "%s", vre_error(h->e));
+		vre_device_close(h->e, 0);
+		CHECK(vre_device_open(h->e, 0, &limits, (uint64_t)(uintptr_t)h->doorbells) == 0, "%s", vre_error(h->e));
+		CHECK(vre_device_set_memory(h->e, 0, &region, 1) == 0, "%s", vre_error(h->e));
+		CHECK(vre_gid_set(h->e, 0, 0, h->gid, VRDMA_GID_TYPE_ROCE_V2) == 0, "%s", vre_error(h->e));
+		CHECK(vre_device_load(h->e, 0, state, (uint64_t)size, VRE_LOAD_CHECK) == 0, "%s", vre_error(h->e));
+		CHECK(vre_device_load(h->e, 0, state, (uint64_t)size, 0) == 0, "%s", vre_error(h->e));
+		free(state);
+	}
+	CHECK(vre_device_suspend(h->e, 0, 0) == 0, "%s", vre_error(h->e));
+	CHECK(vre_check(h->e) == 0, "%s", vre_error(h->e));
+}
+
 void setup_host(int i, const struct path *p)
 {
 	struct host *h = &hosts[i];

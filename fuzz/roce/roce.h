@@ -95,6 +95,7 @@ void setup_host(int i, const struct path *p);
 void connect_host(int i, const struct path *p);
 void op_post_send(struct in *in);
 void op_post_recv(struct in *in);
+void op_migrate(struct in *in);
 void consume(struct host *h);
 
 #endif /* VRDMA_FUZZ_ROCE_H */

@@ -344,7 +344,7 @@ static void op_tick(struct in *in)
 typedef void (*op_fn)(struct in *in);
 
 static const op_fn ops[] = {
-	op_post_send, op_post_send, op_post_recv, op_poll, op_poll, op_network, op_network, op_network, op_forge,
+	op_post_send, op_post_send, op_post_recv, op_poll, op_migrate, op_network, op_network, op_network, op_forge,
 	op_tick,
 };
 #define OP_COUNT (sizeof(ops) / sizeof(ops[0]))

@@ -14,7 +14,7 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parents[1] / "corpus" / "roce"
 
 # Operation bytes (roce_fuzz.c's ops[]: op = byte % 10).
-POST_SEND, POST_RECV, POLL, NETWORK, FORGE, TICK = 0, 2, 3, 5, 8, 9
+POST_SEND, POST_RECV, POLL, MIGRATE, NETWORK, FORGE, TICK = 0, 2, 3, 4, 5, 8, 9
 # The opcodes' indexes in rc_opcodes[].
 WRITE, WRITE_IMM, SEND, SEND_IMM, READ, CMP_SWAP, FETCH_ADD = range(7)
 # How the network treats the packets in flight (low three bits).
@@ -63,6 +63,11 @@ class Scenario:
 
     def forge(self, how: int, what: int, pick: int, *operands: int) -> Scenario:
         self.data += bytes([FORGE, how, what, pick, *operands])
+        return self
+
+    def migrate(self, host: int, reload: bool = True) -> Scenario:
+        """The host's VM saved and, with ``reload``, loaded into its device reopened (else resumed as it was)."""
+        self.data += bytes([MIGRATE, host, 1 if reload else 0])
         return self
 
     def tick(self, to_timer: bool = True, micros: int = 0) -> Scenario:
@@ -138,7 +143,20 @@ def forged() -> Scenario:
     return s.rounds(8)
 
 
-SCENARIOS = {"every-operation": every_operation, "loss": lambda: lossy(LOSE),
+def migrated() -> Scenario:
+    """Every operation in flight, half of it delivered, then each host's VM saved and loaded (the responder's with
+    packets dropped while it was away), and the transport making up for it."""
+    s = Scenario(mtu=1).recv(1, 0, 2)
+    s.send(0, 0, [(SEND, 0, 3000, 0), (WRITE, 0, 3000, 0x8000), (READ, 0x10000, 3000, 0x8000),
+                  (FETCH_ADD, 0x18000, 8, 0x100)])
+    s.poll(0).net(DELIVER, 3).migrate(1).net(DELIVER, 4).poll(1).migrate(0).rounds(3)
+    s.migrate(1, reload=False)
+    for _ in range(4):
+        s.tick().rounds(3)
+    return s
+
+
+SCENARIOS = {"every-operation": every_operation, "migrated": migrated, "loss": lambda: lossy(LOSE),
              "duplication": lambda: lossy(DUPLICATE), "reordering": lambda: lossy(SWAP),
              "held-back": lambda: lossy(HOLD_BACK), "duplicate-ack-overtakes-a-read": the_stall, "rnr": rnr,
              "psn-wrap-and-uc": wrap_and_uc, "retries-run-out": retries_run_out, "forged": forged}
