@@ -79,6 +79,7 @@ int vrdma_vu_shmem_map(VrdmaVu *vu, uint8_t shmid, uint64_t fd_offset, uint64_t 
                        uint64_t flags, int fd);
 void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data);
 int vrdma_vu_kick_fd(VrdmaVu *vu, uint16_t index);
+bool vrdma_vu_queue_ready(VrdmaVu *vu, uint16_t index);
 size_t vrdma_payload_size(void);
 int vrdma_max_fds(void);
 

@@ -29,6 +29,52 @@ bool vrdma_vu_init(VrdmaVu *vu, uint16_t max_queues, int sock, void *handle, con
                    vrdma_remove_watch, iface);
 }
 
+/* Whether [p, p + len) lies inside one guest memory region libvhost-user has mapped now. */
+static bool ring_mapped(const VuDev *dev, const void *p, uint64_t len)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+
+    for (unsigned int i = 0; i < dev->nregions; i++) {
+        const VuDevRegion *r = &dev->regions[i];
+        uint64_t start = r->mmap_addr + r->mmap_offset;
+
+        if (a >= start && len <= r->size && a - start <= r->size - len) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * libvhost-user forgets a queue's ring addresses on REM_MEM_REG only when all three of its rings lay in the region
+ * removed (unmap_rings), and checks where a ring starts, never where it ends: a frontend that spreads a queue's
+ * rings over two regions and removes one, or lays a ring across a region's end, leaves the queue reading memory
+ * that is no longer (or never was) the guest's, which the heap may reuse (the campaign fuzzer found it:
+ * vring_avail_ring reading a freed heap block). After every message, a queue with any ring not wholly inside one
+ * mapped region has its rings forgotten: libvhost-user maps them again on the queue's next use if the memory table
+ * has them (vu_is_vq_usable), and otherwise marks the device broken, which closes this connection only.
+ */
+static void forget_unmapped_rings(VuDev *dev)
+{
+    for (int i = 0; dev->vq && i < dev->max_queues; i++) {
+        VuVirtq *vq = &dev->vq[i];
+        uint64_t num = vq->vring.num;
+
+        if (!vq->vring.desc && !vq->vring.avail && !vq->vring.used) {
+            continue;
+        }
+        if (vq->vring.desc && vq->vring.avail && vq->vring.used &&
+            ring_mapped(dev, vq->vring.desc, num * sizeof(struct vring_desc)) &&
+            ring_mapped(dev, vq->vring.avail, sizeof(struct vring_avail) + num * sizeof(uint16_t) + 2) &&
+            ring_mapped(dev, vq->vring.used, sizeof(struct vring_used) + num * sizeof(struct vring_used_elem) + 2)) {
+            continue;
+        }
+        vq->vring.desc = NULL;
+        vq->vring.avail = NULL;
+        vq->vring.used = NULL;
+    }
+}
+
 /*
  * Hand one validated message to libvhost-user. The caller owns `fds` until this returns; libvhost-user takes
  * ownership of the ones its handler keeps (memory regions, kick/call fds) and closes the others.
@@ -48,7 +94,11 @@ int vrdma_vu_dispatch(VrdmaVu *vu, uint32_t request, uint32_t flags, const uint8
     memcpy(vu->pending.fds, fds, sizeof(int) * (size_t)nfds);
     vu->pending.fd_num = nfds;
     vu->has_pending = 1;
-    return vu_dispatch(&vu->dev) ? 0 : -1;
+    if (!vu_dispatch(&vu->dev)) {
+        return -1;
+    }
+    forget_unmapped_rings(&vu->dev);
+    return 0;
 }
 
 /*
@@ -66,6 +116,27 @@ int vrdma_vu_shmem_map(VrdmaVu *vu, uint8_t shmid, uint64_t fd_offset, uint64_t 
 void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data)
 {
     cb(dev, condition, data);
+}
+
+/*
+ * Whether queue `index` may be used now (popped, pushed, notified): its rings mapped, libvhost-user mapping them
+ * again if a message forgot them (vu_is_vq_usable), and each wholly inside one region of guest memory, which
+ * libvhost-user does not check (a ring across a region's end: the device is marked broken, as libvhost-user marks
+ * it when a ring cannot be mapped at all).
+ */
+bool vrdma_vu_queue_ready(VrdmaVu *vu, uint16_t index)
+{
+    VuDev *dev = &vu->dev;
+
+    if (!dev->vq || index >= dev->max_queues || !vu_is_vq_usable(dev, &dev->vq[index])) {
+        return false;
+    }
+    forget_unmapped_rings(dev);
+    if (!dev->vq[index].vring.avail) {
+        vu_panic(dev, "queue %u's rings are not inside guest memory", index);
+        return false;
+    }
+    return true;
 }
 
 /* The eventfd the frontend kicks queue `index` through (-1: none yet). */

@@ -455,6 +455,8 @@ class VhostUserConnection:
                 for r in (dev.regions[i] for i in range(dev.nregions))]
 
     def pop(self, index: int) -> Element | None:
+        if not lib.vrdma_vu_queue_ready(self._vu, index):
+            return None  # (rings outside guest memory: the device is broken now, and closes)
         vq = lib.vu_get_queue(self._dev, index)
         raw = lib.vu_queue_pop(self._dev, vq, _ELEMENT_SIZE)
         if raw == ffi.NULL:
@@ -466,11 +468,14 @@ class VhostUserConnection:
                        ffi.gc(elem, lib.free))
 
     def push(self, index: int, element: Element, written: int) -> None:
+        if not lib.vrdma_vu_queue_ready(self._vu, index):
+            return
         vq = lib.vu_get_queue(self._dev, index)
         lib.vu_queue_push(self._dev, vq, element.handle, written)
 
     def notify(self, index: int) -> None:
-        lib.vu_queue_notify(self._dev, lib.vu_get_queue(self._dev, index))
+        if lib.vrdma_vu_queue_ready(self._vu, index):
+            lib.vu_queue_notify(self._dev, lib.vu_get_queue(self._dev, index))
 
     def kick_fd(self, index: int) -> int:
         """The eventfd the frontend kicks queue ``index`` through, or -1: libvhost-user's, read by its watch here (a
