@@ -125,13 +125,9 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	return 0;
 }
 
-void vre_device_close(struct vre_engine *e, uint32_t dev)
+/* Every object of an open device destroyed, users before what they use (a closing device, a refused state). */
+VRE_FN void device_objects_free(struct vre_engine *e, uint32_t dev, struct vre_device *d)
 {
-	struct vre_device *d = vre_dev(e, dev);
-
-	if (!d)
-		return;
-	gid_forget_device(e, d);
 	for (uint32_t i = 0; i < d->lim.max_qp; i++)
 		vre_qp_destroy(e, dev, i);
 	for (uint32_t i = 0; i < d->lim.max_srq; i++)
@@ -140,6 +136,16 @@ void vre_device_close(struct vre_engine *e, uint32_t dev)
 		vre_cq_destroy(e, dev, i);
 	for (uint32_t i = 0; i < d->lim.max_mr; i++)
 		vre_mr_destroy(e, dev, i);
+}
+
+void vre_device_close(struct vre_engine *e, uint32_t dev)
+{
+	struct vre_device *d = vre_dev(e, dev);
+
+	if (!d)
+		return;
+	gid_forget_device(e, d);
+	device_objects_free(e, dev, d);
 	__atomic_store_n(&d->open, false, __ATOMIC_RELEASE);
 	if (d->wake_fd >= 0)
 		close(d->wake_fd);

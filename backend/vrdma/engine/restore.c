@@ -387,14 +387,7 @@ static bool device_empty(const struct vre_device *d)
 /* Every object of the device freed (a refused or only checked state): the device as it was, open and empty. */
 static void forget_objects(struct vre_engine *e, uint32_t dev, struct vre_device *d)
 {
-	for (uint32_t i = 0; i < d->lim.max_qp; i++)
-		vre_qp_destroy(e, dev, i);
-	for (uint32_t i = 0; i < d->lim.max_srq; i++)
-		vre_srq_destroy(e, dev, i);
-	for (uint32_t i = 0; i < d->lim.max_cq; i++)
-		vre_cq_destroy(e, dev, i);
-	for (uint32_t i = 0; i < d->lim.max_mr; i++)
-		vre_mr_destroy(e, dev, i);
+	device_objects_free(e, dev, d);
 	d->mod_next = 0;
 	d->mr_gen = 0;
 }

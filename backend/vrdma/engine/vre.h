@@ -530,6 +530,8 @@ VRE_FN int qp_config_check(struct vre_engine *e, struct vre_device *d, uint32_t 
 VRE_FN struct vre_qp *qp_by_qpn(struct vre_engine *e, uint32_t dev, uint32_t qpn);
 VRE_FN void qp_to_error(struct vre_engine *e, struct vre_device *d, struct vre_qp *qp, uint32_t event);
 VRE_FN void qp_insert(struct vre_device *d, uint32_t slot, struct vre_qp *qp);
+/* -- device.c: every object of a device destroyed (its close; restore.c's refused state) */
+VRE_FN void device_objects_free(struct vre_engine *e, uint32_t dev, struct vre_device *d);
 VRE_FN bool qp_attr_ok(const struct vre_qp_attr *a);
 /* Whether a QP takes messages now: RTR or later, not in error, its rings still in guest memory. */
 VRE_FN bool qp_receives(const struct vre_qp *qp);
