@@ -20,7 +20,7 @@ from vrdma.device.device import RdmaDevice
 from vrdma.device.state import StateError
 from vrdma.device.status import Status
 from vrdma.testing.frontend import GuestMemory
-from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms, Side
+from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms
 from vrdma.testing.simulated_guest import CommandError
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -34,11 +34,6 @@ def vms() -> Iterator[LocalVms]:
     with LocalVms(2, memory_size=64 << 20) as shared:
         yield shared
 
-
-def pair(vms: LocalVms, a: LocalVm, b: LocalVm, mr_size: int = 1 * MIB) -> tuple[Side, Side]:
-    sa, sb = a.side(mr_size, depth=64, cq_entries=1024), b.side(mr_size, depth=64, cq_entries=1024)
-    vms.connect(a, sa.qp, b, sb.qp)
-    return sa, sb
 
 
 def moved(vm: LocalVm) -> bytes:
@@ -67,8 +62,8 @@ def test_a_vm_moved_through_its_state_goes_on_as_if_nothing_happened(vms: LocalV
     set; a new PD and MR get handles and keys of their own; destroying the old objects in order works (their
     reference counts were rebuilt, not taken); the device's identity is the one the guest saw."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 8 * MIB)
-    c, d = pair(vms, vm1, vm0, 1 * MIB)  # vm1's own flood: vm0's pieces small, so its WRITE is half way
+    a, b = vms.pair(vm0, vm1, 8 * MIB)
+    c, d = vms.pair(vm1, vm0, 1 * MIB)  # vm1's own flood: vm0's pieces small, so its WRITE is half way
     pattern = bytes((i * 13 + i // 4096) % 251 for i in range(4 * MIB))
     vm0.verbs.memory.write(a.mr.addr, pattern)
     for i in range(3):
@@ -116,7 +111,7 @@ def test_a_state_is_refused_whole_and_the_device_stays_reset(vms: LocalVms) -> N
     does not have, a doorbell held twice, a type of QP there is none of), and an engine whose records disagree
     with the model's; after each the device is reset, and the good state loads."""
     vm0, vm1 = vms.vms
-    pair(vms, vm0, vm1)
+    vms.pair(vm0, vm1)
     data = moved(vm0)
 
     def qp(model: dict) -> dict:  # type: ignore[type-arg]
@@ -159,9 +154,9 @@ def test_a_vm_moves_between_two_seats_of_one_backend_in_the_middle_of_traffic() 
     with LocalVms(3, memory_size=16 << 20) as vms:
         vm0, vm1, vm2 = vms.vms
         vm2.device.close()  # its seat becomes the destination's
-        a, b = pair(vms, vm0, vm1)
-        c, d = pair(vms, vm1, vm0)
-        e, f = pair(vms, vm1, vm0)  # vm1's second flood: its pieces small, so the move lands mid-WRITE
+        a, b = vms.pair(vm0, vm1)
+        c, d = vms.pair(vm1, vm0)
+        e, f = vms.pair(vm1, vm0)  # vm1's second flood: its pieces small, so the move lands mid-WRITE
         pattern = bytes((i * 3 + i // 4096) % 253 for i in range(MIB))
         vm1.verbs.memory.write(c.mr.addr, pattern)
         c.verbs.post_send(c.qp, WRITE, [(c.mr.addr, MIB, c.mr.lkey)], wr_id=1, remote_addr=d.mr.addr,

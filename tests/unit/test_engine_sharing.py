@@ -33,11 +33,6 @@ def vms() -> Iterator[LocalVms]:
         yield shared
 
 
-def pair(vms: LocalVms, a: LocalVm, b: LocalVm, mr_size: int = 1 * MIB, depth: int = 64) -> tuple[Side, Side]:
-    sa, sb = a.side(mr_size, depth=depth, cq_entries=1024), b.side(mr_size, depth=depth, cq_entries=1024)
-    vms.connect(a, sa.qp, b, sb.qp)
-    return sa, sb
-
 
 def cycled_mr(vm: LocalVm, pd: int, length: int, backing_pages: int, fill: bytes = b"") -> tuple[SimMr, Buffer]:
     """An MR of ``length`` bytes over ``backing_pages`` pages of guest memory named over and over (and those pages)."""
@@ -106,7 +101,7 @@ def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vm
     src, _ = cycled_mr(vm0, big0.pd, GIB, 16, fill=pattern)
     dst, dst_backing = cycled_mr(vm1, big1.pd, GIB, 16)
     vm0.verbs.post_send(big0.qp, WRITE, [(src.addr, GIB, src.lkey)], wr_id=1, remote_addr=dst.addr, rkey=dst.rkey)
-    small1, small0 = pair(vms, vm1, vm0, 4 * KIB)
+    small1, small0 = vms.pair(vm1, vm0, 4 * KIB)
     small1.verbs.post_send(small1.qp, WRITE, [(small1.mr.addr, 8, small1.mr.lkey)], wr_id=2,
                            remote_addr=small0.mr.addr, rkey=small0.mr.rkey)
     vms.poll()
@@ -114,7 +109,7 @@ def test_a_small_write_completes_between_the_pieces_of_another_vms_1gib_write(vm
     assert big0.completions() == [], "the 1 GiB WRITE completed in one turn: it was not cut into pieces"
     vms.advance(RECENT_WORK_NS)  # vm1's small message no longer keeps vm0's pieces small (the next test's rule)
     # ... and vm0's own second QP gets its turn between the pieces too.
-    own0, own1 = pair(vms, vm0, vm1, 4 * KIB)
+    own0, own1 = vms.pair(vm0, vm1, 4 * KIB)
     own0.verbs.post_send(own0.qp, WRITE, [(own0.mr.addr, 8, own0.mr.lkey)], wr_id=3, remote_addr=own1.mr.addr,
                          rkey=own1.mr.rkey)
     turns = 1
@@ -139,10 +134,10 @@ def test_a_vms_pieces_follow_what_the_other_vms_of_its_thread_do(vms: LocalVms) 
     messages of its own between; 64 KiB a pass while vm1 moves a large message; 1 MiB again once vm1 has done
     nothing for a millisecond."""
     vm0, vm1 = vms.vms
-    big0, big1 = pair(vms, vm0, vm1, 16 * MIB)
-    small1, small0 = pair(vms, vm1, vm0, 4 * KIB)
-    own0, own1 = pair(vms, vm0, vm1, 4 * KIB)
-    large1, large0 = pair(vms, vm1, vm0, 1 * MIB)
+    big0, big1 = vms.pair(vm0, vm1, 16 * MIB)
+    small1, small0 = vms.pair(vm1, vm0, 4 * KIB)
+    own0, own1 = vms.pair(vm0, vm1, 4 * KIB)
+    large1, large0 = vms.pair(vm1, vm0, 1 * MIB)
     vm0.verbs.memory.write(big0.mr.buf.gpa, b"\xab" * 16 * MIB)
     written = 0
 
@@ -183,7 +178,7 @@ def test_a_vms_pieces_follow_what_the_other_vms_of_its_thread_do(vms: LocalVms) 
 
 def test_a_send_in_pieces_fills_one_receive(vms: LocalVms) -> None:
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 4 * MIB)
+    a, b = vms.pair(vm0, vm1, 4 * MIB)
     payload = bytes(range(251)) * (3 * MIB // 251)
     vm0.verbs.memory.write(a.mr.addr, payload)
     b.verbs.post_recv(b.qp, [(b.mr.addr, 4 * MIB, b.mr.lkey)], wr_id=7)
@@ -198,7 +193,7 @@ def test_a_send_in_pieces_fills_one_receive(vms: LocalVms) -> None:
 
 def test_a_receiver_in_error_between_the_pieces_of_a_send_flushes_the_receive_it_was_filling(vms: LocalVms) -> None:
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 4 * MIB)
+    a, b = vms.pair(vm0, vm1, 4 * MIB)
     b.verbs.post_recv(b.qp, [(b.mr.addr, 4 * MIB, b.mr.lkey)], wr_id=7)
     a.verbs.post_send(a.qp, SEND, [(a.mr.addr, 4 * MIB, a.mr.lkey)], wr_id=9)
     vms.poll()
@@ -214,7 +209,7 @@ def test_a_wqe_rewritten_between_its_pieces_fails_and_an_mr_gone_between_them_is
     gets a local QP operation error; an MR deregistered by its VM between two pieces ends the WRITE with a remote
     access error (and nothing more is written into memory it no longer registers)."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 4 * MIB)
+    a, b = vms.pair(vm0, vm1, 4 * MIB)
     a.verbs.post_send(a.qp, WRITE, [(a.mr.addr, 4 * MIB, a.mr.lkey)], wr_id=1, remote_addr=b.mr.addr,
                       rkey=b.mr.rkey)
     vms.poll()
@@ -224,7 +219,7 @@ def test_a_wqe_rewritten_between_its_pieces_fails_and_an_mr_gone_between_them_is
     vms.poll()
     assert [(c.wr_id, c.status) for c in a.completions()] == [(1, abi.const("VRDMA_WC_LOC_QP_OP_ERR"))]
 
-    c, d = pair(vms, vm0, vm1, 4 * MIB)
+    c, d = vms.pair(vm0, vm1, 4 * MIB)
     vm1.verbs.memory.write(d.mr.addr, bytes(4 * MIB))
     vm0.verbs.memory.write(c.mr.addr, b"\xab" * 4 * MIB)
     c.verbs.post_send(c.qp, WRITE, [(c.mr.addr, 4 * MIB, c.mr.lkey)], wr_id=2, remote_addr=d.mr.addr,
@@ -242,8 +237,8 @@ def test_weights_share_the_engine_and_a_new_weight_takes_effect_at_once(vms: Loc
     """Two VMs flooding each other with 1 MiB WRITEs: equal shares by default; vm0 at weight 300 against 100 then
     moves three times vm1's bytes, from the next turn on."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 1 * MIB, depth=16)
-    c, d = pair(vms, vm1, vm0, 1 * MIB, depth=16)
+    a, b = vms.pair(vm0, vm1, 1 * MIB, depth=16)
+    c, d = vms.pair(vm1, vm0, 1 * MIB, depth=16)
     floods = [Flood(a, a.qp, b, MIB, 8).start(), Flood(c, c.qp, d, MIB, 8).start()]
     run(vms, floods, 4)
     equal = shares(vms, floods, 30)
@@ -259,8 +254,8 @@ def test_a_low_latency_vm_gets_no_more_than_its_weight(vms: LocalVms) -> None:
     its own turn, so the bytes stay equal (and 3:1 at weight 300), and every WRITE completes. (When within a pass the
     looks come is not visible from here: the engine's turns are taken a pass at a time.)"""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 1 * MIB, depth=16)
-    c, d = pair(vms, vm1, vm0, 1 * MIB, depth=16)
+    a, b = vms.pair(vm0, vm1, 1 * MIB, depth=16)
+    c, d = vms.pair(vm1, vm0, 1 * MIB, depth=16)
     vm0.device.set_qos(Qos(latency=1))
     assert vm0.device.qos.as_table()["latency"] == "low"
     floods = [Flood(a, a.qp, b, MIB, 8).start(), Flood(c, c.qp, d, MIB, 8).start()]
@@ -278,9 +273,9 @@ def test_a_vm_with_eight_busy_qps_gets_its_weight_not_eight_shares(vms: LocalVms
     vm0, vm1 = vms.vms
     many = []
     for _ in range(8):
-        a, b = pair(vms, vm0, vm1, 1 * MIB, depth=8)
+        a, b = vms.pair(vm0, vm1, 1 * MIB, depth=8)
         many.append(Flood(a, a.qp, b, MIB, 4).start())
-    c, d = pair(vms, vm1, vm0, 1 * MIB, depth=16)
+    c, d = vms.pair(vm1, vm0, 1 * MIB, depth=16)
     one = Flood(c, c.qp, d, MIB, 8).start()
     run(vms, [*many, one], 4)
     before = [f.done for f in many], one.done
@@ -297,8 +292,8 @@ def test_a_byte_limit_holds_a_vm_to_its_rate_and_its_neighbour_runs_free(vms: Lo
     beside it, unlimited, is not held back."""
     vm0, vm1 = vms.vms
     vm0.device.set_qos(Qos(bytes_per_s=50_000_000, bytes_burst=256 * KIB))
-    a, b = pair(vms, vm0, vm1, 1 * MIB, depth=64)
-    c, d = pair(vms, vm1, vm0, 1 * MIB, depth=64)
+    a, b = vms.pair(vm0, vm1, 1 * MIB, depth=64)
+    c, d = vms.pair(vm1, vm0, 1 * MIB, depth=64)
     limited, free = Flood(a, a.qp, b, 64 * KIB, 32).start(), Flood(c, c.qp, d, 64 * KIB, 32).start()
     step, steps = 100_000, 2000
     for _ in range(steps):
@@ -325,7 +320,7 @@ def test_a_byte_limit_holds_a_vm_to_its_rate_and_its_neighbour_runs_free(vms: Lo
 def test_a_work_request_limit_holds_a_vm_to_its_rate(vms: LocalVms) -> None:
     vm0, vm1 = vms.vms
     vm0.device.set_qos(Qos(wrs_per_s=20_000, wrs_burst=16))
-    a, b = pair(vms, vm0, vm1, 4 * KIB, depth=64)
+    a, b = vms.pair(vm0, vm1, 4 * KIB, depth=64)
     flood = Flood(a, a.qp, b, 8, 32).start()
     step, steps = 100_000, 1000
     for _ in range(steps):

@@ -16,7 +16,7 @@ from vrdma.device import abi
 from vrdma.device.params import engine_limits
 from vrdma.engine.api import EngineError
 from vrdma.engine.native import lib
-from vrdma.testing.inprocess import LocalVm, LocalVms, Side
+from vrdma.testing.inprocess import LocalVm, LocalVms
 
 KIB, MIB = 1 << 10, 1 << 20
 WRITE, SEND = abi.const("VRDMA_WR_RDMA_WRITE"), abi.const("VRDMA_WR_SEND")
@@ -31,11 +31,6 @@ def vms() -> Iterator[LocalVms]:
     with LocalVms(2, memory_size=64 << 20) as shared:
         yield shared
 
-
-def pair(vms: LocalVms, a: LocalVm, b: LocalVm, mr_size: int = 1 * MIB) -> tuple[Side, Side]:
-    sa, sb = a.side(mr_size, depth=64, cq_entries=1024), b.side(mr_size, depth=64, cq_entries=1024)
-    vms.connect(a, sa.qp, b, sb.qp)
-    return sa, sb
 
 
 def reopen(vms: LocalVms, vm: LocalVm) -> None:
@@ -68,9 +63,9 @@ def test_traffic_in_flight_goes_on_after_the_state_moves_into_a_new_device(vms: 
     unread, its device reopened empty and the state loaded: the WRITE finishes where it stopped, every SEND lands in
     the receive vm1 posted for it, the completions come in order, and the QP's counters go on from the source's."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1, 8 * MIB)
+    a, b = vms.pair(vm0, vm1, 8 * MIB)
     # vm1 floods its own pair so that vm0's pieces are small (a WRITE alone would move whole): more passes in flight
-    c, d = pair(vms, vm1, vm0, 1 * MIB)
+    c, d = vms.pair(vm1, vm0, 1 * MIB)
     pattern = bytes((i * 7 + i // 4096) % 251 for i in range(4 * MIB))
     vm0.verbs.memory.write(a.mr.addr, pattern)
     for i in range(4):
@@ -112,7 +107,7 @@ def test_saving_asks_for_a_suspended_device_and_leaves_it_as_it_was(vms: LocalVm
     """A running device's state would be stale at once: refused. A suspended one's is saved twice alike, and the
     device resumed after a save (a migration that failed) runs on as if nothing happened."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1)
+    a, b = vms.pair(vm0, vm1)
     with pytest.raises(EngineError, match="suspend it"):
         vms.engine.save_device(vm0.dev)
     first = saved(vms, vm0)
@@ -133,7 +128,7 @@ def test_a_sender_waits_for_a_suspended_destination_without_spending_its_retries
     """vm1 suspended (being saved, say) for far longer than vm0's QP would retry a peer that does not answer: vm0's
     WRITE waits, and completes once vm1 runs again."""
     vm0, vm1 = vms.vms
-    a, b = pair(vms, vm0, vm1)
+    a, b = vms.pair(vm0, vm1)
     vms.engine.suspend_device(vm1.dev, True)
     a.verbs.post_send(a.qp, WRITE, [(a.mr.addr, 8, a.mr.lkey)], wr_id=7, remote_addr=b.mr.addr, rkey=b.mr.rkey)
     for _ in range(200):
@@ -156,7 +151,7 @@ def test_a_bad_state_is_refused_and_the_device_stays_empty(vms: LocalVms) -> Non
     """Every refusal names what is wrong and leaves the device open and empty, so a good state loads after it; a
     check (what a destination does before it has the guest's memory) keeps nothing either."""
     vm0, vm1 = vms.vms
-    pair(vms, vm0, vm1)
+    vms.pair(vm0, vm1)
     state = saved(vms, vm0)
     reopen(vms, vm0)
     mr_at = next(at for at, kind, *_ in records(state) if kind == lib.VRE_STATE_MR)

@@ -256,6 +256,12 @@ class LocalVms:
         a.verbs.connect(qa, qb.qpn, b.gid)
         b.verbs.connect(qb, qa.qpn, a.gid)
 
+    def pair(self, a: LocalVm, b: LocalVm, mr_size: int = 1 << 20, depth: int = 64) -> tuple[Side, Side]:
+        """A Side on each of two VMs (CQs of 1,024 entries), their QPs connected to each other."""
+        sa, sb = a.side(mr_size, depth=depth, cq_entries=1024), b.side(mr_size, depth=depth, cq_entries=1024)
+        self.connect(a, sa.qp, b, sb.qp)
+        return sa, sb
+
     def poll(self) -> int:
         """One pass of the engine (every device's turn) and its events delivered."""
         work = self.engine.poll(POLL_BUDGET)

@@ -340,12 +340,12 @@ class VhostUserConnection:
         self._finish_state_transfer(t)
 
     def _on_state_readable(self) -> None:
-        self._read_state()
+        if self.state_transfer is not None:
+            self._read_state(self.state_transfer)
 
-    def _read_state(self) -> bool:
+    def _read_state(self, t: StateTransfer) -> bool:
         """Read what the pipe holds; True once the frontend closed its end (or the transfer failed)."""
-        t = self.state_transfer
-        if t is None or t.done:
+        if t.done:
             return True
         try:
             while chunk := os.read(t.fd, STATE_CHUNK):
@@ -378,7 +378,7 @@ class VhostUserConnection:
         the pipe is there now): 0 when the state moved and, loading, the model took it; 1 otherwise."""
         t, self.state_transfer = self.state_transfer, None
         failed = "no SET_DEVICE_STATE_FD before it" if t is None else ""
-        if t is not None and t.direction == protocol.STATE_LOAD and not t.failed and not self._read_state_to_end(t):
+        if t is not None and t.direction == protocol.STATE_LOAD and not t.failed and not self._read_state(t):
             t.failed = "the frontend had not closed its end of the pipe"
         if t is not None:
             self._finish_state_transfer(t)
@@ -395,13 +395,6 @@ class VhostUserConnection:
         else:
             log.info("%s: device state transfer done (%d bytes)", self.name, len(t.data) if t else 0)
         self._reply(message, protocol.U64.pack(1 if failed else 0))
-
-    def _read_state_to_end(self, t: StateTransfer) -> bool:
-        self.state_transfer = t
-        try:
-            return self._read_state()
-        finally:
-            self.state_transfer = None
 
     @property
     def offered_protocol_features(self) -> int:
