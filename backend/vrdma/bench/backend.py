@@ -126,6 +126,13 @@ def native_pair(directory: Path, fa: Frontend, fb: Frontend, names: tuple[str, s
     return NativePair(va, pda, fb, vb, queue, cq, write)
 
 
+def _driver_failure(what: str, code: int) -> str:
+    """What the C driver's negative return means (loadgen.h)."""
+    why = {-1: f"no completion within {STREAM_TIMEOUT_NS // 10**9} s",
+           -2: "a completion in error"}.get(code, f"code {code}")
+    return f"{what} failed: {why}"
+
+
 def native_backend() -> list[Metric]:
     """The backend at native speed: the simulated frontend plays two VMs, and a C driver (vrdma.testing.loadgen)
     posts RDMA WRITEs and polls completions the way libvrdma does, so the figures are the backend's."""
@@ -143,8 +150,9 @@ def native_backend() -> list[Metric]:
         va, pda, queue, cq, write = pair.responder, pair.responder_pd, pair.queue, pair.cq, pair.write
         results: list[Metric] = []
         samples = nffi.new("int64_t[]", LATENCY_WRITES)
-        if nlib.nat_write_latency(queue, cq, write(8), LATENCY_WRITES, samples, STREAM_TIMEOUT_NS, 0) != 0:
-            raise RuntimeError("8-byte WRITE latency run failed")
+        code = nlib.nat_write_latency(queue, cq, write(8), LATENCY_WRITES, samples, STREAM_TIMEOUT_NS, 0)
+        if code != 0:
+            raise RuntimeError(_driver_failure("8-byte WRITE latency run", code))
         lat = [samples[i] / 1000 for i in range(LATENCY_WARMUP, LATENCY_WRITES)]
         results += [
             Metric("backend_db_to_cqe_p50_us", round(statistics.median(lat), 2), "us", command),
@@ -153,14 +161,14 @@ def native_backend() -> list[Metric]:
         count = RATE_WRITES
         elapsed = nlib.nat_write_stream(queue, cq, write(8), count, RATE_SIGNAL_EVERY, STREAM_TIMEOUT_NS)
         if elapsed < 0:
-            raise RuntimeError("8-byte WRITE stream failed")
+            raise RuntimeError(_driver_failure("8-byte WRITE stream", elapsed))
         results.append(Metric("backend_write_rate_8b_mops", round(count / elapsed * 1000, 3), "Mops/s", command))
         count = BW_WRITES
         cpu_before = backend.process.cpu_times()
         elapsed = nlib.nat_write_stream(queue, cq, write(MIB), count, BW_SIGNAL_EVERY, STREAM_TIMEOUT_NS)
         cpu_after = backend.process.cpu_times()
         if elapsed < 0:
-            raise RuntimeError("1 MiB WRITE stream failed")
+            raise RuntimeError(_driver_failure("1 MiB WRITE stream", elapsed))
         gigabytes = count * MIB / 1e9
         cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
         results += [

@@ -108,12 +108,14 @@ int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct na
 	 * written, and a CQE left behind would be the next run's (which then reads one completion early, or
 	 * overflows its CQ). */
 	while (posted < count || completed < signaled) {
-		if (posted < count && q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) < q->depth) {
+		/* At most a signal interval posted between looks at the CQ: a driver that only polled once its send
+		 * queue is full never polls while the device keeps up with it, and its CQ overflows. */
+		for (uint32_t batch = 0; batch < signal_every && posted < count &&
+		     q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE) < q->depth; batch++) {
 			bool signal = ++posted % signal_every == 0 || posted == count;
 
 			signaled += signal;
 			post_write(q, w, signal);
-			continue;
 		}
 		while (poll_one(cq, &status)) {
 			if (status != VRDMA_WC_SUCCESS)
@@ -139,18 +141,22 @@ int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat
 	struct vrdma_qp_ring_hdr *hdr = (struct vrdma_qp_ring_hdr *)(uintptr_t)q->ring_hdr;
 	uint32_t first = q->prod;
 	int64_t deadline = now_ns() + timeout_ns;
-	uint32_t filling = 0;
+	uint32_t filling = 0, unpolled = 0;
 	uint8_t status;
 
 	while (!__atomic_load_n(stop, __ATOMIC_ACQUIRE)) {
 		uint32_t room = q->depth - (q->prod - __atomic_load_n(&hdr->sq_cons, __ATOMIC_ACQUIRE));
+		bool posting = room && (!batch_sleep_us || filling || room == q->depth);
 		int took = 0;
 
-		if (room && (!batch_sleep_us || filling || room == q->depth)) {
+		/* As in nat_write_stream, the CQ looked at once a signal interval at least, or it could overflow. */
+		if (posting && unpolled < signal_every) {
 			filling = room > 1;
+			unpolled++;
 			post_write(q, w, (q->prod - first + 1) % signal_every == 0);
 			continue;
 		}
+		unpolled = 0;
 		while (poll_one(cq, &status)) {
 			if (status != VRDMA_WC_SUCCESS)
 				return -2;
@@ -158,6 +164,8 @@ int64_t nat_write_flood(struct nat_queue *q, struct nat_cq *cq, const struct nat
 		}
 		if (now_ns() > deadline)
 			return -1;
+		if (posting)
+			continue;  /* only here to poll */
 		if (!took || batch_sleep_us)
 			usleep(batch_sleep_us ? batch_sleep_us : 20);
 	}

@@ -39,6 +39,8 @@ int64_t nat_now(void);
  * is not there (a victim that leaves the cores to others while it waits; spinning measures the backend alone). */
 int nat_write_latency(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint32_t iters,
 		      int64_t *samples, int64_t timeout_ns, int yield);
+/* `count` WRITEs, every `signal_every`th (and the last) signaled, until each signaled one has its CQE: the nanoseconds
+ * taken, -1 past `timeout_ns`, -2 on a completion in error. */
 int64_t nat_write_stream(struct nat_queue *q, struct nat_cq *cq, const struct nat_write *w, uint64_t count,
 			 uint32_t signal_every, int64_t timeout_ns);
 /* WRITEs at full queue depth until *stop is set, then drained: the WRITEs completed, or < 0 on an error
