@@ -153,7 +153,7 @@ class MessageAttacks(_Attacker):
         ack = V | protocol.FLAG_NEED_REPLY
         fe = s.fe
         size = fe.memory.size
-        kind = rng.randrange(17)
+        kind = rng.randrange(19)
         if kind == 0:
             return Request.GET_FEATURES, V, b"", [], False
         if kind == 1:
@@ -211,6 +211,12 @@ class MessageAttacks(_Attacker):
             s.broken = True
             return Request.REM_MEM_REG, ack, protocol.U64.pack(0) + protocol.MEMORY_REGION.pack(
                 0, size, USER_BASE, 0), [os.dup(fe.memory.fd)] if rng.randrange(2) else [], False
+        if kind == 14:  # a queue stopped (all of them stopped: a stop, the device suspended with all it holds)
+            s.broken = True
+            return Request.GET_VRING_BASE, V, protocol.VRING_STATE.pack(rng.randrange(3), 0), [], False
+        if kind == 15:  # a device reset in the middle of its traffic (and of its peers' traffic into it)
+            s.broken = True
+            return Request.RESET_DEVICE, V, b"", [], False
         # Malformed: the connection ends.
         request = rng.choice([int(r) for r in Request] + [0x7FFF, rng.getrandbits(32)])
         flags = rng.choice([0, 3, V | protocol.FLAG_REPLY, V | 0x100, V])

@@ -86,8 +86,8 @@ class CampaignFrontend(Frontend):
     guest memory for every command, and a campaign sends millions."""
 
     def start(self, num_queues: int = abi.const("VRDMA_NUM_QUEUES"), queue_size: int = 64,
-              device_features: int = 0) -> None:
-        super().start(num_queues, queue_size, device_features)
+              device_features: int = 0, protocol_features: int = ~0) -> None:
+        super().start(num_queues, queue_size, device_features, protocol_features)
         self.slots = [(self.memory.alloc(REQUEST_ROOM, 64), self.memory.alloc(RESPONSE_ROOM, 64))
                       for _ in range(COMMAND_SLOTS)]
 

@@ -63,9 +63,13 @@ def test_vrdma0_is_an_active_roce_device_on_eth0(guest: Cluster) -> None:
 
 
 def test_rmmod_leaves_nothing_behind_in_the_backend(guest: Cluster) -> None:
+    resets = counters(guest)["connection"]["device_resets"]
     guest[0].run(["rmmod", "vrdma"]).check("rmmod vrdma")
     left = counters(guest)
     assert left["objects"] == dict.fromkeys(OBJECT_KINDS, 0) and left["gids"] == {}
+    # The driver's reset reached the backend as RESET_DEVICE (our QEMU's vhost-user-base has get_vhost): a
+    # reset, not the stop that the queues stopping alone would be.
+    assert left["connection"]["device_resets"] > resets and not left["connection"]["suspended"]
     guest[0].run(["modprobe", "vrdma"]).check("modprobe vrdma")
     assert "vrdma0/1 state ACTIVE" in guest[0].run(["rdma", "link", "show"]).stdout
     assert counters(guest)["objects"]["gid"] > 0

@@ -175,7 +175,9 @@ class VmEndpoint:
                                "config_reads": conn.config_reads if conn is not None else 0,
                                "shared_memory_maps": conn.shared_memory_maps if conn is not None else 0,
                                "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
-                               "device_resets": self.transport.device_resets},
+                               "device_resets": self.transport.device_resets, "stops": self.transport.stops,
+                               "suspended": self.transport.suspended,
+                               "states_refused_at_start": self.transport.states_refused_at_start},
                 "command_time_us": self.transport.command_time(),
                 "commands_at_once_max": self.transport.commands_at_once_max}
 

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from vrdma.device import abi
 from vrdma.device.constants import EventType
 from vrdma.device.device import RdmaDevice
+from vrdma.device.state import StateError
 from vrdma.device.status import ResponseTooSmall
 from vrdma.vhost_user import protocol
 from vrdma.vhost_user.connection import Element, SharedMemoryMap, VhostUserConnection
@@ -73,7 +74,14 @@ class VirtioRdmaTransport:
         self.watch_wake = watch_wake
         self.device: VhostUserConnection | None = None
         self.started: set[int] = set()
-        self.device_resets = 0  # every queue stopped while connected: the driver reset the device
+        self.device_resets = 0  # the driver (or the machine) reset the device while connected
+        self.stops = 0          # every queue stopped and the device kept, suspended (a VM stopped, or migrating)
+        self.suspended = False  # stopped: the engine neither runs the device nor delivers into it
+        self.fresh = True       # nothing told to a driver since the device was made or reset (PORT_ACTIVE due)
+        # A state the frontend handed over (a migration's destination), checked, applied when the device starts:
+        # only then is the guest's memory table known.
+        self.incoming_state: bytes | None = None
+        self.states_refused_at_start = 0
         self.command_ns: collections.deque[int] = collections.deque(maxlen=COMMAND_TIME_SAMPLES)
         # The most commands one look at the control queue found waiting: more than one means the driver had several
         # in flight at once (vrdma.ko keeps up to VRDMA_CMD_SLOTS).
@@ -86,7 +94,17 @@ class VirtioRdmaTransport:
     def protocol_features(self) -> int:
         return (protocol.ProtocolFeature.MQ | protocol.ProtocolFeature.REPLY_ACK | protocol.ProtocolFeature.CONFIG
                 | protocol.ProtocolFeature.CONFIGURE_MEM_SLOTS | protocol.ProtocolFeature.BACKEND_REQ
-                | protocol.ProtocolFeature.BACKEND_SEND_FD | protocol.ProtocolFeature.SHMEM)
+                | protocol.ProtocolFeature.BACKEND_SEND_FD | protocol.ProtocolFeature.SHMEM
+                | protocol.ProtocolFeature.RESET_DEVICE | protocol.ProtocolFeature.DEVICE_STATE)
+
+    def stop_keeps_state(self, device: VhostUserConnection) -> bool:
+        """Whether every queue stopped is a stop (the device suspended, its objects kept) rather than a reset: only
+        with a frontend that sends RESET_DEVICE on every reset. A frontend acks RESET_DEVICE when its vhost-user
+        layer can send it, but sends it only for a device class with get_vhost, which vhost-user-base has only with
+        the vrdma patch, the frontend that also acks SHMEM (docs/migration.md); QEMU without the patch (the generic
+        device) stops the queues for a driver reset and says nothing more, so there a stop is a reset as before."""
+        needed = protocol.ProtocolFeature.RESET_DEVICE | protocol.ProtocolFeature.SHMEM
+        return (device.negotiated_protocol_features or 0) & needed == needed
 
     def shared_memory(self) -> list[SharedMemoryMap]:
         return [self.doorbell] if self.doorbell is not None else []
@@ -103,19 +121,80 @@ class VirtioRdmaTransport:
         log.info("%s: %s queue %s", self.rdma.name, QUEUE_NAMES.get(index, index),
                  "started" if started else "stopped")
         self.device = device
+        if started and not self.started:
+            self._device_starts()
         (self.started.add if started else self.started.discard)(index)
         if index == WAKE and self.watch_wake is not None:
             # A parked engine thread then wakes on the guest's kick itself, not a hop later through this loop.
             self.watch_wake(device.kick_fd(WAKE) if started else -1)
-        if started and index == EVENT:
+        if started and index == EVENT and self.fresh:
             # The first thing a driver learns on its event queue: the port is up, and the device's epoch (a driver
             # that probed another epoch holds handles this device state never issued: it starts over).
             self.rdma.post_event(EventType.PORT_ACTIVE, handle=1, data=self.rdma.epoch)
+            self.fresh = False
         if not started and not self.started:
-            # Every queue stopped: the driver reset the device (or QEMU stopped it); what the VM owned goes, but
-            # not the guest's memory table, which belongs to the connection.
-            self.rdma.reset(keep_memory=True)
-            self.device_resets += 1
+            if self.stop_keeps_state(device):
+                # A stop (QMP stop, a migration's last phase, a snapshot): quiesced, kept; RESET_DEVICE follows if
+                # it was a reset. Nothing popped is left unpushed (commands and events are answered at once).
+                self.rdma.suspend()
+                self.suspended = True
+                self.stops += 1
+            else:
+                # Every queue stopped: the driver reset the device; what the VM owned goes, but not the guest's
+                # memory table, which belongs to the connection.
+                self._reset()
+
+    def _device_starts(self) -> None:
+        """The first queue of a start: a state handed over is applied now that the memory table is known (QEMU
+        sends it before SET_MEM_TABLE), or a stopped device runs again."""
+        data, self.incoming_state = self.incoming_state, None
+        if data is not None:
+            try:
+                self.rdma.load_state(data)
+            except StateError as err:
+                # Too late to fail the migration (the frontend took CHECK_DEVICE_STATE's answer): the VM gets a
+                # reset device, whose new epoch its driver sees, and nothing else is touched.
+                log.error("%s: the migrated state does not load into this guest's memory: %s; the device is reset",
+                          self.rdma.name, err)
+                self.states_refused_at_start += 1
+                self._reset()
+                return
+            self.fresh = False  # the driver knows this device already
+            self.suspended = True
+        if self.suspended:
+            self.rdma.suspend(False)
+            self.suspended = False
+            self.rdma.fabric.kick(self.rdma.engine_index)  # doorbells rung before the stop are looked at
+
+    def _reset(self) -> None:
+        self.rdma.reset(keep_memory=True)
+        self.suspended = False
+        self.fresh = True
+        self.incoming_state = None
+        self.device_resets += 1
+
+    def device_reset(self, device: VhostUserConnection) -> None:
+        log.info("%s: device reset", self.rdma.name)
+        self._reset()
+
+    # -- the device's state (vrdma.vhost_user.connection.DeviceStateModel: a live migration) --------------------
+
+    def save_device_state(self, device: VhostUserConnection) -> bytes:
+        if self.started or not self.suspended:
+            raise ValueError("the device's state is saved once every queue is stopped")
+        return self.rdma.save_state()
+
+    def load_device_state(self, device: VhostUserConnection, data: bytes) -> None:
+        """Checked now, so that a state this device cannot take fails the migration; applied when the device
+        starts. A state replaces what the device held, which goes first (a snapshot loaded into a VM that ran:
+        the frontend stopped it, and a refused snapshot leaves it with a reset device, which its driver sees)."""
+        if any(self.rdma.objects.counts().values()) or self.rdma.events or self.incoming_state is not None:
+            self._reset()
+        try:
+            self.rdma.check_state(data)
+        except StateError as err:
+            raise ValueError(str(err)) from err
+        self.incoming_state = data
 
     def queue_kicked(self, device: VhostUserConnection, index: int) -> None:
         self.device = device
@@ -192,6 +271,7 @@ class VirtioRdmaTransport:
     def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.device = None
         self.started.clear()
+        self.suspended, self.fresh, self.incoming_state = False, True, None
         if self.watch_wake is not None:
             self.watch_wake(-1)  # the connection closes its kick eventfds
         self.rdma.reset()

@@ -192,6 +192,10 @@ class Vm(Managed):
         self.wait_ready()
         asyncio.run(_qmp_execute(qmp, "set-action", {"reboot": "shutdown"}))
 
+    def qmp(self, command: str, **arguments: object) -> object:
+        """One QMP command to this guest's QEMU; its answer (qemu.qmp's ExecuteError when QEMU refuses it)."""
+        return asyncio.run(_qmp_execute(self.directory / "qmp.sock", command, arguments))
+
     def wait_ready(self) -> None:
         deadline = self._launched_at + self.boot_timeout
         self._watch_console(deadline)

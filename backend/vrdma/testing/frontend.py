@@ -235,16 +235,17 @@ class Frontend:
     # -- device set-up --------------------------------------------------------------------------------------
 
     def start(self, num_queues: int = abi.const("VRDMA_NUM_QUEUES"), queue_size: int = 64,
-              device_features: int = 0) -> None:
+              device_features: int = 0, protocol_features: int = ~0) -> None:
         """Do what QEMU does up to DRIVER_OK: negotiate, share memory, set up and enable every queue.
         ``device_features``: the device-specific feature bits the simulated driver accepts (of those the backend
-        offers), as a driver would; none by default (a host process's fences are real: no doorbell recheck)."""
+        offers), as a driver would; none by default (a host process's fences are real: no doorbell recheck).
+        ``protocol_features``: those this frontend knows (it acks what it knows of the backend's offer)."""
         features = self.get_u64(Request.GET_FEATURES)
         if not features & VHOST_USER_F_PROTOCOL_FEATURES:
             raise FrontendError(f"backend features {features:#x} lack PROTOCOL_FEATURES")
         if device_features & ~features:
             raise FrontendError(f"the backend does not offer features {device_features & ~features:#x}")
-        protocol_features = self.get_u64(Request.GET_PROTOCOL_FEATURES)
+        protocol_features &= self.get_u64(Request.GET_PROTOCOL_FEATURES)
         self.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(protocol_features))
         self.acked(Request.SET_OWNER)
         self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
@@ -252,14 +253,30 @@ class Frontend:
         self.acked(Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(1, 0) + self.memory.region(),
                    fds=[self.memory.fd])
         for index in range(num_queues):
-            vq = Virtqueue(self.memory, index, queue_size)
-            self.queues.append(vq)
-            self.acked(Request.SET_VRING_NUM, protocol.VRING_STATE.pack(index, queue_size))
-            self.acked(Request.SET_VRING_BASE, protocol.VRING_STATE.pack(index, 0))
+            self.queues.append(Virtqueue(self.memory, index, queue_size))
+        self.start_queues([0] * num_queues)
+
+    def start_queues(self, bases: list[int]) -> None:
+        """What QEMU's vhost_dev_start sends for the queues, each starting at its base (its last avail index)."""
+        for vq, base in zip(self.queues, bases, strict=True):
+            self.acked(Request.SET_VRING_NUM, protocol.VRING_STATE.pack(vq.index, vq.size))
+            self.acked(Request.SET_VRING_BASE, protocol.VRING_STATE.pack(vq.index, base))
             self.acked(Request.SET_VRING_ADDR, vq.address_payload())
-            self.acked(Request.SET_VRING_CALL, protocol.U64.pack(index), fds=[vq.call])
-            self.acked(Request.SET_VRING_KICK, protocol.U64.pack(index), fds=[vq.kick])
-            self.acked(Request.SET_VRING_ENABLE, protocol.VRING_STATE.pack(index, 1))
+            self.acked(Request.SET_VRING_CALL, protocol.U64.pack(vq.index), fds=[vq.call])
+            self.acked(Request.SET_VRING_KICK, protocol.U64.pack(vq.index), fds=[vq.kick])
+        for vq in self.queues:
+            self.acked(Request.SET_VRING_ENABLE, protocol.VRING_STATE.pack(vq.index, 1))
+
+    def stop_queues(self) -> list[int]:
+        """What QEMU's vhost_dev_stop sends (a `stop`, a migration's switch-over, or the first half of a device
+        reset): every queue disabled, then each one's base asked for, which stops it. Returns the bases."""
+        for vq in self.queues:
+            self.acked(Request.SET_VRING_ENABLE, protocol.VRING_STATE.pack(vq.index, 0))
+        bases = []
+        for vq in self.queues:
+            self.send_raw(Request.GET_VRING_BASE, protocol.VRING_STATE.pack(vq.index, 0))
+            bases.append(protocol.VRING_STATE.unpack(self.reply(Request.GET_VRING_BASE))[1])
+        return bases
 
     def get_config(self, size: int) -> bytes:
         self.send_raw(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, size, 0) + bytes(size))

@@ -18,7 +18,7 @@ import os
 import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from vrdma.faultguard import FaultGuard
@@ -87,6 +87,9 @@ class DeviceModel(Protocol):
     def shared_memory(self) -> list[SharedMemoryMap]: ...
     def queue_started(self, device: VhostUserConnection, index: int, started: bool) -> None: ...
     def queue_kicked(self, device: VhostUserConnection, index: int) -> None: ...
+    # VHOST_USER_RESET_DEVICE (with ProtocolFeature.RESET_DEVICE offered): the driver or the machine reset the
+    # device; every queue is stopped already. Without it, a frontend's stop and a reset look the same.
+    def device_reset(self, device: VhostUserConnection) -> None: ...
     def memory_changed(self, device: VhostUserConnection) -> None: ...
     def disconnected(self, device: VhostUserConnection, reason: str) -> None: ...
     # Held while a memory message remaps guest memory and memory_changed runs: nothing of the device's that runs
@@ -246,6 +249,9 @@ class VhostUserConnection:
                 self.close(f"protocol error: SET_PROTOCOL_FEATURES with features never offered: {unoffered:#x}",
                            CloseCause.PROTOCOL_ERROR)
                 return
+        if message.request == protocol.Request.RESET_DEVICE:
+            # libvhost-user of QEMU 10.0 knows this reset only by its older name (every ring disabled).
+            message = replace(message, request=protocol.Request.RESET_OWNER)
         remaps = message.request in MEMORY_TABLE_REQUESTS
         # libvhost-user unmaps and maps guest memory in dispatch; the model learns the new table after: whatever the
         # model runs in another thread waits between the two (and the fault guard's ranges change meanwhile too).
@@ -269,6 +275,22 @@ class VhostUserConnection:
                     return
         if message.request == protocol.Request.SET_BACKEND_REQ_FD:
             self._map_shared_memory()
+        elif message.request in (protocol.Request.RESET_OWNER, protocol.Request.SET_VRING_ENABLE):
+            try:
+                self._tell_model(message)
+            except Exception as err:  # the model's failure ends this VM's connection, never the process
+                log.exception("%s: the device model failed on %s", self.name, message.name())
+                self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
+
+    def _tell_model(self, message: protocol.Message) -> None:
+        if message.request == protocol.Request.RESET_OWNER:
+            self.model.device_reset(self)  # (libvhost-user only disabled the rings)
+            return
+        # A queue enabled is looked at once, as if kicked: after a stop (or a migration) the driver's kicks of the
+        # chains it queued meanwhile reached the frontend, not this backend, and nobody kicks them again.
+        index, enabled = protocol.VRING_STATE.unpack(message.payload)
+        if enabled and lib.vu_queue_started(self._dev, lib.vu_get_queue(self._dev, index)):
+            self.model.queue_kicked(self, index)
 
     def _map_shared_memory(self) -> None:
         """The backend channel is up: map what the model shares (a frontend without shared memory regions, e.g.

@@ -50,6 +50,7 @@ class ProtocolFeature(enum.IntFlag):
     BACKEND_REQ = 1 << 5
     CONFIG = 1 << 9
     BACKEND_SEND_FD = 1 << 10
+    RESET_DEVICE = 1 << 13       # VHOST_USER_RESET_DEVICE: a device reset is told apart from a stop
     CONFIGURE_MEM_SLOTS = 1 << 15
     DEVICE_STATE = 1 << 19       # SET_DEVICE_STATE_FD and CHECK_DEVICE_STATE: the back-end's state migrates
     SHMEM = 1 << 20              # VHOST_USER_BACKEND_SHMEM_MAP (docs/qemu.md)
@@ -59,7 +60,7 @@ class ProtocolFeature(enum.IntFlag):
 SUPPORTED_PROTOCOL_FEATURES = (ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG
                                | ProtocolFeature.CONFIGURE_MEM_SLOTS | ProtocolFeature.BACKEND_REQ
                                | ProtocolFeature.BACKEND_SEND_FD | ProtocolFeature.SHMEM
-                               | ProtocolFeature.DEVICE_STATE)
+                               | ProtocolFeature.RESET_DEVICE | ProtocolFeature.DEVICE_STATE)
 
 
 class Request(enum.IntEnum):
@@ -91,6 +92,7 @@ class Request(enum.IntEnum):
     SET_CONFIG = 25
     GET_INFLIGHT_FD = 31
     SET_INFLIGHT_FD = 32
+    RESET_DEVICE = 34
     GET_MAX_MEM_SLOTS = 36
     ADD_MEM_REG = 37
     REM_MEM_REG = 38
@@ -329,6 +331,7 @@ RULES: dict[Request, tuple[SizeRule, FdRule]] = {
     Request.GET_CONFIG: (_config_size, _no_fds),
     Request.SET_CONFIG: (_config_size, _no_fds),
     Request.GET_MAX_MEM_SLOTS: (_fixed(0), _no_fds),
+    Request.RESET_DEVICE: (_fixed(0), _no_fds),
     Request.ADD_MEM_REG: (_fixed(U64.size + MEMORY_REGION.size), _one_fd),
     Request.REM_MEM_REG: (_fixed(U64.size + MEMORY_REGION.size), _rem_mem_reg_fds),
     Request.SET_DEVICE_STATE_FD: (_fixed(DEVICE_STATE.size), _device_state_fd),

@@ -27,7 +27,7 @@ def test_protocol_features_are_exactly_what_the_backend_implements(fe: Frontend,
     offered = fe.get_u64(Request.GET_PROTOCOL_FEATURES)
     assert offered == ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG \
         | ProtocolFeature.CONFIGURE_MEM_SLOTS | ProtocolFeature.BACKEND_REQ | ProtocolFeature.BACKEND_SEND_FD \
-        | ProtocolFeature.SHMEM
+        | ProtocolFeature.SHMEM | ProtocolFeature.RESET_DEVICE | ProtocolFeature.DEVICE_STATE
     fe.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(offered))
     backend.wait_for_counters("vm0", lambda c: c["connection"]["protocol_features"] == offered,
                               f"protocol features {offered:#x} negotiated")

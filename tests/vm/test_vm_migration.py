@@ -1,0 +1,68 @@
+"""Issue 28 (live migration and backend upgrade), in guests: a VM stopped and continued keeps its device, queue
+pairs and traffic (QEMU's `stop` stops every queue as a migration's last phase does; only a reset resets)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+from polling import wait_until
+
+from vrdma.harness import verbs
+from vrdma.harness.cluster import Cluster
+from vrdma.harness.daemon import vm_counters
+from vrdma.harness.vm import Products
+
+pytestmark = pytest.mark.vm
+log = logging.getLogger(__name__)
+
+DEVICE = "vrdma0"
+STOPPED_FOR = 2.0  # seconds a VM stays stopped in the middle of its traffic
+
+
+@pytest.fixture(scope="module")
+def guests(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(2, tmp_path_factory.mktemp("migration"), products=products) as cluster:
+        yield cluster
+
+
+def test_a_stopped_and_continued_vm_keeps_its_queue_pairs(guests: Cluster) -> None:
+    """`ibv_rc_pingpong -c` (every buffer checked) between two guests; the server's VM stopped in QMP in the middle
+    and continued: the device is suspended, not reset (no new epoch, nothing lost), the peer's completions stand
+    still meanwhile, and both programs finish every iteration without an error."""
+    server, client = guests[0], guests[1]
+    backend = guests.backend
+    assert backend is not None
+    gid = verbs.ipv4_gid_index(server, DEVICE)
+    iterations = 20000
+    argv = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", str(iterations), "-c"]
+    server_pid = server.agent.spawn(argv)
+    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+    client_pid = client.agent.spawn([*argv, server.address])
+    before = vm_counters(backend, "vm0")["connection"]
+    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
+    wait_until("ping-pong traffic through the backend",
+               lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 200, 120)
+
+    server.qmp("stop")
+    wait_until("vm0's device suspended", lambda: vm_counters(backend, "vm0")["connection"]["suspended"], 30)
+    peer = vm_counters(backend, "vm1")["engine"]["cqes"]
+    deadline = time.monotonic() + STOPPED_FOR
+    while time.monotonic() < deadline:  # the peer waits for the stopped VM: no completion, no error
+        engine = vm_counters(backend, "vm1")["engine"]
+        assert (engine["cqes"], engine["error_cqes"]) == (peer, 0), engine
+        time.sleep(0.2)
+    server.qmp("cont")
+
+    server_result = server.agent.wait(server_pid, argv, timeout=600)
+    client_result = client.agent.wait(client_pid, argv, timeout=600)
+    for name, result in (("server", server_result), ("client", client_result)):
+        assert result.exit_status == 0, f"{name}: {result.stdout}{result.stderr}"
+        assert f"{iterations} iters in" in result.stdout, result.stdout
+    after = vm_counters(backend, "vm0")["connection"]
+    assert after["stops"] == before["stops"] + 1 and after["device_resets"] == before["device_resets"]
+    assert not after["suspended"]
+    dmesg = server.run(["dmesg"]).check("dmesg").stdout
+    assert "device lost" not in dmesg, dmesg[-3000:]
