@@ -9,6 +9,7 @@ use it to drive the backend at native speed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import mmap
 import os
@@ -65,6 +66,13 @@ class GuestMemory:
 
     def region(self) -> bytes:
         return protocol.MEMORY_REGION.pack(0, self.size, USER_BASE, 0)
+
+    def copy(self) -> GuestMemory:
+        """Memory of another QEMU with this one's contents (what a migration's RAM copy leaves the destination)."""
+        other = GuestMemory(self.size)
+        other.map[:] = self.map[:]
+        other.next = self.next
+        return other
 
     def close(self) -> None:
         self.map.close()
@@ -183,12 +191,15 @@ class Virtqueue:
 class Frontend:
     """``with Frontend(path) as fe: fe.start(); fe.command(...)`` — one simulated VM."""
 
-    def __init__(self, socket_path: str, memory_size: int = 16 << 20, timeout: float = 5.0) -> None:
+    def __init__(self, socket_path: str, memory_size: int = 16 << 20, timeout: float = 5.0,
+                 memory: GuestMemory | None = None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(socket_path)
-        self.memory = GuestMemory(memory_size)
+        self.memory = memory if memory is not None else GuestMemory(memory_size)
         self.queues: list[Virtqueue] = []
+        self.offered_features = 0
+        self.device_features = 0  # the device-specific features the simulated driver acked
 
     def __enter__(self) -> Frontend:
         return self
@@ -240,21 +251,33 @@ class Frontend:
         ``device_features``: the device-specific feature bits the simulated driver accepts (of those the backend
         offers), as a driver would; none by default (a host process's fences are real: no doorbell recheck).
         ``protocol_features``: those this frontend knows (it acks what it knows of the backend's offer)."""
-        features = self.get_u64(Request.GET_FEATURES)
-        if not features & VHOST_USER_F_PROTOCOL_FEATURES:
-            raise FrontendError(f"backend features {features:#x} lack PROTOCOL_FEATURES")
-        if device_features & ~features:
-            raise FrontendError(f"the backend does not offer features {device_features & ~features:#x}")
-        protocol_features &= self.get_u64(Request.GET_PROTOCOL_FEATURES)
-        self.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(protocol_features))
-        self.acked(Request.SET_OWNER)
-        self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
-                                                           | device_features))
-        self.acked(Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(1, 0) + self.memory.region(),
-                   fds=[self.memory.fd])
+        self.negotiate(protocol_features)
+        self.device_features = device_features
+        self.share_memory()
         for index in range(num_queues):
             self.queues.append(Virtqueue(self.memory, index, queue_size))
         self.start_queues([0] * num_queues)
+
+    def negotiate(self, protocol_features: int = ~0) -> None:
+        """What QEMU sends when it connects (vhost_dev_init): features asked for, protocol features acked (those
+        this frontend knows, ``protocol_features``, of the backend's offer), ownership taken."""
+        features = self.get_u64(Request.GET_FEATURES)
+        if not features & VHOST_USER_F_PROTOCOL_FEATURES:
+            raise FrontendError(f"backend features {features:#x} lack PROTOCOL_FEATURES")
+        self.offered_features = features
+        protocol_features &= self.get_u64(Request.GET_PROTOCOL_FEATURES)
+        self.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(protocol_features))
+        self.acked(Request.SET_OWNER)
+
+    def share_memory(self) -> None:
+        """The first of vhost_dev_start: the features the driver acked, and the guest's memory table."""
+        unoffered = self.device_features & ~self.offered_features
+        if unoffered:
+            raise FrontendError(f"the backend does not offer features {unoffered:#x}")
+        self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
+                                                           | self.device_features))
+        self.acked(Request.SET_MEM_TABLE, protocol.MEMORY_HEADER.pack(1, 0) + self.memory.region(),
+                   fds=[self.memory.fd])
 
     def start_queues(self, bases: list[int]) -> None:
         """What QEMU's vhost_dev_start sends for the queues, each starting at its base (its last avail index)."""
@@ -278,6 +301,68 @@ class Frontend:
             bases.append(protocol.VRING_STATE.unpack(self.reply(Request.GET_VRING_BASE))[1])
         return bases
 
+    # -- live migration: the device's state through a pipe, as QEMU's vhost_save/load_backend_state move it ------
+
+    def save_device_state(self) -> bytes:
+        """SET_DEVICE_STATE_FD(SAVE) with a pipe, the state read to its end, CHECK_DEVICE_STATE (the device stopped)."""
+        read_end, write_end = os.pipe()
+        with open(read_end, "rb") as pipe:
+            try:
+                self.send_raw(Request.SET_DEVICE_STATE_FD,
+                              protocol.DEVICE_STATE.pack(protocol.STATE_SAVE, protocol.STATE_STOPPED), fds=[write_end])
+            finally:
+                os.close(write_end)
+            self._state_fd_accepted()
+            data = pipe.read()
+        self._check_device_state()
+        return data
+
+    def load_device_state(self, data: bytes) -> None:
+        """SET_DEVICE_STATE_FD(LOAD) with a pipe, the state written into it and the pipe closed, CHECK_DEVICE_STATE:
+        FrontendError when the backend refuses the state (QEMU's destination then fails the migration)."""
+        read_end, write_end = os.pipe()
+        with open(write_end, "wb") as pipe:
+            try:
+                self.send_raw(Request.SET_DEVICE_STATE_FD,
+                              protocol.DEVICE_STATE.pack(protocol.STATE_LOAD, protocol.STATE_STOPPED), fds=[read_end])
+            finally:
+                os.close(read_end)
+            self._state_fd_accepted()
+            pipe.write(data)
+        self._check_device_state()
+
+    def _state_fd_accepted(self) -> None:
+        reply = protocol.U64.unpack(self.reply(Request.SET_DEVICE_STATE_FD))[0]
+        if reply & protocol.VRING_IDX_MASK or not reply & protocol.VRING_NOFD:
+            raise FrontendError(f"SET_DEVICE_STATE_FD refused (reply {reply:#x})")
+
+    def _check_device_state(self) -> None:
+        self.send_raw(Request.CHECK_DEVICE_STATE)
+        if protocol.U64.unpack(self.reply(Request.CHECK_DEVICE_STATE))[0] != 0:
+            raise FrontendError("CHECK_DEVICE_STATE: the device state did not move (the backend's log says why)")
+
+    def migrate(self, socket_path: str) -> Frontend:
+        """This VM migrated, as QEMU does it, to a new frontend on ``socket_path``: every queue stopped, the
+        device's state saved, this frontend gone (the source QEMU exits), the new one connected with a copy of the
+        guest's memory and the same rings, the state loaded, the device started where it stopped. The new frontend
+        is returned (this one is closed)."""
+        bases = self.stop_queues()
+        data = self.save_device_state()
+        memory = self.memory.copy()
+        queues = [copy.copy(vq) for vq in self.queues]  # the same rings, in the copy of the memory
+        for vq in queues:
+            vq.memory, vq.free = memory, list(vq.free)
+            vq.kick = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            vq.call = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.close()
+        dest = Frontend(socket_path, memory=memory)
+        dest.negotiate()
+        dest.load_device_state(data)
+        dest.queues = queues
+        dest.share_memory()
+        dest.start_queues(bases)
+        return dest
+
     def get_config(self, size: int) -> bytes:
         self.send_raw(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, size, 0) + bytes(size))
         return self.reply(Request.GET_CONFIG)[protocol.CONFIG_HEADER.size:]
@@ -299,6 +384,9 @@ class Frontend:
         self.queues[abi.const("VRDMA_QUEUE_WAKE")].notify()
 
     def close(self) -> None:
+        """Idempotent (a migrated frontend is closed by migrate(), and again by its with block)."""
+        if self.sock.fileno() < 0:
+            return
         self.sock.close()
         for vq in self.queues:
             vq.close()

@@ -327,7 +327,9 @@ class SimVerbs:
 
     def query_qp(self, qp: SimQp) -> Any:
         """QUERY_QP's attributes (struct vrdma_qp_attr): the state is the device's, as it is now."""
-        return self.call("VRDMA_CMD_QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", handle=qp.handle).attr
+        resp = self.call("VRDMA_CMD_QUERY_QP", "vrdma_cmd_destroy", "vrdma_resp_query_qp", handle=qp.handle)
+        # A copy: `resp.attr` is a view into `resp`, whose memory goes with it (an ASan run read it freed).
+        return abi.from_bytes("vrdma_qp_attr", bytes(abi.ffi.buffer(abi.ffi.addressof(resp, "attr"))))
 
     def modify_qp(self, qp: SimQp, mask: int, **attr: Any) -> None:
         self.call("VRDMA_CMD_MODIFY_QP", "vrdma_cmd_modify_qp", "vrdma_resp_hdr", handle=qp.handle,
