@@ -30,14 +30,17 @@ VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *c
 		/* Full: never overwrite a completion the consumer has not read. The CQ is in error from now on. */
 		cq->error = true;
 		store_release(&hdr->overflow, 1);
+		mem_dirty(&cq->ring, 0, sizeof(*hdr));
 		d->counters.cq_overflows++;
 		vre_post_event(e, dev_index(e, d), VRDMA_EVENT_CQ_ERR, cq->cfg.handle, 0);
 		return;
 	}
 	memcpy(mem_at(&cq->ring, PAGE_SIZE + (uint64_t)(cq->prod & (cq->cfg.entries - 1)) * sizeof(*cqe)), cqe,
 	       sizeof(*cqe));
+	mem_dirty(&cq->ring, PAGE_SIZE + (uint64_t)(cq->prod & (cq->cfg.entries - 1)) * sizeof(*cqe), sizeof(*cqe));
 	cq->prod++;
 	store_release(&hdr->prod, cq->prod);
+	mem_dirty(&cq->ring, 0, sizeof(*hdr));
 	d->counters.cqes++;
 	if (cqe->status != VRDMA_WC_SUCCESS)
 		d->counters.error_cqes++;
@@ -109,6 +112,7 @@ int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	cq->cfg = *c;
 	cq->arm = vre_db_claim(d, c->db);
 	memset(mem_at(&cq->ring, 0), 0, sizeof(struct vrdma_cq_ring_hdr));
+	mem_dirty(&cq->ring, 0, sizeof(struct vrdma_cq_ring_hdr));
 	d->cqs[slot] = cq;
 	return 0;
 }

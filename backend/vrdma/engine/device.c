@@ -196,6 +196,20 @@ int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_r
 	return 0;
 }
 
+int vre_device_set_log(struct vre_engine *e, uint32_t dev, uint64_t address, uint64_t bytes)
+{
+	struct vre_device *d = vre_dev(e, dev);
+
+	if (!d)
+		return vre_fail(e, ENODEV, "device %u is not open", dev);
+	if (!address != !bytes)
+		return vre_fail(e, EINVAL, "a dirty log of %llu bytes at %#llx", (unsigned long long)bytes,
+				(unsigned long long)address);
+	d->log.bits = (uint8_t *)(uintptr_t)address;
+	d->log.bytes = bytes;
+	return 0;
+}
+
 void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out)
 {
 	struct vre_device *d = vre_dev(e, dev);

@@ -287,6 +287,10 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 void vre_device_close(struct vre_engine *e, uint32_t dev);
 /* The VM's memory table: page-aligned regions; a table refused leaves the device with no memory at all. */
 int vre_device_set_memory(struct vre_engine *e, uint32_t dev, const struct vre_region *regions, uint32_t count);
+/* While the VM migrates: every guest page the engine writes for it (data, CQEs, ring headers, atomics) is marked in
+ * the `bytes`-byte bitmap at `address` (a bit per 4 KiB page from guest address 0, set atomically after the write);
+ * 0, 0 stops it. The caller keeps the bitmap mapped until it is replaced or stopped. A device opens without one. */
+int vre_device_set_log(struct vre_engine *e, uint32_t dev, uint64_t address, uint64_t bytes);
 void vre_device_counters(struct vre_engine *e, uint32_t dev, struct vre_counters *out);
 /* The scheduler's sizes: small_piece_bytes <= piece_bytes <= solo_bytes (piece_bytes at most quantum_bytes is not
  * required). */

@@ -100,6 +100,7 @@ VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 		}
 	}
 	m->valid = true;
+	m->log = &d->log;
 	d->pages_in_use += n;
 	return 0;
 }
@@ -146,6 +147,7 @@ VRE_FN int mem_from_state(struct vre_engine *e, struct vre_device *d, const uint
 	}
 	m->npages = n;
 	m->valid = valid && translate;
+	m->log = &d->log;
 	d->pages_in_use += room;
 	return 0;
 }
@@ -190,6 +192,35 @@ VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m)
 	return m->valid;
 }
 
+/* Mark one guest page dirty in a VM's log (a page past the log is one QEMU does not migrate: nothing to mark). The
+ * release order keeps the mark behind the bytes written before it. */
+static void log_page(const struct vre_dirty_log *log, uint64_t gpa)
+{
+	uint64_t page = gpa >> PAGE_SHIFT;
+
+	if (page / 8 < log->bytes)
+		__atomic_fetch_or(&log->bits[page / 8], (uint8_t)(1u << (page % 8)), __ATOMIC_RELEASE);
+}
+
+VRE_FN void mem_dirty(const struct vre_mem *m, uint64_t off, uint64_t len)
+{
+	const struct vre_dirty_log *log = m->log;
+
+	if (!log || !log->bits || !len)
+		return;
+	for (uint64_t p = off >> PAGE_SHIFT; p <= (off + len - 1) >> PAGE_SHIFT && p < m->npages; p++)
+		log_page(log, m->gpa[p]);
+}
+
+VRE_FN void gpa_dirty(const struct vre_dirty_log *log, uint64_t gpa, uint64_t len)
+{
+	if (!log || !log->bits || !len || gpa + len < gpa)
+		return;
+	for (uint64_t page = gpa & ~(uint64_t)(PAGE_SIZE - 1); page <= gpa + len - 1 && page >= (gpa & ~(uint64_t)(PAGE_SIZE - 1));
+	     page += PAGE_SIZE)
+		log_page(log, page);
+}
+
 /* Where the next chunk of one side of a copy is, and how much of it stays inside one page of an MR. */
 static uint8_t *seg_at(const struct seg *s, uint64_t done, uint64_t *chunk)
 {
@@ -214,6 +245,10 @@ VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint3
 		const uint8_t *from = seg_at(&src[si], soff, &chunk);
 
 		memmove(to, from, chunk);  /* memmove: both sides may be the same guest page */
+		if (dst[di].mem)
+			mem_dirty(dst[di].mem, dst[di].off + doff, chunk);
+		else
+			gpa_dirty(dst[di].log, dst[di].gpa + doff, chunk);
 		moved += chunk;
 		doff += chunk;
 		soff += chunk;
@@ -245,10 +280,12 @@ static struct seg seg_part(const struct seg *s, uint64_t off, uint64_t len)
 {
 	struct seg part = *s;
 
-	if (part.mem)
+	if (part.mem) {
 		part.off += off;
-	else
+	} else {
 		part.buf += off;
+		part.gpa += off;
+	}
 	part.len = part.len - off < len ? part.len - off : len;
 	return part;
 }

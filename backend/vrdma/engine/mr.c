@@ -182,6 +182,7 @@ VRE_FN uint8_t mr_fast_register(struct vre_device *d, uint32_t pd, const struct 
 		mr->mem.hva[i] = hva;
 	}
 	mr->mem.npages = n;
+	mr->mem.log = &d->log;
 	mr->cfg.lkey = mr->cfg.rkey = w->reg.key;
 	mr->cfg.access = access;
 	mr->cfg.iova = iova;

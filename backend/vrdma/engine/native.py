@@ -175,6 +175,9 @@ class Engine:
         table = ffi.new("struct vre_region[]", [{"gpa": g, "size": s, "hva": h} for g, s, h in regions] or 1)
         self._check(lib.vre_device_set_memory(self._e, dev, table, len(regions)))
 
+    def set_dirty_log(self, dev: int, address: int, size: int) -> None:
+        self._check(lib.vre_device_set_log(self._e, dev, address, size))
+
     def set_wake_fd(self, dev: int, fd: int) -> None:
         """Device ``dev``'s wake-up eventfd (its guest's wake queue's kick, -1: none): the parked thread that runs it
         watches a duplicate (never reads it)."""

@@ -133,6 +133,7 @@ int vre_qp_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 		qp->sq_db = vre_db_claim(d, c->sq_db);
 		qp->rq_db = own_rq ? vre_db_claim(d, c->rq_db) : NULL;
 		memset(mem_at(&qp->ring, 0), 0, sizeof(struct vrdma_qp_ring_hdr));
+		mem_dirty(&qp->ring, 0, sizeof(struct vrdma_qp_ring_hdr));
 	}
 	qp->cfg = *c;
 	qp->attr.state = VRDMA_QPS_RESET;
@@ -197,6 +198,7 @@ int vre_qp_modify(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 
 			store_release(&hdr->sq_cons, 0);
 			store_release(&hdr->rq_cons, 0);
+			mem_dirty(&qp->ring, 0, sizeof(*hdr));
 		}
 	}
 	return 0;

@@ -50,6 +50,7 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		srq->cons++;
 		hdr = (struct vrdma_srq_ring_hdr *)mem_at(&srq->ring, 0);
 		store_release(&hdr->cons, srq->cons);
+		mem_dirty(&srq->ring, 0, sizeof(*hdr));
 		*max_sge = srq->cfg.max_sge;
 		if (srq->limit && avail - 1 < srq->limit) {
 			srq->limit = 0;  /* one event per arming (IB: the limit disarms itself) */
@@ -70,6 +71,7 @@ VRE_FN enum take take_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		qp->rq_cons++;
 		hdr = (struct vrdma_qp_ring_hdr *)mem_at(&qp->ring, 0);
 		store_release(&hdr->rq_cons, qp->rq_cons);
+		mem_dirty(&qp->ring, 0, sizeof(*hdr));
 		*max_sge = qp->cfg.max_recv_sge;
 	}
 	d->counters.recv_wqes++;
@@ -119,5 +121,6 @@ VRE_FN uint32_t flush_recv(struct vre_engine *e, struct vre_device *d, struct vr
 		n++;
 	}
 	store_release(&hdr->rq_cons, qp->rq_cons);
+	mem_dirty(&qp->ring, 0, sizeof(*hdr));
 	return n;
 }

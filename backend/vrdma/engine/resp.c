@@ -203,6 +203,7 @@ static enum resp atomic(const struct vre_request *r, struct vre_mr *rmr, uint64_
 	} else {
 		original = __atomic_fetch_add(target, h->compare_add, __ATOMIC_SEQ_CST);
 	}
+	mem_dirty(&rmr->mem, roff, 8);
 	copy_segs(r->local, r->nlocal, &src, 1);
 	return RESP_DONE;
 }

@@ -422,6 +422,7 @@ static void atomic_request(struct vre_engine *e, struct vre_device *d, struct vr
 	} else {
 		orig = __atomic_fetch_add(target, pkt->swap_add, __ATOMIC_SEQ_CST);
 	}
+	mem_dirty(&mr->mem, off, 8);
 	*job = (struct vre_rd_job){ .psn = pkt->psn, .npkts = 1, .atomic = true, .orig = orig };
 	n->epsn = psn_add(n->epsn, 1);
 	n->msn++;

@@ -40,6 +40,7 @@ int vre_srq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const stru
 	srq->db = vre_db_claim(d, c->db);
 	srq->limit = c->limit;
 	memset(mem_at(&srq->ring, 0), 0, sizeof(struct vrdma_srq_ring_hdr));
+	mem_dirty(&srq->ring, 0, sizeof(struct vrdma_srq_ring_hdr));
 	d->srqs[slot] = srq;
 	return 0;
 }

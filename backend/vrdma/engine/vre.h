@@ -64,12 +64,23 @@
 #define VRE_FN
 #endif
 
+/*
+ * A VM's dirty log while it migrates (vre_device_set_log): a bit per 4 KiB guest-physical page, from guest address 0,
+ * which QEMU collects and clears (vhost-user's VHOST_USER_SET_LOG_BASE region). A page the engine writes is marked
+ * after the bytes are there, so that QEMU never clears a mark and copies the page before the write lands.
+ */
+struct vre_dirty_log {
+	uint8_t *bits;            /* NULL: not logging */
+	uint64_t bytes;
+};
+
 /* Guest memory an object spans: its pages' guest-physical addresses and where they are mapped here. */
 struct vre_mem {
 	uint32_t npages;
 	bool valid;               /* false once a memory table change left a page untranslatable */
 	uint64_t *gpa;
 	uint8_t **hva;
+	const struct vre_dirty_log *log;  /* the log of the VM whose memory this is (its device's) */
 };
 
 struct vre_mr {
@@ -216,6 +227,7 @@ struct vre_device {
 	uint64_t *db_pages_used;  /* bitmap: pages some queue took a slot of (their parked slot is kept) */
 	struct vre_region regions[MAX_REGIONS];
 	uint32_t nregions;
+	struct vre_dirty_log log;
 	struct vre_mr **mrs;
 	struct vre_cq **cqs;
 	struct vre_srq **srqs;
@@ -239,6 +251,9 @@ struct seg {
 	const uint8_t *buf;
 	uint64_t off;
 	uint64_t len;
+	/* A buffer that is guest RAM (the local DMA lkey's): its guest address, and its VM's log; else NULL. */
+	const struct vre_dirty_log *log;
+	uint64_t gpa;
 };
 
 /* Where one WQE's execution keeps its copies: one per thread that executes (struct vre_ctx), not on the stack
@@ -472,6 +487,9 @@ VRE_FN void obj_free(struct vre_device *d, void *obj, size_t mem_offset);
 VRE_FN void mem_put(struct vre_device *d, struct vre_mem *m);
 VRE_FN bool mem_retranslate(struct vre_device *d, struct vre_mem *m);
 VRE_FN uint64_t copy_segs(struct seg *dst, uint32_t ndst, struct seg *src, uint32_t nsrc);
+/* Bytes [off, off + len) of an object's memory (or of guest RAM at gpa) written: marked in its VM's dirty log. */
+VRE_FN void mem_dirty(const struct vre_mem *m, uint64_t off, uint64_t len);
+VRE_FN void gpa_dirty(const struct vre_dirty_log *log, uint64_t gpa, uint64_t len);
 VRE_FN uint64_t copy_at(struct seg *segs, uint32_t n, uint64_t off, uint8_t *buf, uint64_t len, bool to_segs);
 /* Bytes [off, off + len) of a list of segments taken as one run, as a list of segments (into out, which has room
  * for n): how many. */

@@ -41,7 +41,7 @@ VRE_FN uint8_t sges_to_segs(struct vre_device *d, uint32_t pd, bool kernel, cons
 
 			if (!hva)
 				return VRDMA_WC_LOC_PROT_ERR;
-			segs[k++] = (struct seg){ .buf = hva, .len = s.length };
+			segs[k++] = (struct seg){ .buf = hva, .len = s.length, .log = &d->log, .gpa = s.addr };
 		} else {
 			mr = mr_by_key(d, s.lkey, false);
 			if (!mr || mr->cfg.pd != pd || !mr_range(mr, s.addr, s.length, &off) ||
@@ -73,6 +73,7 @@ VRE_FN void complete_send(struct vre_engine *e, struct vre_device *d, struct vre
 	qp->sq_head++;
 	qp->piece = (struct vre_piece){ 0 };  /* the next WQE's message starts from its first byte */
 	store_release(&hdr->sq_cons, qp->sq_head);
+	mem_dirty(&qp->ring, 0, sizeof(*hdr));
 	if (status != VRDMA_WC_SUCCESS)
 		qp->counters.error_cqes++;
 	if (status == VRDMA_WC_WR_FLUSH_ERR)

@@ -44,6 +44,7 @@ class FakeEngine:
         self.kicks = 0
         self.recheck_ns = 0
         self.wake_fds: dict[int, int] = {}
+        self.dirty_logs: dict[int, tuple[int, int]] = {}
 
     def refuse_next(self, errno: int = errnos.EINVAL) -> None:
         self._refuse = errno
@@ -97,6 +98,11 @@ class FakeEngine:
 
     def set_wake_fd(self, dev: int, fd: int) -> None:
         self.wake_fds[dev] = fd
+
+    def set_dirty_log(self, dev: int, address: int, size: int) -> None:
+        if (address == 0) != (size == 0):
+            raise EngineError(f"a dirty log of {size} bytes at {address:#x}", errnos.EINVAL)
+        self.dirty_logs[dev] = (address, size)
 
     # -- a device's state: the configured objects, as JSON (the C engine's format is its own, state.c) ----------
 
