@@ -216,9 +216,8 @@ VRE_FN void gpa_dirty(const struct vre_dirty_log *log, uint64_t gpa, uint64_t le
 {
 	if (!log || !log->bits || !len || gpa + len < gpa)
 		return;
-	for (uint64_t page = gpa & ~(uint64_t)(PAGE_SIZE - 1); page <= gpa + len - 1 && page >= (gpa & ~(uint64_t)(PAGE_SIZE - 1));
-	     page += PAGE_SIZE)
-		log_page(log, page);
+	for (uint64_t page = gpa >> PAGE_SHIFT, last = (gpa + len - 1) >> PAGE_SHIFT; page <= last; page++)
+		log_page(log, page << PAGE_SHIFT);
 }
 
 /* Where the next chunk of one side of a copy is, and how much of it stays inside one page of an MR. */
