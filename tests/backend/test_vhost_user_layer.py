@@ -38,6 +38,8 @@ class FakeModel:
         self.started: list[tuple[int, bool]] = []
         self.memory: list[MemoryRegion] = []
         self.paused = 0
+        self.resets = 0
+        self.dirty_logs: list[tuple[int, int]] = []
 
     def device_features(self) -> int:
         return 0
@@ -56,6 +58,12 @@ class FakeModel:
 
     def queue_kicked(self, device: VhostUserConnection, index: int) -> None:
         pass
+
+    def device_reset(self, device: VhostUserConnection) -> None:
+        self.resets += 1
+
+    def dirty_log_changed(self, device: VhostUserConnection) -> None:
+        self.dirty_logs.append(device.dirty_log_area())
 
     def memory_changed(self, device: VhostUserConnection) -> None:
         self.memory = device.memory_regions()
@@ -152,7 +160,8 @@ def test_none_request_disconnects_only_and_does_not_exit(pair: tuple[Frontend, V
     (Request.SET_FEATURES, b"\0" * 4, 0x1, None, "SET_FEATURES with a 4-byte payload (expected 8)"),
     (Request.GET_FEATURES, b"\0" * 8, 0x1, None, "GET_FEATURES with a 8-byte payload (expected 0)"),
     (999, b"", 0x1, None, "request 999 is not supported"),
-    (Request.SET_LOG_BASE, b"\0" * 16, 0x1, None, "SET_LOG_BASE is not supported"),
+    (Request.SET_LOG_BASE, b"\0" * 16, 0x1, None, "SET_LOG_BASE came with 0 file descriptors (expected 1)"),
+    (Request.SET_LOG_FD, b"\0" * 8, 0x1, None, "SET_LOG_FD is not supported"),
     (Request.SET_VRING_NUM, protocol.VRING_STATE.pack(2, 64), 0x1, None, "queue 2; the device has 2 queues"),
     (Request.SET_VRING_KICK, protocol.U64.pack(7 | protocol.VRING_NOFD), 0x1, None, "queue 7"),
     (Request.SET_VRING_KICK, protocol.U64.pack(0), 0x1, None, "came with 0 file descriptors (expected 1)"),

@@ -95,7 +95,8 @@ class VirtioRdmaTransport:
         return (protocol.ProtocolFeature.MQ | protocol.ProtocolFeature.REPLY_ACK | protocol.ProtocolFeature.CONFIG
                 | protocol.ProtocolFeature.CONFIGURE_MEM_SLOTS | protocol.ProtocolFeature.BACKEND_REQ
                 | protocol.ProtocolFeature.BACKEND_SEND_FD | protocol.ProtocolFeature.SHMEM
-                | protocol.ProtocolFeature.RESET_DEVICE | protocol.ProtocolFeature.DEVICE_STATE)
+                | protocol.ProtocolFeature.RESET_DEVICE | protocol.ProtocolFeature.DEVICE_STATE
+                | protocol.ProtocolFeature.LOG_SHMFD)
 
     def stop_keeps_state(self, device: VhostUserConnection) -> bool:
         """Whether every queue stopped is a stop (the device suspended, its objects kept) rather than a reset: only
@@ -173,11 +174,15 @@ class VirtioRdmaTransport:
         self.incoming_state = None
         self.device_resets += 1
 
+    def dirty_log_changed(self, device: VhostUserConnection) -> None:
+        # The engine marks what it writes into this VM's memory; the vhost-user layer marks its own writes.
+        self.rdma.set_dirty_log(*device.dirty_log_area())
+
     def device_reset(self, device: VhostUserConnection) -> None:
         log.info("%s: device reset", self.rdma.name)
         self._reset()
 
-    # -- the device's state (vrdma.vhost_user.connection.DeviceStateModel: a live migration) --------------------
+    # -- the device's state (vrdma.vhost_user.state_transfer.DeviceStateModel: a live migration) --------------------
 
     def save_device_state(self, device: VhostUserConnection) -> bytes:
         if self.started or not self.suspended:
@@ -272,6 +277,7 @@ class VirtioRdmaTransport:
         self.device = None
         self.started.clear()
         self.suspended, self.fresh, self.incoming_state = False, True, None
+        self.rdma.set_dirty_log(0, 0)  # the connection unmaps the log next
         if self.watch_wake is not None:
             self.watch_wake(-1)  # the connection closes its kick eventfds
         self.rdma.reset()

@@ -65,6 +65,7 @@ class RdmaDevice:
         self.on_event: Callable[[], None] | None = None
         self.response_filter: ResponseFilter | None = None
         self.memory: list[tuple[int, int, int]] = []  # the memory table the engine has, kept across resets
+        self.dirty_log = (0, 0)  # the migration's log the engine marks in (address, bytes), kept across resets
         self.qos = qos
         # Whether the VM's driver asked for the parked engine's periodic look at the doorbells (its fences may not
         # be real: VRDMA_F_DOORBELL_RECHECK, set when the transport negotiates features).
@@ -101,6 +102,8 @@ class RdmaDevice:
         base = self.doorbell_address()
         self.seat.engine.open_device(self.seat.index, engine_limits(self.limits), base)
         self._apply_qos()
+        if self.dirty_log[1]:
+            self.seat.engine.set_dirty_log(self.seat.index, *self.dirty_log)
 
     def _apply_qos(self) -> None:
         # Qos's fields are struct vre_qos's, by name.
@@ -189,6 +192,12 @@ class RdmaDevice:
             self.on_event()
 
     # -- its state as data (device/state.py: a live migration, a backend upgrade) -------------------------
+
+    def set_dirty_log(self, address: int, size: int) -> None:
+        """While the VM migrates: the bitmap (``size`` bytes at ``address`` in this process) in which the engine marks
+        the guest pages it writes; (0, 0) stops it. Kept across resets of the device until stopped."""
+        self.dirty_log = (address, size)
+        self.seat.engine.set_dirty_log(self.engine_index, address, size)
 
     def suspend(self, suspended: bool = True) -> None:
         """The engine stops running the device and delivering into it (a pause, not a loss), or runs it again."""

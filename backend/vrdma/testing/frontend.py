@@ -26,6 +26,7 @@ from vrdma.vhost_user.protocol import Request
 
 VIRTIO_F_VERSION_1 = 1 << 32
 VHOST_USER_F_PROTOCOL_FEATURES = 1 << 30
+VHOST_F_LOG_ALL = 1 << 26
 DESC = struct.Struct("<QIHH")        # addr, len, flags, next
 VRING_DESC_F_NEXT, VRING_DESC_F_WRITE = 1, 2
 USER_BASE = 0x7F00_0000_0000         # the "QEMU virtual address" of guest memory, as a real frontend has one
@@ -106,10 +107,11 @@ class Virtqueue:
         self.kick = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.call = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
 
-    def address_payload(self) -> bytes:
-        """SET_VRING_ADDR payload: ring addresses are frontend virtual addresses."""
-        return struct.pack("<IIQQQQ", self.index, 0, USER_BASE + self.desc, USER_BASE + self.used,
-                           USER_BASE + self.avail, 0)
+    def address_payload(self, logged: bool = False) -> bytes:
+        """SET_VRING_ADDR payload: ring addresses are frontend virtual addresses; ``logged``: the used ring's writes
+        to be logged (VHOST_VRING_F_LOG, at its guest address), as QEMU asks while it migrates."""
+        return struct.pack("<IIQQQQ", self.index, 1 if logged else 0, USER_BASE + self.desc, USER_BASE + self.used,
+                           USER_BASE + self.avail, self.used if logged else 0)
 
     def add(self, out: list[bytes], in_sizes: list[int]) -> tuple[int, list[int]]:
         """Post a chain of device-readable buffers then device-writable ones; return (head, in buffer gpas)."""
@@ -362,6 +364,26 @@ class Frontend:
         dest.share_memory()
         dest.start_queues(bases)
         return dest
+
+    def start_dirty_log(self) -> mmap.mmap:
+        """What QEMU sends when a migration starts with the device running: SET_LOG_BASE (a sealed memfd, a bit per
+        page of guest memory), SET_FEATURES with VHOST_F_LOG_ALL, each queue's address again with its used ring
+        logged. Returns the log, which the test reads and clears as QEMU does."""
+        size = self.memory.size // 4096 // 8
+        fd = os.memfd_create("vhost-log", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            log = mmap.mmap(fd, size)
+            self.send_raw(Request.SET_LOG_BASE, struct.pack("<QQ", size, 0), fds=[fd])
+        finally:
+            os.close(fd)
+        self.reply(Request.SET_LOG_BASE)
+        self.acked(Request.SET_FEATURES, protocol.U64.pack(VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES
+                                                           | VHOST_F_LOG_ALL | self.device_features))
+        for vq in self.queues:
+            self.acked(Request.SET_VRING_ADDR, vq.address_payload(logged=True))
+        return log
 
     def get_config(self, size: int) -> bytes:
         self.send_raw(Request.GET_CONFIG, protocol.CONFIG_HEADER.pack(0, size, 0) + bytes(size))

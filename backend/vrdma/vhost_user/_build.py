@@ -80,6 +80,8 @@ int vrdma_vu_shmem_map(VrdmaVu *vu, uint8_t shmid, uint64_t fd_offset, uint64_t 
 void vrdma_call_watch(vu_watch_cb cb, VuDev *dev, int condition, void *data);
 int vrdma_vu_kick_fd(VrdmaVu *vu, uint16_t index);
 bool vrdma_vu_queue_ready(VrdmaVu *vu, uint16_t index);
+void vrdma_log_mark(uint8_t *bits, uint64_t bytes, uint64_t gpa, uint64_t len);
+void vrdma_vu_log_used(VrdmaVu *vu, uint16_t index, uint8_t *bits, uint64_t bytes);
 size_t vrdma_payload_size(void);
 int vrdma_max_fds(void);
 

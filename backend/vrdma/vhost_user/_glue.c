@@ -144,3 +144,40 @@ int vrdma_vu_kick_fd(VrdmaVu *vu, uint16_t index)
 {
     return vu->dev.vq && index < vu->dev.max_queues ? vu->dev.vq[index].kick_fd : -1;
 }
+
+/*
+ * Mark guest pages [gpa, gpa + len) in a dirty log (VHOST_USER_SET_LOG_BASE's bitmap: a bit per 4 KiB page from guest
+ * address 0), each bit atomically after the bytes are written: QEMU collects and clears bits meanwhile, and the VM's
+ * other vhost back-ends mark theirs in the same log. A page past the log is one QEMU does not migrate.
+ */
+void vrdma_log_mark(uint8_t *bits, uint64_t bytes, uint64_t gpa, uint64_t len)
+{
+    if (!bits || !len || gpa + len < gpa) {
+        return;
+    }
+    for (uint64_t page = gpa / VHOST_LOG_PAGE, last = (gpa + len - 1) / VHOST_LOG_PAGE;
+         page <= last && page / 8 < bytes; page++) {
+        __atomic_fetch_or(&bits[page / 8], (uint8_t)(1u << (page % 8)), __ATOMIC_RELEASE);
+    }
+}
+
+/*
+ * The used ring of queue `index` marked whole in a dirty log, when the frontend asked for its writes to be logged
+ * (SET_VRING_ADDR's VHOST_VRING_F_LOG, at its log_guest_addr): libvhost-user would log it only into a log of its
+ * own, which it never gets here (the protocol layer owns SET_LOG_BASE).
+ */
+void vrdma_vu_log_used(VrdmaVu *vu, uint16_t index, uint8_t *bits, uint64_t bytes)
+{
+    const VuVirtq *vq;
+
+    if (!vu->dev.vq || index >= vu->dev.max_queues) {
+        return;
+    }
+    vq = &vu->dev.vq[index];
+    if (!(vq->vring.flags & (1u << VHOST_VRING_F_LOG)) || !vq->vring.num) {
+        return;
+    }
+    vrdma_log_mark(bits, bytes, vq->vring.log_guest_addr,
+                   offsetof(struct vring_used, ring) + (uint64_t)vq->vring.num * sizeof(struct vring_used_elem) +
+                   sizeof(uint16_t));
+}

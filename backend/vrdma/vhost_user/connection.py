@@ -19,11 +19,13 @@ import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from vrdma.faultguard import FaultGuard
 from vrdma.loop import EventLoop
 from vrdma.vhost_user import protocol
+from vrdma.vhost_user.dirty_log import LOG, DirtyLog
+from vrdma.vhost_user.state_transfer import DeviceStateChannel
 
 try:
     from vrdma.vhost_user._libvhost_user import ffi, lib
@@ -70,6 +72,8 @@ class MemoryRegion:
     host_address: int
     mapping: tuple[int, int]
 
+VHOST_F_LOG_ALL = 26  # the virtio feature bit a frontend acks while it migrates: writes are logged
+
 if lib.vrdma_payload_size() != protocol.MAX_PAYLOAD or lib.vrdma_max_fds() != protocol.MAX_FDS:
     raise ImportError(f"libvhost-user's message layout ({lib.vrdma_payload_size()} bytes, {lib.vrdma_max_fds()} "
                       f"fds) differs from vrdma.vhost_user.protocol ({protocol.MAX_PAYLOAD}, {protocol.MAX_FDS})")
@@ -90,38 +94,14 @@ class DeviceModel(Protocol):
     # VHOST_USER_RESET_DEVICE (with ProtocolFeature.RESET_DEVICE offered): the driver or the machine reset the
     # device; every queue is stopped already. Without it, a frontend's stop and a reset look the same.
     def device_reset(self, device: VhostUserConnection) -> None: ...
+    # The frontend's dirty log changed (SET_LOG_BASE), or logging was turned on or off (SET_FEATURES' LOG_ALL):
+    # device.dirty_log_area() says where to mark the guest pages the model writes other than through this layer.
+    def dirty_log_changed(self, device: VhostUserConnection) -> None: ...
     def memory_changed(self, device: VhostUserConnection) -> None: ...
     def disconnected(self, device: VhostUserConnection, reason: str) -> None: ...
     # Held while a memory message remaps guest memory and memory_changed runs: nothing of the device's that runs
     # in another thread may touch guest memory meanwhile.
     def data_path_paused(self) -> AbstractContextManager[None]: ...
-
-
-@runtime_checkable
-class DeviceStateModel(Protocol):
-    """What a device model that migrates gives the vhost-user layer besides a DeviceModel's (it offers
-    ProtocolFeature.DEVICE_STATE): its state as bytes, the device stopped; and a state to take, which it refuses by
-    raising ValueError (the frontend's migration then fails)."""
-
-    def save_device_state(self, device: VhostUserConnection) -> bytes: ...
-    def load_device_state(self, device: VhostUserConnection, data: bytes) -> None: ...
-
-
-MAX_DEVICE_STATE = 1 << 30  # bytes a state the frontend sends may have, at most
-STATE_CHUNK = 1 << 20       # bytes moved per turn of the loop (QEMU reads and writes the pipe a MiB at a time)
-
-
-@dataclass
-class StateTransfer:
-    """A device state moving through the frontend's pipe (SET_DEVICE_STATE_FD): written out from the event loop as
-    the pipe takes it (SAVE), or read in as it arrives (LOAD), never blocking the loop; CHECK_DEVICE_STATE ends it."""
-
-    direction: int
-    fd: int
-    data: bytearray
-    at: int = 0
-    done: bool = False
-    failed: str = ""
 
 
 class CloseCause(enum.Enum):
@@ -172,7 +152,8 @@ class VhostUserConnection:
         self.negotiated_features: int | None = None           # what SET_FEATURES negotiated (None: not yet)
         self.negotiated_protocol_features: int | None = None  # what SET_PROTOCOL_FEATURES negotiated
         self.sock.setblocking(False)
-        self.state_transfer: StateTransfer | None = None  # SET_DEVICE_STATE_FD's, until CHECK_DEVICE_STATE
+        self.device_state = DeviceStateChannel(self, loop)  # SET_DEVICE_STATE_FD, CHECK_DEVICE_STATE
+        self.dirty_log: DirtyLog | None = None  # SET_LOG_BASE's (live migration)
         self.reader = protocol.MessageReader(sock)
         self._handle = ffi.new_handle(self)
         self._vu = ffi.new("VrdmaVu *")
@@ -231,10 +212,14 @@ class VhostUserConnection:
             self._reply(message, protocol.U64.pack(self.offered_protocol_features))
             return
         if message.request == protocol.Request.SET_DEVICE_STATE_FD:
-            self._set_device_state_fd(message)  # (libvhost-user of QEMU 10.0 has neither of these two)
+            # (libvhost-user of QEMU 10.0 has neither of these two)
+            self._reply(message, protocol.U64.pack(self.device_state.set_fd(message)))
             return
         if message.request == protocol.Request.CHECK_DEVICE_STATE:
-            self._check_device_state(message)
+            self._reply(message, protocol.U64.pack(self.device_state.check()))
+            return
+        if message.request == protocol.Request.SET_LOG_BASE:
+            self._set_log_base(message)  # (never libvhost-user's: dirty_log.py says why)
             return
         if message.request == protocol.Request.SET_CONFIG:
             # Config space is read-only. libvhost-user would call panic (and so drop the device) when the model
@@ -275,7 +260,8 @@ class VhostUserConnection:
                     return
         if message.request == protocol.Request.SET_BACKEND_REQ_FD:
             self._map_shared_memory()
-        elif message.request in (protocol.Request.RESET_OWNER, protocol.Request.SET_VRING_ENABLE):
+        elif message.request in (protocol.Request.RESET_OWNER, protocol.Request.SET_VRING_ENABLE,
+                                 protocol.Request.SET_FEATURES):
             try:
                 self._tell_model(message)
             except Exception as err:  # the model's failure ends this VM's connection, never the process
@@ -283,6 +269,9 @@ class VhostUserConnection:
                 self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
 
     def _tell_model(self, message: protocol.Message) -> None:
+        if message.request == protocol.Request.SET_FEATURES:
+            self.model.dirty_log_changed(self)  # LOG_ALL may have come or gone
+            return
         if message.request == protocol.Request.RESET_OWNER:
             self.model.device_reset(self)  # (libvhost-user only disabled the rings)
             return
@@ -311,112 +300,46 @@ class VhostUserConnection:
             log.info("%s: shared memory region %d: %d bytes mapped (fd %d)", self.name, region.shmid,
                      region.length, region.fd)
 
-    # -- the device's state, through the frontend's pipe (live migration) ------------------------------------
+    # -- the dirty log (live migration) ---------------------------------------------------------------------------
 
-    def _set_device_state_fd(self, message: protocol.Message) -> None:
-        """SAVE: the model's state, taken now (the device is stopped), streamed into the pipe after the reply;
-        LOAD: the pipe read into a buffer as the frontend writes it. The reply comes first either way: the frontend
-        reads or writes the pipe only after it, and blocks on it meanwhile (a blocking backend would deadlock)."""
-        direction = protocol.DEVICE_STATE.unpack(message.payload)[0]
+    def _set_log_base(self, message: protocol.Message) -> None:
+        """The frontend's new log: mapped and checked, the model told, the old one unmapped after (the model's engine
+        lets go of it first). QEMU waits for a reply whether or not it asked for one."""
+        size, offset = LOG.unpack(message.payload)
         fd = message.fds.pop()
-        self._end_state_transfer()
-        error = 0
-        if not isinstance(self.model, DeviceStateModel) or not self.offered_protocol_features & \
-                protocol.ProtocolFeature.DEVICE_STATE:
-            log.warning("%s: SET_DEVICE_STATE_FD, and the device does not migrate", self.name)
-            error = 1
-        elif direction == protocol.STATE_SAVE:
-            try:
-                data = bytearray(self.model.save_device_state(self))
-            except Exception as err:  # the model's refusal (or failure) fails the migration, not the device
-                log.error("%s: the device's state cannot be saved: %s", self.name, err)
-                error = 1
-            else:
-                self.state_transfer = StateTransfer(direction, fd, data)
-        else:
-            self.state_transfer = StateTransfer(direction, fd, bytearray())
-        if error:
+        try:
+            if not (self.negotiated_protocol_features or 0) & protocol.ProtocolFeature.LOG_SHMFD:
+                raise protocol.UnsupportedRequest("SET_LOG_BASE without VHOST_USER_PROTOCOL_F_LOG_SHMFD negotiated")
+            new = DirtyLog(fd, size, offset)
+        except (protocol.ProtocolError, OSError) as err:
+            self.close(f"protocol error: {err}", CloseCause.PROTOCOL_ERROR)
+            return
+        finally:
             os.close(fd)
-            self._reply(message, protocol.U64.pack(error))
-            return
-        os.set_blocking(fd, False)
-        self._reply(message, protocol.U64.pack(protocol.VRING_NOFD))
-        if direction == protocol.STATE_SAVE:
-            self.loop.add_writer(fd, self._write_state)
-        else:
-            self.loop.add_reader(fd, self._on_state_readable)
-        log.info("%s: device state transfer (%s) begins", self.name,
-                 "save" if direction == protocol.STATE_SAVE else "load")
-
-    def _write_state(self) -> None:
-        t = self.state_transfer
-        if t is None or t.done:
-            return
+        old, self.dirty_log = self.dirty_log, new
         try:
-            while t.at < len(t.data):
-                t.at += os.write(t.fd, t.data[t.at:t.at + STATE_CHUNK])
-        except BlockingIOError:
-            return  # the pipe is full: the frontend reads, the loop comes back
-        except OSError as err:
-            t.failed = f"writing the state: {err}"
-        self._finish_state_transfer(t)
+            self.model.dirty_log_changed(self)
+        except Exception as err:  # the model's failure ends this VM's connection, never the process
+            log.exception("%s: the device model failed on the dirty log", self.name)
+            self.close(f"device model error: {err}", CloseCause.DEVICE_ERROR)
+            return
+        finally:
+            if old is not None:
+                old.close()
+        log.info("%s: dirty log of %d bytes", self.name, size)
+        self._reply(message, protocol.U64.pack(0))
 
-    def _on_state_readable(self) -> None:
-        if self.state_transfer is not None:
-            self._read_state(self.state_transfer)
+    def dirty_log_area(self) -> tuple[int, int]:
+        """(address here, bytes) of the log that guest pages written must be marked in, (0, 0) when not logging:
+        the frontend gave one and turned logging on (VHOST_F_LOG_ALL, a feature it acks only while it migrates)."""
+        if self.dirty_log is None or not (self.negotiated_features or 0) & (1 << VHOST_F_LOG_ALL):
+            return 0, 0
+        return self.dirty_log.address, self.dirty_log.size
 
-    def _read_state(self, t: StateTransfer) -> bool:
-        """Read what the pipe holds; True once the frontend closed its end (or the transfer failed)."""
-        if t.done:
-            return True
-        try:
-            while chunk := os.read(t.fd, STATE_CHUNK):
-                t.data += chunk
-                if len(t.data) > MAX_DEVICE_STATE:
-                    t.failed = f"a state of more than {MAX_DEVICE_STATE} bytes"
-                    break
-        except BlockingIOError:
-            return False
-        except OSError as err:
-            t.failed = f"reading the state: {err}"
-        self._finish_state_transfer(t)
-        return True
-
-    def _finish_state_transfer(self, t: StateTransfer) -> None:
-        """The pipe's end of the backend closed: EOF for a reading frontend, EPIPE for a writing one that sends on."""
-        if t.fd >= 0:
-            self.loop.remove_reader(t.fd)
-            os.close(t.fd)
-            t.fd = -1
-        t.done = True
-
-    def _end_state_transfer(self) -> None:
-        if self.state_transfer is not None:
-            self._finish_state_transfer(self.state_transfer)
-            self.state_transfer = None
-
-    def _check_device_state(self, message: protocol.Message) -> None:
-        """After the frontend read the state to its end (SAVE) or closed its end of the pipe (LOAD, so what is left in
-        the pipe is there now): 0 when the state moved and, loading, the model took it; 1 otherwise."""
-        t, self.state_transfer = self.state_transfer, None
-        failed = "no SET_DEVICE_STATE_FD before it" if t is None else ""
-        if t is not None and t.direction == protocol.STATE_LOAD and not t.failed and not self._read_state(t):
-            t.failed = "the frontend had not closed its end of the pipe"
-        if t is not None:
-            self._finish_state_transfer(t)
-            failed = t.failed or ("the frontend did not read the whole state" if t.direction ==
-                                  protocol.STATE_SAVE and t.at < len(t.data) else "")
-        if not failed and t is not None and t.direction == protocol.STATE_LOAD:
-            try:
-                assert isinstance(self.model, DeviceStateModel)
-                self.model.load_device_state(self, bytes(t.data))
-            except Exception as err:  # a refused state fails the migration; the device goes on as it was
-                failed = f"the device refused the state: {err}"
-        if failed:
-            log.error("%s: device state transfer failed: %s", self.name, failed)
-        else:
-            log.info("%s: device state transfer done (%d bytes)", self.name, len(t.data) if t else 0)
-        self._reply(message, protocol.U64.pack(1 if failed else 0))
+    def _log(self, gpa: int, length: int) -> None:
+        address, size = self.dirty_log_area()
+        if size:
+            lib.vrdma_log_mark(ffi.cast("uint8_t *", address), size, gpa, length)
 
     @property
     def offered_protocol_features(self) -> int:
@@ -487,6 +410,9 @@ class VhostUserConnection:
             return
         vq = lib.vu_get_queue(self._dev, index)
         lib.vu_queue_push(self._dev, vq, element.handle, written)
+        address, size = self.dirty_log_area()
+        if size:
+            lib.vrdma_vu_log_used(self._vu, index, ffi.cast("uint8_t *", address), size)
 
     def notify(self, index: int) -> None:
         if lib.vrdma_vu_queue_ready(self._vu, index):
@@ -503,6 +429,11 @@ class VhostUserConnection:
 
     def write(self, address: int, data: bytes) -> None:
         ffi.memmove(ffi.cast(_CHAR_P, address), data, len(data))
+        if self.dirty_log is not None:
+            for region in self.memory_regions():  # the guest pages behind a host address
+                if region.host_address <= address < region.host_address + region.size:
+                    self._log(region.gpa + address - region.host_address, len(data))
+                    break
 
     @property
     def features(self) -> int:
@@ -518,9 +449,12 @@ class VhostUserConnection:
         log.log(level, "%s: closing the device: %s", self.name, reason)
         self.state = State.CLOSED
         self.loop.remove_reader(self.sock.fileno())
-        self._end_state_transfer()
-        # The model lets go of guest memory first (its data engine holds addresses in it) ...
+        self.device_state.end()
+        # The model lets go of guest memory first (its data engine holds addresses in it, and in the dirty log) ...
         self.model.disconnected(self, reason)
+        if self.dirty_log is not None:
+            self.dirty_log.close()
+            self.dirty_log = None
         # ... and the fault guard (an address range unmapped next may be mapped again for someone else) ...
         if self._guard is not None:
             self._guard.release()

@@ -60,7 +60,8 @@ class ProtocolFeature(enum.IntFlag):
 SUPPORTED_PROTOCOL_FEATURES = (ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG
                                | ProtocolFeature.CONFIGURE_MEM_SLOTS | ProtocolFeature.BACKEND_REQ
                                | ProtocolFeature.BACKEND_SEND_FD | ProtocolFeature.SHMEM
-                               | ProtocolFeature.RESET_DEVICE | ProtocolFeature.DEVICE_STATE)
+                               | ProtocolFeature.RESET_DEVICE | ProtocolFeature.DEVICE_STATE
+                               | ProtocolFeature.LOG_SHMFD)
 
 
 class Request(enum.IntEnum):
@@ -316,6 +317,7 @@ RULES: dict[Request, tuple[SizeRule, FdRule]] = {
     Request.SET_OWNER: (_fixed(0), _no_fds),
     Request.RESET_OWNER: (_fixed(0), _no_fds),
     Request.SET_MEM_TABLE: (_mem_table_size, _mem_table_fds),
+    Request.SET_LOG_BASE: (_fixed(2 * U64.size), _one_fd),
     Request.SET_VRING_NUM: (_fixed(VRING_STATE.size), _vring_state_fds),
     Request.SET_VRING_ADDR: (_fixed(VRING_ADDR_SIZE), _vring_addr_fds),
     Request.SET_VRING_BASE: (_fixed(VRING_STATE.size), _vring_state_fds),

@@ -1,5 +1,4 @@
-"""GET_FEATURES, SET_FEATURES, GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES (and SET_LOG_BASE, which needs a
-protocol feature the backend does not offer)."""
+"""GET_FEATURES, SET_FEATURES, GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES (SET_LOG_BASE: test_log_base.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,8 @@ def test_protocol_features_are_exactly_what_the_backend_implements(fe: Frontend,
     offered = fe.get_u64(Request.GET_PROTOCOL_FEATURES)
     assert offered == ProtocolFeature.MQ | ProtocolFeature.REPLY_ACK | ProtocolFeature.CONFIG \
         | ProtocolFeature.CONFIGURE_MEM_SLOTS | ProtocolFeature.BACKEND_REQ | ProtocolFeature.BACKEND_SEND_FD \
-        | ProtocolFeature.SHMEM | ProtocolFeature.RESET_DEVICE | ProtocolFeature.DEVICE_STATE
+        | ProtocolFeature.SHMEM | ProtocolFeature.RESET_DEVICE | ProtocolFeature.DEVICE_STATE \
+        | ProtocolFeature.LOG_SHMFD
     fe.send_raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(offered))
     backend.wait_for_counters("vm0", lambda c: c["connection"]["protocol_features"] == offered,
                               f"protocol features {offered:#x} negotiated")
@@ -36,8 +36,8 @@ def test_protocol_features_are_exactly_what_the_backend_implements(fe: Frontend,
 ATTACKS = {
     "short SET_FEATURES payload": raw(Request.SET_FEATURES, b"\0" * 4),
     "payload on GET_FEATURES": raw(Request.GET_FEATURES, b"\0" * 8),
-    "protocol feature never offered": raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(1 << 1)),
-    "log base (not offered)": raw(Request.SET_LOG_BASE, b"\0" * 16, fds=1),
+    "protocol feature never offered": raw(Request.SET_PROTOCOL_FEATURES, protocol.U64.pack(1 << 4)),  # NET_MTU
+    "log base of 0 bytes on a pipe": raw(Request.SET_LOG_BASE, b"\0" * 16, fds=1),
 }
 
 
