@@ -6,14 +6,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from polling import wait_until
 
-from vrdma.harness import verbs
+from vrdma.harness import daemon, verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
-from vrdma.harness.vm import Products
+from vrdma.harness.qemu_cmdline import GuestIdentity
+from vrdma.harness.vm import Products, Vm
 
 pytestmark = pytest.mark.vm
 log = logging.getLogger(__name__)
@@ -66,3 +68,51 @@ def test_a_stopped_and_continued_vm_keeps_its_queue_pairs(guests: Cluster) -> No
     assert not after["suspended"]
     dmesg = server.run(["dmesg"]).check("dmesg").stdout
     assert "device lost" not in dmesg, dmesg[-3000:]
+
+
+@pytest.fixture
+def lone_guest(products: Products, tmp_path: Path) -> Iterator[Cluster]:
+    with Cluster(1, tmp_path / "source", products=products) as cluster:
+        yield cluster
+
+
+def test_a_vm_migrated_to_another_backend_keeps_its_queue_pairs_running(lone_guest: Cluster, products: Products,
+                                                                        tmp_path: Path) -> None:
+    """`ibv_rc_pingpong -c` between two processes of one guest, live-migrated by QEMU to another QEMU whose device is
+    another backend's: the device's state travels in QEMU's stream (SET_DEVICE_STATE_FD), the pages the backend
+    writes while RAM is copied are logged, and both programs finish every iteration with every buffer checked, on
+    the destination, without the driver seeing its device lost."""
+    source = lone_guest[0]
+    identity = GuestIdentity(0)
+    with daemon.for_guests(tmp_path / "destination", [identity]) as backend_b:
+        destination = Vm(identity, tmp_path / "destination" / identity.name, accel=lone_guest.accel,
+                         products=products, link_remote=str(tmp_path / "nowhere.sock"),
+                         memory_mib=lone_guest.memory_mib)
+        try:
+            gid = verbs.ipv4_gid_index(source, DEVICE)
+            iterations = 20000
+            argv = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", str(iterations), "-c"]
+            server_pid = source.agent.spawn(argv)
+            verbs.wait_listening(source, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+            client_pid = source.agent.spawn([*argv, source.address])
+            assert lone_guest.backend is not None
+            sent = vm_counters(lone_guest.backend, "vm0")["engine"]["send_wqes"]
+            wait_until("ping-pong traffic through the source's backend",
+                       lambda: vm_counters(lone_guest.backend, "vm0")["engine"]["send_wqes"] > sent + 200, 120)
+
+            info = source.migrate_to(destination)
+            log.info("migrated: %s ms total, %s ms downtime, %s", info.get("total-time"), info.get("downtime"),
+                     info.get("ram"))
+            moved = vm_counters(backend_b, "vm0")
+            assert moved["objects"]["qp"] >= 2 and moved["connection"]["states_refused_at_start"] == 0, moved
+
+            server_result = destination.agent.wait(server_pid, argv, timeout=600)
+            client_result = destination.agent.wait(client_pid, argv, timeout=600)
+            for name, result in (("server", server_result), ("client", client_result)):
+                assert result.exit_status == 0, f"{name}: {result.stdout}{result.stderr}"
+                assert f"{iterations} iters in" in result.stdout, result.stdout
+            assert vm_counters(backend_b, "vm0")["engine"]["send_wqes"] > 0
+            dmesg = destination.run(["dmesg"]).check("dmesg").stdout
+            assert "device lost" not in dmesg, dmesg[-3000:]
+        finally:
+            destination.shutdown()

@@ -181,6 +181,14 @@ def _objects(f: Fields, key: str, table: ObjectTable[T], keys: tuple[str, ...],
     return objects
 
 
+def _never_set(name: str, attr: dict[str, Any]) -> bool:
+    """Whether a QP's attribute holds the zero MODIFY_QP stores for what was never given, rather than a value: a
+    port (the GSI QP gets none), a path MTU (UD QPs), an address vector (no destination GID with it)."""
+    if name == "AV":
+        return "dgid" not in attr
+    return name in ("PORT", "PATH_MTU") and attr[STORED[name][0]] == 0
+
+
 class Loader:
     """One state loaded into a reset device's fresh object tables."""
 
@@ -291,7 +299,8 @@ class Loader:
 
         for handle, qp in _objects(self.f, "qps", self.o.qps, keys, make).items():
             what = f"QP {handle:#x}"
-            present = {name for name, names in STORED.items() if all(n in qp.attr for n in names)}
+            present = {name for name, names in STORED.items() if all(n in qp.attr for n in names)
+                       and not _never_set(name, qp.attr)}
             try:  # the ranges MODIFY_QP checks, on every attribute the state has
                 self.o.qps._check_attributes(qp, present.__contains__, SimpleNamespace(**qp.attr))
             except CommandFailed as err:

@@ -61,3 +61,7 @@ class NoGuestsError(VrdmaError):
 
 class UnknownGuestError(VrdmaError):
     """A guest name that the running session does not have."""
+
+
+class MigrationFailed(VrdmaError):
+    """QEMU gave up a live migration (or it did not end in time): the source guest runs on where it was."""

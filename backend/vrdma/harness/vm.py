@@ -25,13 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
 from vrdma.harness import qemu_cmdline
 from vrdma.harness.agent import ExecResult, GuestAgent
-from vrdma.harness.errors import AgentError, GuestBootTimeout, GuestPanicError, VmError
+from vrdma.harness.errors import AgentError, GuestBootTimeout, GuestPanicError, MigrationFailed, VmError
 from vrdma.harness.process import Managed, die_with_parent, find_process, is_running, record
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ QUIT_TIMEOUT = 10.0       # QMP quit, then SIGTERM, then SIGKILL, each given thi
 CONSOLE_TAIL_LINES = 40
 STATE_FILE = "state.json"
 UNLOAD_WAIT_MS = 30_000
+MIGRATION_TIMEOUT = 600.0  # a live migration of a TCG guest's RAM (1 GiB) takes seconds; past this it failed
+MIGRATION_POLL = 0.1       # how often query-migrate is asked
 
 
 def unload(*modules: str) -> str:
@@ -150,8 +152,9 @@ class Vm(Managed):
         if exc is not None and not isinstance(exc, VmError):  # a VmError already names the log
             log.error("%s: console log kept at %s", self.name, self.console_log)
 
-    def launch(self) -> None:
-        """Start QEMU (from the calling thread: the parent-death signal is tied to it)."""
+    def launch(self, incoming: bool = False) -> None:
+        """Start QEMU (from the calling thread: the parent-death signal is tied to it); ``incoming``: as a
+        migration's destination, waiting for the guest to arrive (migrate_to) rather than booting it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for stale in ("console.sock", "qmp.sock", "agent.sock", "link.sock", "console.log", "qemu.log"):
             (self.directory / stale).unlink(missing_ok=True)
@@ -167,7 +170,8 @@ class Vm(Managed):
                 fields["disk"] = str(disk["disk_path"])
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
             self.cmdline = [*self.wrapper, str(self.products.qemu["binary_path"]),
-                            *qemu_cmdline.render_guest(fields, self.with_device, self.device)]
+                            *qemu_cmdline.render_guest(fields, self.with_device, self.device),
+                            *(["-incoming", "defer"] if incoming else [])]
             log.debug("%s: %s", self.name, " ".join(self.cmdline))
             with self.qemu_log.open("wb") as qemu_out:
                 self._popen = subprocess.Popen(
@@ -191,6 +195,44 @@ class Vm(Managed):
         self._launched_at = time.monotonic()
         self.wait_ready()
         asyncio.run(_qmp_execute(qmp, "set-action", {"reboot": "shutdown"}))
+
+    def migrate_to(self, destination: Vm, *, max_bandwidth: int | None = None,
+                   timeout: float = MIGRATION_TIMEOUT) -> dict[str, Any]:
+        """Live-migrate this guest into ``destination`` (the same guest, as a Vm of its own directory, whose
+        vrdma.sock is the destination backend's, not launched yet): QEMU's migration over a unix socket with the
+        return path on (a destination that refuses the device's state fails the migration here, and this guest
+        runs on). Afterwards this QEMU has quit and ``destination`` is the guest, its agent the one to use.
+        ``max_bandwidth``: bytes per second (a slower copy of RAM). Returns query-migrate's last answer (status,
+        total-time, downtime in ms, ram); MigrationFailed says why QEMU gave up."""
+        destination.launch(incoming=True)
+        uri = f"unix:{destination.directory / 'migration.sock'}"
+        return_path = [{"capability": "return-path", "state": True}]
+        for vm in (destination, self):
+            vm.qmp("migrate-set-capabilities", capabilities=return_path)
+        destination.qmp("migrate-incoming", uri=uri)
+        if max_bandwidth is not None:
+            self.qmp("migrate-set-parameters", **{"max-bandwidth": max_bandwidth})
+        self.qmp("migrate", uri=uri)
+        deadline = time.monotonic() + timeout
+        while True:
+            info = cast(dict[str, Any], self.qmp("query-migrate"))
+            status = info.get("status")
+            if status == "completed":
+                break
+            if status in ("failed", "cancelled") or time.monotonic() > deadline:
+                with contextlib.suppress(Exception):
+                    self.qmp("migrate_cancel")
+                destination.shutdown()
+                raise MigrationFailed(f"{self.name}: migration {status or 'unanswered'} "
+                                      f"({info.get('error-desc', f'not done in {timeout:g} s')})")
+            time.sleep(MIGRATION_POLL)  # QEMU reports progress only when asked
+        while cast(dict[str, Any], destination.qmp("query-status")).get("status") != "running":
+            if time.monotonic() > deadline:
+                raise MigrationFailed(f"{destination.name}: the destination did not run after the migration")
+            time.sleep(MIGRATION_POLL)
+        self.shutdown()
+        destination._launched_at = time.monotonic()
+        return info
 
     def qmp(self, command: str, **arguments: object) -> object:
         """One QMP command to this guest's QEMU; its answer (qemu.qmp's ExecuteError when QEMU refuses it)."""
