@@ -309,12 +309,7 @@ class Frontend:
         """SET_DEVICE_STATE_FD(SAVE) with a pipe, the state read to its end, CHECK_DEVICE_STATE (the device stopped)."""
         read_end, write_end = os.pipe()
         with open(read_end, "rb") as pipe:
-            try:
-                self.send_raw(Request.SET_DEVICE_STATE_FD,
-                              protocol.DEVICE_STATE.pack(protocol.STATE_SAVE, protocol.STATE_STOPPED), fds=[write_end])
-            finally:
-                os.close(write_end)
-            self._state_fd_accepted()
+            self._hand_over_pipe(protocol.STATE_SAVE, write_end)
             data = pipe.read()
         self._check_device_state()
         return data
@@ -324,16 +319,18 @@ class Frontend:
         FrontendError when the backend refuses the state (QEMU's destination then fails the migration)."""
         read_end, write_end = os.pipe()
         with open(write_end, "wb") as pipe:
-            try:
-                self.send_raw(Request.SET_DEVICE_STATE_FD,
-                              protocol.DEVICE_STATE.pack(protocol.STATE_LOAD, protocol.STATE_STOPPED), fds=[read_end])
-            finally:
-                os.close(read_end)
-            self._state_fd_accepted()
+            self._hand_over_pipe(protocol.STATE_LOAD, read_end)
             pipe.write(data)
         self._check_device_state()
 
-    def _state_fd_accepted(self) -> None:
+    def _hand_over_pipe(self, direction: int, fd: int) -> None:
+        """SET_DEVICE_STATE_FD with the backend's end of the pipe (closed here once sent); FrontendError unless the
+        backend took it and wants the pipe, as QEMU requires before it reads or writes."""
+        try:
+            self.send_raw(Request.SET_DEVICE_STATE_FD, protocol.DEVICE_STATE.pack(direction, protocol.STATE_STOPPED),
+                          fds=[fd])
+        finally:
+            os.close(fd)
         reply = protocol.U64.unpack(self.reply(Request.SET_DEVICE_STATE_FD))[0]
         if reply & protocol.VRING_IDX_MASK or not reply & protocol.VRING_NOFD:
             raise FrontendError(f"SET_DEVICE_STATE_FD refused (reply {reply:#x})")

@@ -336,10 +336,10 @@ class VhostUserConnection:
             return 0, 0
         return self.dirty_log.address, self.dirty_log.size
 
-    def _log(self, gpa: int, length: int) -> None:
+    def _log_bits(self) -> tuple[Any, int] | None:
+        """The log to mark this layer's writes in, and its size; None when not logging."""
         address, size = self.dirty_log_area()
-        if size:
-            lib.vrdma_log_mark(ffi.cast("uint8_t *", address), size, gpa, length)
+        return (ffi.cast("uint8_t *", address), size) if size else None
 
     @property
     def offered_protocol_features(self) -> int:
@@ -410,9 +410,9 @@ class VhostUserConnection:
             return
         vq = lib.vu_get_queue(self._dev, index)
         lib.vu_queue_push(self._dev, vq, element.handle, written)
-        address, size = self.dirty_log_area()
-        if size:
-            lib.vrdma_vu_log_used(self._vu, index, ffi.cast("uint8_t *", address), size)
+        log_bits = self._log_bits()
+        if log_bits is not None:
+            lib.vrdma_vu_log_used(self._vu, index, *log_bits)
 
     def notify(self, index: int) -> None:
         if lib.vrdma_vu_queue_ready(self._vu, index):
@@ -429,11 +429,13 @@ class VhostUserConnection:
 
     def write(self, address: int, data: bytes) -> None:
         ffi.memmove(ffi.cast(_CHAR_P, address), data, len(data))
-        if self.dirty_log is not None:
-            for region in self.memory_regions():  # the guest pages behind a host address
-                if region.host_address <= address < region.host_address + region.size:
-                    self._log(region.gpa + address - region.host_address, len(data))
-                    break
+        log_bits = self._log_bits()
+        if log_bits is None:
+            return
+        for region in self.memory_regions():  # the guest pages behind a host address
+            if region.host_address <= address < region.host_address + region.size:
+                lib.vrdma_log_mark(*log_bits, region.gpa + address - region.host_address, len(data))
+                break
 
     @property
     def features(self) -> int:
