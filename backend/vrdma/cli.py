@@ -61,6 +61,15 @@ def _cmd_vm_exec(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
+def _cmd_vm_migrate(args: argparse.Namespace) -> int:
+    from vrdma.harness import session
+
+    guest, info = session.migrate(args.guest)
+    print(f"{guest.name} migrated to {guest.directory}: {info.get('total-time')} ms in all, "
+          f"{info.get('downtime')} ms of downtime (QEMU's figures)")
+    return 0
+
+
 def _cmd_vm_down(args: argparse.Namespace) -> int:
     from vrdma.harness import session
 
@@ -234,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds before the command is killed and reported as timed out (default 300)")
     ex.add_argument("command", nargs="*", help="the command and its arguments, after --")
     ex.set_defaults(func=_cmd_vm_exec)
+    mig = vm_sub.add_parser("migrate", help="live-migrate a guest, its RDMA queue pairs running, to a new QEMU "
+                                            "served by the same backend: docs/migration.md")
+    mig.add_argument("guest", help="guest name: vm0, vm1, ...")
+    mig.set_defaults(func=_cmd_vm_migrate)
     down = vm_sub.add_parser("down", help="stop every guest started by `vrdma vm up`")
     down.set_defaults(func=_cmd_vm_down)
     st = vm_sub.add_parser("status", help="list the guests that are up")

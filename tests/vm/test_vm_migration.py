@@ -3,6 +3,7 @@ pairs and traffic (QEMU's `stop` stops every queue as a migration's last phase d
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.vm
 log = logging.getLogger(__name__)
 
 DEVICE = "vrdma0"
+WRITE_STREAM = ["python3", "-c", (Path(verbs.__file__).parent / "guest" / "write_stream.py").read_text()]
+STREAM_PORT = 18516
 STOPPED_FOR = 2.0  # seconds a VM stays stopped in the middle of its traffic
 
 
@@ -68,6 +71,67 @@ def test_a_stopped_and_continued_vm_keeps_its_queue_pairs(guests: Cluster) -> No
     assert not after["suspended"]
     dmesg = server.run(["dmesg"]).check("dmesg").stdout
     assert "device lost" not in dmesg, dmesg[-3000:]
+
+
+def test_queue_pairs_keep_running_across_migrations_between_two_qemus_of_one_backend(guests: Cluster) -> None:
+    """`ibv_rc_pingpong -c` and a WRITE stream whose receiver checks every byte (write_stream.py) between two guests
+    of one backend, the receiving guest live-migrated twice and the sending one once, each to a new QEMU connecting
+    to the same backend socket while the old one is still connected (the backend's second device of the VM, which
+    takes the first's place when it starts from its state): both run through every move, finish with every
+    buffer and block right, and no device is reset or closed."""
+    backend = guests.backend
+    assert backend is not None
+    server, client = guests[0], guests[1]
+    gid = verbs.ipv4_gid_index(server, DEVICE)
+    pingpong = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", "30000", "-c"]
+    server_pid = server.agent.spawn(pingpong)
+    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+    client_pid = client.agent.spawn([*pingpong, server.address])
+    receiver = [*WRITE_STREAM, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(64 << 10)]
+    receiver_pid = server.agent.spawn(receiver)
+    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
+    sender = [*WRITE_STREAM, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0", str(64 << 10)]
+    sender_pid = client.agent.spawn(sender)
+    before = {name: vm_counters(backend, name)["connection"] for name in ("vm0", "vm1")}
+
+    def traffic_goes_on(after: str) -> None:
+        sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
+        deadline = time.monotonic() + 120
+        while vm_counters(backend, "vm1")["engine"]["send_wqes"] <= sent + 200:
+            assert time.monotonic() < deadline, f"no traffic {after}: " + json.dumps(
+                {name: vm_counters(backend, name) for name in ("vm0", "vm1")})
+            time.sleep(0.2)
+
+    traffic_goes_on("before the migrations")
+    for name in ("vm0", "vm1", "vm0"):
+        info = guests.migrate(name)
+        log.info("%s migrated within the backend: %s ms total, %s ms downtime", name, info.get("total-time"),
+                 info.get("downtime"))
+        traffic_goes_on(f"after {name}'s migration")
+    programs = [(guests[0], server_pid, pingpong), (guests[1], client_pid, pingpong),
+                (guests[0], receiver_pid, receiver), (guests[1], sender_pid, sender)]
+    for guest, pid, argv in programs:  # all of them ran through every move
+        assert guest.agent.poll(pid) is None, f"{argv[0]} in {guest.name} ended before the last migration"
+    guests[1].run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
+    streamed = {}
+    for guest, pid, argv in programs:
+        result = guest.agent.wait(pid, argv, timeout=600)
+        assert result.exit_status == 0, f"{argv[:4]} in {guest.name}: {result.stdout}{result.stderr}"
+        if argv[0] == "ibv_rc_pingpong":
+            assert "30000 iters in" in result.stdout, result.stdout
+        else:
+            streamed[argv[3]] = json.loads(result.stdout)
+    log.info("WRITE stream: %s", streamed)
+    assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
+    for name, moves in (("vm0", 2), ("vm1", 1)):
+        after = vm_counters(backend, name)["connection"]
+        assert after["migrations_in"] == before[name]["migrations_in"] + moves, after
+        assert (after["device_resets"], after["closed"], after["refused"]) == (
+            before[name]["device_resets"], before[name]["closed"], before[name]["refused"]), after
+        assert vm_counters(backend, name)["engine"]["error_cqes"] == 0
+    for guest in (guests[0], guests[1]):
+        dmesg = guest.run(["dmesg"]).check("dmesg").stdout
+        assert "device lost" not in dmesg, dmesg[-3000:]
 
 
 @pytest.fixture

@@ -17,8 +17,9 @@ from pathlib import Path
 from vrdma.daemon import config as backend_config
 from vrdma.daemon.admin import AdminCommand
 from vrdma.daemon.config import BackendConfig, EndpointSpec, parse_mac, vm_spec
+from vrdma.daemon.endpoint import BackendError
 from vrdma.daemon.options import DESCRIPTION, LOG_FORMAT, add_arguments
-from vrdma.daemon.server import Backend, BackendError, capabilities
+from vrdma.daemon.server import Backend, capabilities
 from vrdma.errors import VrdmaError
 
 log = logging.getLogger("vrdma")

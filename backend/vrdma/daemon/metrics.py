@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_TIMEOUT = 5.0  # a scrape waits this long for the loop (busy with a long command) before it fails
 # The counters among a VM's "connection" values (the others are its state and what it negotiated).
-CONNECTION_COUNTERS = ("accepted", "refused", "closed", "protocol_errors", "memory_faults", "config_reads",
-                       "device_resets", "stops", "states_refused_at_start", "shared_memory_maps")
+CONNECTION_COUNTERS = ("accepted", "refused", "closed", "migrations_in", "protocol_errors", "memory_faults",
+                       "config_reads", "device_resets", "stops", "states_refused_at_start", "shared_memory_maps")
 
 
 @dataclass

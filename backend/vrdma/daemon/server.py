@@ -1,8 +1,9 @@
 """The backend process: one event loop serving one vhost-user device per VM.
 
 Each VM has its own socket, its own RDMA device state and its own doorbell region. A listening socket takes one
-frontend connection at a time; when that connection ends (or breaks), everything the VM owned is freed and the
-socket waits for QEMU to reconnect. Nothing one VM sends can reach another VM's state.
+frontend connection at a time (and a second, a migration's destination, while the first is open:
+vrdma.daemon.endpoint); when that connection ends (or breaks), everything the VM owned is freed and the socket waits
+for QEMU to reconnect. Nothing one VM sends can reach another VM's state.
 
 VMs come and go while the backend runs (`add_vm`, `remove_vm`: the admin socket's vm-add and vm-remove): the
 engine is made with a slot per VM it may ever serve at once (max_vms) and a VM takes a free one; adding or
@@ -12,215 +13,31 @@ removing a VM touches no other VM's device, objects or connection.
 from __future__ import annotations
 
 import contextlib
-import errno
 import faulthandler
 import logging
 import os
 import signal
-import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vrdma.daemon.admin import AdminCommand, AdminSocket
 from vrdma.daemon.config import DEFAULT_MAX_VMS, EndpointSpec
-from vrdma.daemon.doorbell import DoorbellRegion
+from vrdma.daemon.endpoint import BackendError, VmEndpoint
 from vrdma.daemon.notify import Notifier
 from vrdma.daemon.roce import ROCE_PORT, RoceSockets, open_sockets
-from vrdma.daemon.transport import QUEUE_NAMES, VirtioRdmaTransport
 from vrdma.device import abi
-from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
-from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.engine.api import EngineError
 from vrdma.engine.native import Engine
-from vrdma.errors import VrdmaError
 from vrdma.faultguard import FaultGuard
 from vrdma.loop import EventLoop
-from vrdma.vhost_user.connection import CloseCause, SharedMemoryMap, State, VhostUserConnection
 
 if TYPE_CHECKING:
     from vrdma.daemon.metrics import MetricsEndpoint, Snapshot
 
 log = logging.getLogger(__name__)
 
-
-class BackendError(VrdmaError):
-    """The backend cannot start or serve a VM as asked (a socket path it cannot use, a name taken, no free slot)."""
-
-
-@dataclass
-class ConnectionCounters:
-    """What happened to a VM's vhost-user connections (the admin socket's "connection" counters)."""
-
-    accepted: int = 0
-    refused: int = 0             # a second frontend while one is connected
-    closed: int = 0
-    protocol_errors: int = 0     # closes for a message the protocol layer or libvhost-user refused
-    memory_faults: int = 0       # SIGBUS contained in the guest's memory or the doorbell region
-    last_close_reason: str = ""
-
-
-class VmEndpoint:
-    """One VM: its socket, its device model, its doorbell region and its current connection."""
-
-    def __init__(self, spec: EndpointSpec, loop: EventLoop, fabric: Fabric, guard: FaultGuard | None = None) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.loop = loop
-        self.guard = guard
-        self.counters = ConnectionCounters()
-        self.connection: VhostUserConnection | None = None
-        self.listener: socket.socket | None = None
-        if spec.socket_path is not None:
-            self.listener = _listen(spec.socket_path)
-        doorbell_path = spec.doorbell_path or Path(f"/dev/shm/vrdma-{os.getpid()}-{spec.name}.doorbell")
-        size = DEFAULT_LIMITS.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
-        try:
-            self.doorbell = DoorbellRegion(doorbell_path, size)
-        except OSError as err:
-            if self.listener is not None:
-                self.listener.close()
-            raise BackendError(f"{self.name}: cannot create the doorbell region {doorbell_path}: "
-                               f"{err.strerror}") from err
-        self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id, fabric=fabric,
-                               doorbells=self.doorbell.map, qos=spec.qos)
-        self.doorbell.write_header(self.rdma.doorbell_header())
-        self.doorbell_guard = None
-        if guard is not None:
-            self.doorbell_guard = guard.owner(f"{self.name} doorbell region", self._doorbell_fault)
-            self.doorbell_guard.guard_ranges([(self.doorbell.address, self.doorbell.size)])
-        self.transport = VirtioRdmaTransport(self.rdma, SharedMemoryMap(
-            abi.const("VRDMA_SHM_DOORBELL"), self.doorbell.fd, self.doorbell.size),
-            watch_wake=lambda fd: fabric.engine.set_wake_fd(self.rdma.engine_index, fd))
-        if self.listener is not None:
-            loop.add_reader(self.listener.fileno(), self._accept)
-            log.info("%s: listening on %s (doorbell region %s, %s, pairing id %#018x)", self.name,
-                     spec.socket_path, doorbell_path, "reused" if self.doorbell.reused else "new",
-                     self.rdma.pairing_id)
-        elif spec.fd is not None:
-            try:
-                sock = socket.socket(fileno=spec.fd)
-            except OSError as err:
-                raise BackendError(f"{self.name}: --fd {spec.fd} is not a socket: {err}") from err
-            self._serve(sock)
-
-    def _accept(self) -> None:
-        assert self.listener is not None
-        try:
-            sock, _ = self.listener.accept()
-        except OSError as err:
-            log.warning("%s: accept failed: %s", self.name, err)
-            return
-        if self.connection is not None and self.connection.state is State.CONNECTED:
-            log.error("%s: refusing a second frontend connection while one is active", self.name)
-            self.counters.refused += 1
-            sock.close()
-            return
-        self._serve(sock)
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            self.connection = VhostUserConnection(self.name, sock, self.loop, self.transport, guard=self.guard,
-                                              on_closed=self._closed)
-        except OSError as err:
-            log.error("%s: cannot serve the connection: %s", self.name, err)
-            sock.close()
-            return
-        self.counters.accepted += 1
-
-    def _closed(self, cause: CloseCause, reason: str) -> None:
-        self.counters.closed += 1
-        self.counters.last_close_reason = reason
-        if cause is CloseCause.PROTOCOL_ERROR:
-            self.counters.protocol_errors += 1
-        elif cause is CloseCause.MEMORY_FAULT:
-            self.counters.memory_faults += 1
-
-    def _doorbell_fault(self, faults: int) -> None:
-        """QEMU truncated the doorbell region: this VM's device goes down, its region comes back, the VM may
-        reconnect. No other VM is touched."""
-        if self.connection is not None and self.connection.state is not State.CLOSED:
-            self.connection.close(f"doorbell region fault: {self.doorbell.path} was truncated", CloseCause.MEMORY_FAULT)
-        else:
-            self.counters.memory_faults += 1
-        try:
-            self.doorbell.restore()
-        except OSError as err:
-            log.error("%s: the doorbell region cannot be restored (%s): the VM's device stays down", self.name, err)
-            return
-        self.doorbell.write_header(self.rdma.doorbell_header())
-        log.warning("%s: doorbell region restored in place (pairing id %#018x)", self.name, self.rdma.pairing_id)
-
-    def describe(self) -> dict[str, object]:
-        """What `vrdma admin vm list` shows of this VM."""
-        conn = self.connection
-        return {"name": self.name, "socket-path": str(self.spec.socket_path) if self.spec.socket_path else None,
-                "fd": self.spec.fd, "mac": ":".join(f"{b:02x}" for b in self.spec.mac),
-                "doorbell": str(self.doorbell.path), "qos": self.rdma.qos.as_table(),
-                "state": "connected" if conn is not None and conn.state is State.CONNECTED else "waiting"}
-
-    def counters_snapshot(self) -> dict[str, object]:
-        c = self.counters
-        conn = self.connection
-        connected = conn is not None and conn.state is State.CONNECTED
-        return {**self.rdma.counters_snapshot(),
-                "doorbell_region": {"path": str(self.doorbell.path), "reused": self.doorbell.reused},
-                "connection": {"state": "connected" if connected else "waiting", "accepted": c.accepted,
-                               "refused": c.refused, "closed": c.closed, "protocol_errors": c.protocol_errors,
-                               "memory_faults": c.memory_faults, "last_close_reason": c.last_close_reason,
-                               # What the current (or last) connection negotiated and did.
-                               "features": conn.negotiated_features if conn is not None else None,
-                               "protocol_features": conn.negotiated_protocol_features if conn is not None else None,
-                               "config_reads": conn.config_reads if conn is not None else 0,
-                               "shared_memory_maps": conn.shared_memory_maps if conn is not None else 0,
-                               "queues_started": sorted(QUEUE_NAMES.get(i, str(i)) for i in self.transport.started),
-                               "device_resets": self.transport.device_resets, "stops": self.transport.stops,
-                               "suspended": self.transport.suspended,
-                               "states_refused_at_start": self.transport.states_refused_at_start},
-                "command_time_us": self.transport.command_time(),
-                "commands_at_once_max": self.transport.commands_at_once_max}
-
-    def close(self, reason: str) -> None:
-        if self.connection is not None:
-            self.connection.close(reason, CloseCause.STOPPING)
-        if self.listener is not None:
-            self.loop.remove_reader(self.listener.fileno())
-            self.listener.close()
-            if self.spec.socket_path is not None:
-                self.spec.socket_path.unlink(missing_ok=True)
-        self.rdma.close()  # the data engine lets go of the doorbell region before it is unmapped
-        if self.doorbell_guard is not None:
-            self.doorbell_guard.release()
-        self.doorbell.close()
-
-
-def _listen(path: Path) -> socket.socket:
-    if not path.parent.is_dir():
-        raise BackendError(f"cannot listen on {path}: directory {path.parent} does not exist")
-    if path.exists() or path.is_symlink():
-        if not path.is_socket():
-            raise BackendError(f"cannot listen on {path}: it exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except ConnectionRefusedError:
-            path.unlink()  # a stale socket of a backend that died
-        except OSError as err:
-            raise BackendError(f"cannot listen on {path}: {err}") from err
-        else:
-            raise BackendError(f"cannot listen on {path}: another process is serving it")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-        sock.listen(4)
-    except OSError as err:
-        sock.close()
-        reason = "path too long" if err.errno == errno.EINVAL or len(str(path)) > 107 else err.strerror
-        raise BackendError(f"cannot listen on {path}: {reason}") from err
-    return sock
+MIGRATION_SLOTS = 2  # migrations between two QEMUs of this backend under way at once, at most
 
 
 class Backend:
@@ -242,8 +59,9 @@ class Backend:
         self.doorbell_dir = doorbell_dir
         self.loop = EventLoop()
         self.guard: FaultGuard | None = FaultGuard(self.loop)
-        self.engine = Engine(max_vms)
-        self.fabric = Fabric(self.engine, max_vms)
+        # A slot per VM, and MIGRATION_SLOTS for the incoming devices of migrations between two QEMUs served here.
+        self.engine = Engine(max_vms + MIGRATION_SLOTS)
+        self.fabric = Fabric(self.engine, max_vms + MIGRATION_SLOTS)
         self._engine_events = -1
         self.endpoints: dict[str, VmEndpoint] = {}
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -335,7 +153,7 @@ class Backend:
         for other in self.endpoints.values():
             if spec.socket_path is not None and other.spec.socket_path == spec.socket_path:
                 raise BackendError(f"{spec.name}: socket {spec.socket_path} is VM {other.name}'s")
-            if other.doorbell.path == spec.doorbell_path:
+            if other.doorbell_path == spec.doorbell_path:
                 raise BackendError(f"{spec.name}: doorbell region {spec.doorbell_path} is VM {other.name}'s")
         if len(self.endpoints) >= self.max_vms:
             raise BackendError(f"cannot serve {spec.name}: all {self.max_vms} VM slots are in use (--max-vms)")

@@ -64,14 +64,21 @@ class VirtioRdmaTransport:
     num_queues = abi.const("VRDMA_NUM_QUEUES")
 
     def __init__(self, rdma: RdmaDevice, doorbell: SharedMemoryMap | None = None,
-                 watch_wake: Callable[[int], None] | None = None) -> None:
+                 watch_wake: Callable[[int], None] | None = None,
+                 on_start: Callable[[VhostUserConnection, bool], bool] | None = None) -> None:
         """``doorbell``: the VM's doorbell region, mapped into the device's shared memory region
         VRDMA_SHM_DOORBELL of a frontend that has one (QEMU's vhost-user-rdma-pci; the generic
         vhost-user-device-pci instead maps the same file as an ivshmem device); ``watch_wake``: told the wake
-        queue's kick eventfd when it starts (-1 when it stops), for the engine's thread to watch."""
+        queue's kick eventfd when it starts (-1 when it stops), for the engine's thread to watch; ``on_start``:
+        told when the device starts (the first queue of the connection's first start) whether it starts from a
+        state a migration handed over (applied, or refused and the device reset), before the device runs; False:
+        it may not start, and the caller refuses the connection (vrdma.daemon.endpoint: a second QEMU of the VM
+        that did not migrate into it)."""
         self.rdma = rdma
         self.doorbell = doorbell
         self.watch_wake = watch_wake
+        self.on_start = on_start
+        self.ever_started = False  # this connection started the device once (on_start was asked)
         self.device: VhostUserConnection | None = None
         self.started: set[int] = set()
         self.device_resets = 0  # the driver (or the machine) reset the device while connected
@@ -122,8 +129,8 @@ class VirtioRdmaTransport:
         log.info("%s: %s queue %s", self.rdma.name, QUEUE_NAMES.get(index, index),
                  "started" if started else "stopped")
         self.device = device
-        if started and not self.started:
-            self._device_starts()
+        if started and not self.started and not self._device_starts(device):
+            return
         (self.started.add if started else self.started.discard)(index)
         if index == WAKE and self.watch_wake is not None:
             # A parked engine thread then wakes on the guest's kick itself, not a hop later through this loop.
@@ -145,9 +152,9 @@ class VirtioRdmaTransport:
                 # memory table, which belongs to the connection.
                 self._reset()
 
-    def _device_starts(self) -> None:
+    def _device_starts(self, device: VhostUserConnection) -> bool:
         """The first queue of a start: a state handed over is applied now that the memory table is known (QEMU
-        sends it before SET_MEM_TABLE), or a stopped device runs again."""
+        sends it before SET_MEM_TABLE), or a stopped device runs again. False: on_start refused the start."""
         data, self.incoming_state = self.incoming_state, None
         if data is not None:
             try:
@@ -159,13 +166,17 @@ class VirtioRdmaTransport:
                           self.rdma.name, err)
                 self.states_refused_at_start += 1
                 self._reset()
-                return
-            self.fresh = False  # the driver knows this device already
-            self.suspended = True
+            else:
+                self.fresh = False  # the driver knows this device already
+                self.suspended = True
+        first, self.ever_started = not self.ever_started, True
+        if first and self.on_start is not None and not self.on_start(device, data is not None):
+            return False
         if self.suspended:
             self.rdma.suspend(False)
             self.suspended = False
             self.rdma.fabric.kick(self.rdma.engine_index)  # doorbells rung before the stop are looked at
+        return True
 
     def _reset(self) -> None:
         self.rdma.reset(keep_memory=True)
@@ -173,6 +184,15 @@ class VirtioRdmaTransport:
         self.fresh = True
         self.incoming_state = None
         self.device_resets += 1
+
+    def carry_counters(self, source: VirtioRdmaTransport) -> None:
+        """This transport's device took the place of ``source``'s (a migration between two QEMUs of one backend): the
+        VM's counters go on from the source's (what this one counted before it started, the destination QEMU's
+        set-up, was no event of the VM's, but a state it could not apply is)."""
+        self.device_resets, self.stops = source.device_resets, source.stops
+        self.states_refused_at_start += source.states_refused_at_start
+        self.commands_at_once_max = max(self.commands_at_once_max, source.commands_at_once_max)
+        self.command_ns.extendleft(reversed(source.command_ns))
 
     def dirty_log_changed(self, device: VhostUserConnection) -> None:
         # The engine marks what it writes into this VM's memory; the vhost-user layer marks its own writes.
@@ -275,6 +295,7 @@ class VirtioRdmaTransport:
 
     def disconnected(self, device: VhostUserConnection, reason: str) -> None:
         self.device = None
+        self.ever_started = False
         self.started.clear()
         self.suspended, self.fresh, self.incoming_state = False, True, None
         self.rdma.set_dirty_log(0, 0)  # the connection unmaps the log next

@@ -492,6 +492,8 @@ def load(device: RdmaDevice, data: bytes) -> None:
     objects.ucontexts.set_alive = device.set_alive
     device.objects = objects
     device.epoch, device.pairing_id = checked.epoch, checked.pairing_id
+    header = device.doorbell_header()  # the region's page 0 names the identity the guest saw, as config space does
+    device.doorbells[:len(header)] = header
     device.identity = dataclasses.replace(device.identity, node_guid=checked.node_guid)
     objects.identity = device.identity
     device.events.extend(checked.events)

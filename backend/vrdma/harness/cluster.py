@@ -7,6 +7,7 @@ import contextlib
 import logging
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from vrdma.errors import VrdmaError
 from vrdma.harness import accel as accel_probe
@@ -14,7 +15,7 @@ from vrdma.harness import daemon, linkhub
 from vrdma.harness.daemon import DaemonProcess
 from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
-from vrdma.harness.vm import Products, Vm
+from vrdma.harness.vm import Products, Vm, migration_directory
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,16 @@ class Cluster(Managed):
         vm.launch()
         vm.wait_ready()
         return vm
+
+    def migrate(self, name: str, **options: Any) -> dict[str, Any]:
+        """Live-migrate guest ``name`` to a new QEMU served by the same backend (Vm.migrate_to; ``options``: its
+        own), in a directory of its own (NAME.m1, NAME.m2, ...: the source's logs stay); the new QEMU is the
+        cluster's guest afterwards. Returns query-migrate's last answer."""
+        vm = self[name]
+        destination = vm.incoming_copy(migration_directory(self.directory, name))
+        info = vm.migrate_to(destination, **options)
+        self.vms[self.vms.index(vm)] = destination
+        return info
 
     def remove(self, name: str, *, shut_down_first: bool = True) -> None:
         """Stop serving a guest's device (vm-remove) and stop the guest; ``shut_down_first`` False: the device is

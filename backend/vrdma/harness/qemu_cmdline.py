@@ -152,10 +152,12 @@ def _person_link_remote(run: str, index: int, guests: int) -> str:
 
 def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel: Mapping[str, object],
                     image: Mapping[str, object], accel: str, memory_mib: int, directory: Path,
-                    link_remote: str, append_extra: str = "", tap: str | None = None, cpus: int = 1) -> dict[str, str]:
+                    link_remote: str, append_extra: str = "", tap: str | None = None, cpus: int = 1,
+                    vrdma_socket: Path | None = None) -> dict[str, str]:
     """Every template field but the three chardev addresses (console, qmp, agent). ``tap``: the guest's netdev is
     that tap device (made beforehand, in the network namespace QEMU runs in) instead of the private link; ``cpus``:
-    its vCPUs."""
+    its vCPUs; ``vrdma_socket``: the backend's socket, if not in ``directory`` (a migration's destination connects to
+    its source's)."""
     link = (f"tap,id=link,ifname={tap},script=no,downscript=no" if tap else
             f"dgram,id=link,local.type=unix,local.path={directory / 'link.sock'},remote.type=unix,"
             f"remote.path={link_remote}")
@@ -174,7 +176,7 @@ def standard_fields(ident: GuestIdentity, *, qemu: Mapping[str, object], kernel:
         "console_log": str(directory / "console.log"),
         "netdev": link,
         "mac": ident.mac,
-        "vrdma_socket": str(directory / "vrdma.sock"),
+        "vrdma_socket": str(vrdma_socket or directory / "vrdma.sock"),
         "vrdma_doorbell": str(directory.parent / "backend" / f"{ident.name}.doorbell"),
         "vrdma_doorbell_size": str(DOORBELL_SIZE),
         "vrdma_config_size": str(CONFIG_SIZE),

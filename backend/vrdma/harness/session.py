@@ -26,7 +26,7 @@ from vrdma.harness.cluster import Cluster
 from vrdma.harness.errors import NoGuestsError, UnknownGuestError, VmError
 from vrdma.harness.multihost import GuestPlan, MultiHost
 from vrdma.harness.process import find_process, record
-from vrdma.harness.vm import Vm
+from vrdma.harness.vm import Vm, migration_directory
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,27 @@ def guest(name: str) -> Vm:
         raise VmError(name, "is not running (its QEMU has exited); `vrdma vm down` clears the session",
                       console_log=_guest_dir(directory, session, name) / "console.log")
     return vm
+
+
+def migrate(name: str) -> tuple[Vm, dict[str, Any]]:
+    """Live-migrate guest ``name`` to a new QEMU served by the same backend (Vm.migrate_to), which is the session's
+    guest afterwards; returns it and QEMU's last query-migrate answer."""
+    directory = paths.run_dir()
+    with _locked(directory):
+        session = _load(directory)
+        if session is not None and session.get("backends"):
+            raise VrdmaError("vrdma vm migrate: the guests of `vrdma vm up --hosts` are on tap devices, which a "
+                             "second QEMU on the same host cannot open; migrate guests of `vrdma vm up`")
+        vm = guest(name)
+        if not hasattr(vm, "products"):
+            raise VrdmaError(f"{name} was started by a vrdma that did not record how (no \"launch\" in its "
+                             "state.json): `vrdma vm down` and `vrdma vm up` again")
+        destination = vm.incoming_copy(migration_directory(directory, name))
+        info = vm.migrate_to(destination)
+        assert session is not None  # (guest() found it)
+        session.setdefault("guest_dirs", {})[name] = str(destination.directory)
+        (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
+        return destination, info
 
 
 def exec_in(name: str, argv: Sequence[str], timeout: float = 300.0) -> ExecResult:

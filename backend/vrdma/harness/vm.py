@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import os
 import re
 import selectors
 import signal
@@ -93,11 +95,15 @@ class Vm(Managed):
     def __init__(self, identity: qemu_cmdline.GuestIdentity, directory: Path, *, accel: str,
                  products: Products, link_remote: str, memory_mib: int = 1024, boot_timeout: float = 120.0,
                  detach: bool = False, append_extra: str = "", with_device: bool = True, tap: str | None = None,
-                 wrapper: list[str] | None = None, device: str = "rdma", cpus: int = 1) -> None:
+                 wrapper: list[str] | None = None, device: str = "rdma", cpus: int = 1,
+                 link_name: Path | None = None, vrdma_socket: Path | None = None) -> None:
         """``tap``: the guest's netdev is this tap device instead of the private link; ``wrapper``: the command QEMU
         runs under (a host of vrdma.harness.hosts: its network namespace, where the tap is); ``device``: how QEMU
         gives the vrdma device (qemu_cmdline.DEVICE_TEMPLATES: the named device, or the generic one); ``cpus``: its
-        vCPUs (1, the default: under TCG more cost host cores the backend needs)."""
+        vCPUs (1, the default: under TCG more cost host cores the backend needs); ``link_name``: the name its peers
+        send its frames to (default: its QEMU's end of the private link, ``directory``/link.sock; a migration's
+        destination keeps its source's name, pointed at its own end once it runs); ``vrdma_socket``: the backend's
+        socket when not in ``directory`` (incoming_copy)."""
         if device not in qemu_cmdline.DEVICE_TEMPLATES:
             raise ValueError(f"device {device!r}: one of {', '.join(qemu_cmdline.DEVICE_TEMPLATES)}")
         self.device = device
@@ -115,6 +121,8 @@ class Vm(Managed):
         self.detach = detach
         self.append_extra = append_extra
         self.with_device = with_device
+        self.link_name = link_name or directory / "link.sock"
+        self.vrdma_socket = vrdma_socket or directory / "vrdma.sock"
         self.cmdline: list[str] = []
         self.process: psutil.Process | None = None
         self._popen: subprocess.Popen[bytes] | None = None
@@ -165,7 +173,8 @@ class Vm(Managed):
             fields = qemu_cmdline.standard_fields(
                 self.identity, qemu=self.products.qemu, kernel=self.products.kernel, image=self.products.image,
                 accel=self.accel, memory_mib=self.memory_mib, directory=self.directory,
-                link_remote=self.link_remote, append_extra=append, tap=self.tap, cpus=self.cpus)
+                link_remote=self.link_remote, append_extra=append, tap=self.tap, cpus=self.cpus,
+                vrdma_socket=self.vrdma_socket)
             if disk:
                 fields["disk"] = str(disk["disk_path"])
             fields.update({role: f"fd={sock.fileno()}" for role, sock in listeners.items()})
@@ -195,6 +204,19 @@ class Vm(Managed):
         self._launched_at = time.monotonic()
         self.wait_ready()
         asyncio.run(_qmp_execute(qmp, "set-action", {"reboot": "shutdown"}))
+
+    def incoming_copy(self, directory: Path, vrdma_socket: Path | None = None) -> Vm:
+        """This guest as a migration's destination in ``directory``, not launched (migrate_to launches it): the same
+        machine, connected to ``vrdma_socket`` (default: the socket this guest's QEMU uses, the same backend: a
+        migration between two QEMUs of one backend), and the name its peers send to on the private link, which
+        migrate_to points at the destination once it runs."""
+        if self.tap is not None:
+            raise VmError(self.name, "is on a tap device: a second QEMU on one host cannot open it")
+        return Vm(self.identity, directory, accel=self.accel, products=self.products, link_remote=self.link_remote,
+                  memory_mib=self.memory_mib, boot_timeout=self.boot_timeout, detach=self.detach,
+                  append_extra=self.append_extra, with_device=self.with_device, wrapper=self.wrapper,
+                  device=self.device, cpus=self.cpus, link_name=self.link_name,
+                  vrdma_socket=vrdma_socket or self.vrdma_socket)
 
     def migrate_to(self, destination: Vm, *, max_bandwidth: int | None = None,
                    timeout: float = MIGRATION_TIMEOUT) -> dict[str, Any]:
@@ -230,6 +252,14 @@ class Vm(Managed):
             if time.monotonic() > deadline:
                 raise MigrationFailed(f"{destination.name}: the destination did not run after the migration")
             time.sleep(MIGRATION_POLL)
+        own_end = destination.directory / "link.sock"
+        if destination.link_name != own_end and destination.tap is None:
+            # The peers' frames to the guest's name go to the QEMU it runs in now (a unix datagram's address is
+            # looked up at each send, through a symbolic link as well).
+            pointer = destination.directory / "link.name.tmp"
+            pointer.unlink(missing_ok=True)
+            pointer.symlink_to(own_end)
+            os.replace(pointer, destination.link_name)
         self.shutdown()
         destination._launched_at = time.monotonic()
         return info
@@ -357,7 +387,13 @@ class Vm(Managed):
     def _write_state(self) -> None:
         assert self.process is not None
         state = {"name": self.name, "index": self.identity.index, **record(self.process), "accel": self.accel,
-                 "address": self.address, "boot_seconds": self.boot_seconds, "cmdline": self.cmdline}
+                 "address": self.address, "boot_seconds": self.boot_seconds, "cmdline": self.cmdline,
+                 # what incoming_copy needs of a guest attached to later (`vrdma vm migrate`)
+                 "launch": {"products": dataclasses.asdict(self.products), "link_remote": self.link_remote,
+                            "memory_mib": self.memory_mib, "boot_timeout": self.boot_timeout,
+                            "append_extra": self.append_extra, "with_device": self.with_device, "tap": self.tap,
+                            "wrapper": self.wrapper, "device": self.device, "cpus": self.cpus,
+                            "link_name": str(self.link_name), "vrdma_socket": str(self.vrdma_socket)}}
         tmp = self.directory / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.rename(self.directory / STATE_FILE)
@@ -380,7 +416,24 @@ class Vm(Managed):
         vm.agent = GuestAgent(vm.name, directory / "agent.sock", directory / "agent.lock",
                               directory / "console.log")
         vm.process = find_process(int(state["pid"]), float(state["create_time"]))
+        launch = state.get("launch")
+        if isinstance(launch, dict):
+            vm.products = Products(**launch["products"])
+            vm.link_remote, vm.memory_mib = launch["link_remote"], launch["memory_mib"]
+            vm.boot_timeout, vm.append_extra = launch["boot_timeout"], launch["append_extra"]
+            vm.with_device, vm.tap, vm.wrapper = launch["with_device"], launch["tap"], launch["wrapper"]
+            vm.device, vm.cpus, vm.detach = launch["device"], launch["cpus"], True
+            vm.link_name, vm.vrdma_socket = Path(launch["link_name"]), Path(launch["vrdma_socket"])
         return vm
+
+
+def migration_directory(parent: Path, name: str) -> Path:
+    """Where guest ``name``'s next migration puts its destination QEMU: NAME.m1, NAME.m2, ... in ``parent`` (each
+    source's directory, with its logs, stays)."""
+    moves = 1
+    while (parent / f"{name}.m{moves}").exists():
+        moves += 1
+    return parent / f"{name}.m{moves}"
 
 
 def _listen(path: Path) -> socket.socket:

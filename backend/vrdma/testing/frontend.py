@@ -17,6 +17,7 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -340,26 +341,35 @@ class Frontend:
         if protocol.U64.unpack(self.reply(Request.CHECK_DEVICE_STATE))[0] != 0:
             raise FrontendError("CHECK_DEVICE_STATE: the device state did not move (the backend's log says why)")
 
-    def migrate(self, socket_path: str) -> Frontend:
-        """This VM migrated, as QEMU does it, to a new frontend on ``socket_path``: every queue stopped, the
-        device's state saved, this frontend gone (the source QEMU exits), the new one connected with a copy of the
-        guest's memory and the same rings, the state loaded, the device started where it stopped. The new frontend
-        is returned (this one is closed)."""
+    def migrate(self, socket_path: str, dest: Frontend | None = None,
+                while_stopped: Callable[[], None] | None = None) -> Frontend:
+        """This VM migrated, in QEMU's order, to a new frontend on ``socket_path`` (another backend's socket, or this
+        VM's own: a migration between two QEMUs of one backend): the destination connected and negotiated while
+        this one runs (or ``dest``, made by the caller so), every queue of this one stopped, the device's state
+        saved, the destination given a copy of the guest's memory and the same rings, the state loaded, the device
+        started where it stopped; only then does this frontend go (the source QEMU quits after the migration).
+        ``while_stopped``: called between the save and the load (the VM stopped, its device nowhere running). The
+        new frontend is returned (this one is closed)."""
+        if dest is None:
+            dest = Frontend(socket_path, memory_size=4096)  # (its memory is the copy made below)
+            dest.negotiate()
         bases = self.stop_queues()
         data = self.save_device_state()
-        memory = self.memory.copy()
+        if while_stopped is not None:
+            while_stopped()
+        dest.memory.close()
+        dest.memory = memory = self.memory.copy()
         queues = [copy.copy(vq) for vq in self.queues]  # the same rings, in the copy of the memory
         for vq in queues:
             vq.memory, vq.free = memory, list(vq.free)
             vq.kick = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             vq.call = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self.close()
-        dest = Frontend(socket_path, memory=memory)
-        dest.negotiate()
+        dest.device_features = self.device_features
         dest.load_device_state(data)
         dest.queues = queues
         dest.share_memory()
         dest.start_queues(bases)
+        self.close()
         return dest
 
     def start_dirty_log(self) -> mmap.mmap:

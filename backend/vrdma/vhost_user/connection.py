@@ -112,6 +112,8 @@ class CloseCause(enum.Enum):
     MEMORY_FAULT = "memory fault"        # guest memory (or the VM's doorbell region) was truncated under us
     DEVICE_ERROR = "device error"        # the device model failed
     STOPPING = "stopping"                # the backend is shutting down
+    REFUSED = "refused"                  # the device model will not serve this frontend (VhostUserConnection.refuse)
+    MIGRATED = "migrated"                # the VM runs on another frontend now (a migration's source, let go)
 
 
 class State(enum.Enum):
@@ -147,6 +149,7 @@ class VhostUserConnection:
         self.model = model
         self.state = State.CONNECTED
         self.broken_reason = ""
+        self.broken_cause = CloseCause.PROTOCOL_ERROR
         self.config_reads = 0
         self.shared_memory_maps = 0  # VHOST_USER_BACKEND_SHMEM_MAP requests sent
         self.negotiated_features: int | None = None           # what SET_FEATURES negotiated (None: not yet)
@@ -247,7 +250,7 @@ class VhostUserConnection:
             message.fds = []  # libvhost-user owns them now
             if status != 0 or self._broken():
                 self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}",
-                           CloseCause.PROTOCOL_ERROR)
+                           self.broken_cause)
                 return
             if remaps:
                 try:
@@ -367,6 +370,12 @@ class VhostUserConnection:
         self.broken_reason = reason
         self.state = State.BROKEN
 
+    def refuse(self, reason: str) -> None:
+        """The device model will not serve this frontend: the connection ends once the message being handled is
+        (closing it from inside libvhost-user's dispatch would free what the dispatch still uses)."""
+        self.broken_reason, self.broken_cause = reason, CloseCause.REFUSED
+        self.state = State.BROKEN
+
     def _set_watch(self, fd: int, condition: int, cb: Any, data: Any) -> None:
         self._watches[fd] = (cb, data)
         self.loop.add_reader(fd, lambda: self._watch_ready(fd))
@@ -376,8 +385,7 @@ class VhostUserConnection:
         if watch is not None and self.state is State.CONNECTED:
             lib.vrdma_call_watch(watch[0], self._dev, VU_WATCH_IN, watch[1])
             if self._broken():
-                self.close(self.broken_reason or "libvhost-user marked the device broken",
-                           CloseCause.PROTOCOL_ERROR)
+                self.close(self.broken_reason or "libvhost-user marked the device broken", self.broken_cause)
 
     def _remove_watch(self, fd: int) -> None:
         self._watches.pop(fd, None)
@@ -447,7 +455,8 @@ class VhostUserConnection:
         """Forget everything of this connection: memory table, vrings, fds, socket. Idempotent."""
         if self.state is State.CLOSED:
             return
-        level = logging.INFO if cause in (CloseCause.DISCONNECTED, CloseCause.STOPPING) else logging.ERROR
+        level = logging.INFO if cause in (CloseCause.DISCONNECTED, CloseCause.STOPPING, CloseCause.MIGRATED) \
+            else logging.ERROR
         log.log(level, "%s: closing the device: %s", self.name, reason)
         self.state = State.CLOSED
         self.loop.remove_reader(self.sock.fileno())
