@@ -20,7 +20,7 @@ from vrdma.device.device import RdmaDevice
 from vrdma.device.state import StateError
 from vrdma.device.status import Status
 from vrdma.testing.frontend import GuestMemory
-from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms
+from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms, gid_of
 from vrdma.testing.simulated_guest import CommandError, SimVerbs
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -144,6 +144,11 @@ def test_a_state_is_refused_whole_and_the_device_stays_reset(vms: LocalVms) -> N
         with pytest.raises(StateError, match=reason):
             vm.device.load_state(bad)
         assert vm0.device.objects.counts()["qp"] == 0
+    # The good state, while its QP's peer is on no device of this engine (vm1 holds no GID since its reset): the
+    # QP cannot deliver anywhere, and the state is refused rather than pointed at whatever device has vm1's number.
+    with pytest.raises(StateError, match="on no device here"):
+        vm0.device.load_state(data)
+    vm1.verbs.add_gid(0, vm1.gid)
     vm0.device.check_state(data)
     vm0.device.load_state(data)
     assert vm0.device.objects.counts()["qp"] == 1
@@ -201,6 +206,48 @@ def test_a_vm_moves_between_two_seats_of_one_backend_in_the_middle_of_traffic() 
             assert vm0.memory.read(d.mr.addr, MIB) != pattern  # the RAM left behind did not get the rest
             assert [(cqe.wr_id, cqe.status) for cqe in b.completions()] == [(3, SUCCESS)]
             assert vm1.verbs.memory.read(b.mr.addr, KIB) == b"M" * KIB
+        finally:
+            target.close()
+            del view
+            copy.close()
+
+
+def test_a_qp_aimed_at_its_own_vm_follows_it_to_another_device_number() -> None:
+    """A state names a QP's peer on its host by the source engine's device number; across backends a VM's number
+    changes and the old one may be another VM's. vm0's two QPs, connected to each other, move into an engine where
+    vm0 is device 1 and device 0 is another VM: a WRITE between them lands in vm0's memory and completes, the other
+    VM untouched (the loader derives the number again from the peer's GID)."""
+    with LocalVms(1, memory_size=16 << 20) as source, LocalVms(2, memory_size=16 << 20) as destination:
+        vm0 = source.vms[0]
+        a, b = source.pair(vm0, vm0)
+        data = moved(vm0)
+        other, seat = destination.vms
+        other.device.reset(keep_memory=True)
+        other.verbs.add_gid(0, gid_of("10.98.0.9"))  # device 0 of the destination: a VM of another address
+        seat.device.close()
+        copy = GuestMemory(16 << 20)
+        copy.map[:] = vm0.memory.map[:]
+        view = ctypes.c_char.from_buffer(copy.map)
+        target = RdmaDevice("vm0", fabric=destination.fabric)
+        try:
+            assert target.engine_index == 1
+            target.set_memory([(0, 16 << 20, ctypes.addressof(view))])
+            target.load_state(data)
+            target.suspend(False)
+            vm0.verbs.fe, vm0.verbs.memory, vm0.verbs.doorbells = LocalPort(target, copy), copy, target.doorbells
+            copy.write(a.mr.addr, b"L" * KIB)
+            a.verbs.post_send(a.qp, WRITE, [(a.mr.addr, KIB, a.mr.lkey)], wr_id=5, remote_addr=b.mr.addr,
+                              rkey=b.mr.rkey)
+            done: list[tuple[int, int]] = []
+            for _ in range(1_000):
+                destination.poll()
+                done += [(cqe.wr_id, cqe.status) for cqe in a.completions()]
+                if done:
+                    break
+            assert done == [(5, SUCCESS)]
+            assert copy.read(b.mr.addr, KIB) == b"L" * KIB
+            assert target.counters_snapshot()["engine"]["bytes"] >= KIB  # type: ignore[index]
+            assert other.device.counters_snapshot()["engine"]["bytes"] == 0  # type: ignore[index]
         finally:
             target.close()
             del view

@@ -392,6 +392,35 @@ static void forget_objects(struct vre_engine *e, uint32_t dev, struct vre_device
 	d->mr_gen = 0;
 }
 
+/*
+ * Every QP's peer device as this engine numbers it. A state names a QP's peer on its host by the source engine's
+ * device number, which means another VM (or none) here: the number is derived again from the peer's GID (the
+ * device's own GIDs are set before its state loads; another VM's, before a backend upgrade loads any). A QP whose
+ * peer was on the source's host and is on no device here (its VM moved away from its peer), and one that spoke RoCE
+ * to a peer now on this host, are refused: turning a QP from one transport to the other is not built (a QP in error
+ * keeps no peer).
+ */
+static int route_peers(struct vre_engine *e, struct vre_device *d)
+{
+	for (uint32_t j = 0; j < d->lim.max_qp; j++) {
+		struct vre_qp *qp = d->qps[j];
+		struct vre_device *peer;
+
+		if (!qp || (qp->attr.dest_dev == VRE_NO_DEVICE && !qp->net))
+			continue;
+		peer = gid_route(e, qp->attr.dgid);
+		if (qp->net && peer)
+			return vre_fail(e, EOPNOTSUPP, "QP %#x spoke RoCE to a peer that is on this host now",
+					qp->cfg.qpn);
+		if (!qp->net && !peer && qp->attr.state != VRDMA_QPS_ERR)
+			return vre_fail(e, EOPNOTSUPP, "QP %#x's peer was on the source's host and is on no device here",
+					qp->cfg.qpn);
+		if (!qp->net)  /* (a QP in error moves nothing: its lost peer is none) */
+			qp->attr.dest_dev = peer ? dev_index(e, peer) : VRE_NO_DEVICE;
+	}
+	return 0;
+}
+
 int vre_device_load(struct vre_engine *e, uint32_t dev, const uint8_t *buf, uint64_t len, uint32_t flags)
 {
 	struct vre_device *d = vre_dev(e, dev);
@@ -429,6 +458,8 @@ int vre_device_load(struct vre_engine *e, uint32_t dev, const uint8_t *buf, uint
 	if (!err && in.left)
 		err = vre_fail(e, EINVAL, "%llu bytes after the state's %u records", (unsigned long long)in.left,
 			       h.records);
+	if (!err && in.translate)
+		err = route_peers(e, d);
 	if (err || !in.translate) {
 		forget_objects(e, dev, d);
 		__atomic_store_n(&d->suspended, was_suspended, __ATOMIC_RELEASE);
