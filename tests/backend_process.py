@@ -89,6 +89,13 @@ class BackendProcess:
     def frontend(self, name: str) -> Frontend:
         return Frontend(str(self.sockets[name]))
 
+    def upgrade(self) -> dict[str, Any]:
+        """`vrdma admin upgrade`: a new backend process takes every VM over; this handle follows it (it is not this
+        test's child: its exit status is not ours to read, only whether it runs)."""
+        status = self.daemon.upgrade()
+        self.proc = _Follower(self.daemon)  # type: ignore[assignment]
+        return status
+
     def admin_ask(self, command: str, **fields: Any) -> dict[str, Any]:
         """One admin request; the reply as it came (``ok`` false with ``error`` when refused)."""
         from vrdma.daemon.admin import ask
@@ -162,6 +169,20 @@ class BackendProcess:
         """Wait until the backend has closed ``count`` of the VM's connections in all; return the counters."""
         return self.wait_for_counters(vm, lambda c: c["connection"]["closed"] >= count,  # type: ignore[no-any-return]
                                       f"{count} closed connections", timeout)["connection"]
+
+
+class _Follower:
+    """poll() and returncode of a backend this test did not start (one an upgrade started)."""
+
+    def __init__(self, daemon: DaemonProcess) -> None:
+        self.daemon = daemon
+
+    def poll(self) -> int | None:
+        return None if self.daemon.running else 0
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
 
 
 def expect_closed(fe: Frontend, timeout: float = 10.0, replies_first: bool = False) -> None:

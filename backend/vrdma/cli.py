@@ -112,6 +112,17 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     from vrdma.daemon.admin import ask
     from vrdma.device.qos import KEYS as QOS_KEYS
 
+    if args.admin_command == "upgrade":
+        from vrdma.daemon.admin import upgrade
+
+        try:
+            status = upgrade(Path(args.admin_socket))
+        except OSError as err:
+            raise VrdmaError(f"cannot reach the backend's admin socket {args.admin_socket}: {err}") from err
+        took = status.get("upgrade") or {}
+        print(f"upgraded: the backend is pid {status['pid']} (was {took.get('from_pid')}); its "
+              f"{len(status['serving'])} VM(s) were paused {took.get('pause_ms')} ms")
+        return 0
     request: dict[str, object] = {"command": args.admin_command}
     if args.admin_command == "inject":
         request.update(vm=args.vm, fault=args.fault)
@@ -272,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the backend's --admin-socket (default {DEFAULT_ADMIN_SOCKET}, the service's)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
     admin_sub.add_parser("counters", help="the counters as JSON: every VM's, the network's and each engine thread's")
+    admin_sub.add_parser("status", help="the backend's pid, the VMs it serves, and how its last upgrade went")
+    admin_sub.add_parser("upgrade", help="hand every VM, its QPs running, to a new backend process (the program as "
+                                         "installed now), then end this one: docs/migration.md")
     admin_vm = admin_sub.add_parser("vm", help="add, list and remove the VMs the backend serves, while it runs")
     admin_vm.add_argument("--json", action="store_true", help="print the backend's reply as JSON")
     vm_actions = admin_vm.add_subparsers(dest="vm_action", required=True, metavar="ACTION")

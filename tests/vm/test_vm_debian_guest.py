@@ -179,6 +179,17 @@ def test_the_backend_service_runs_under_systemd_and_serves_a_vm_added_at_run_tim
     assert re.search(r"^max_qp [1-9]\d*$", served.stdout, flags=re.M), served.stdout
     counters = json.loads(_admin(vm, "counters"))["vms"]
     assert counters[TEST_VM]["commands"] >= 1 and counters[TEST_VM]["command_errors"] == 0, counters
+    # `systemctl reload` (ExecReload: vrdma admin upgrade): a new backend process takes the VM over and becomes the
+    # service's main process; the old one is gone, nothing restarted, and the VM is served by the new one.
+    vm.run(["systemctl", "reload", "vrdma-backend"]).check("systemctl reload vrdma-backend")
+    new_pid = vm.run(["systemctl", "show", "vrdma-backend", "-p", "MainPID", "--value"]).check("MainPID").stdout.strip()
+    assert new_pid != pid and vm.run(["systemctl", "is-active", "vrdma-backend"]).stdout.strip() == "active"
+    assert vm.run(["test", "-e", f"/proc/{pid}"]).exit_status != 0, "the old backend did not exit"
+    status = json.loads(_admin(vm, "status"))
+    assert str(status["pid"]) == new_pid and status["upgrade"]["from_pid"] == int(pid), status
+    assert [entry["name"] for entry in json.loads(_admin(vm, "vm", "--json", "list"))] == [TEST_VM]
+    served = vm.run(["python3", "-c", FRONTEND, f"/run/vrdma/{TEST_VM}.sock"]).check("the frontend after the reload")
+    assert re.search(r"^max_qp [1-9]\d*$", served.stdout, flags=re.M), served.stdout
     _admin(vm, "vm", "remove", TEST_VM)
     assert json.loads(_admin(vm, "vm", "--json", "list")) == []
     # Still the same process: nothing restarted it; its journal has what it said.

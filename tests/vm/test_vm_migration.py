@@ -134,6 +134,58 @@ def test_queue_pairs_keep_running_across_migrations_between_two_qemus_of_one_bac
         assert "device lost" not in dmesg, dmesg[-3000:]
 
 
+def test_a_backend_upgrade_during_traffic_on_two_vms_is_a_pause(guests: Cluster) -> None:
+    """`vrdma admin upgrade` while two guests run `ibv_rc_pingpong -c` and the checked WRITE stream between them: a
+    new backend process takes both VMs over (their connections, memory, doorbell regions and states) and the old one
+    exits; both programs go on, every buffer and block right, and no device is reset. The stream's longest gap
+    between completions is the pause the guests saw."""
+    backend = guests.backend
+    assert backend is not None
+    server, client = guests[0], guests[1]
+    gid = verbs.ipv4_gid_index(server, DEVICE)
+    pingpong = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", "20000", "-c"]
+    server_pid = server.agent.spawn(pingpong)
+    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+    client_pid = client.agent.spawn([*pingpong, server.address])
+    receiver = [*WRITE_STREAM, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(64 << 10)]
+    receiver_pid = server.agent.spawn(receiver)
+    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
+    sender = [*WRITE_STREAM, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0", str(64 << 10)]
+    sender_pid = client.agent.spawn(sender)
+    before = {name: vm_counters(backend, name)["connection"] for name in ("vm0", "vm1")}
+    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
+    wait_until("traffic before the upgrade", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 200,
+               120)
+    old_pid = backend.process.pid if backend.process is not None else None
+    status = backend.upgrade()
+    log.info("upgraded: %s", status)
+    assert status["pid"] != old_pid and status["upgrade"]["vms"] == 2, status
+    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
+    wait_until("traffic after the upgrade", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 200,
+               120)
+    programs = [(server, server_pid, pingpong), (client, client_pid, pingpong), (server, receiver_pid, receiver),
+                (client, sender_pid, sender)]
+    for guest, pid, argv in programs:
+        assert guest.agent.poll(pid) is None, f"{argv[0]} in {guest.name} ended before the upgrade was done"
+    client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
+    streamed = {}
+    for guest, pid, argv in programs:
+        result = guest.agent.wait(pid, argv, timeout=600)
+        assert result.exit_status == 0, f"{argv[:4]} in {guest.name}: {result.stdout}{result.stderr}"
+        if argv[0] != "ibv_rc_pingpong":
+            streamed[argv[3]] = json.loads(result.stdout)
+    log.info("WRITE stream across the upgrade: %s", streamed)
+    assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
+    for name in ("vm0", "vm1"):
+        after = vm_counters(backend, name)["connection"]
+        assert {k: after[k] for k in ("device_resets", "closed", "accepted")} == \
+            {k: before[name][k] for k in ("device_resets", "closed", "accepted")}, after
+        assert vm_counters(backend, name)["engine"]["error_cqes"] == 0
+    for guest in (server, client):
+        dmesg = guest.run(["dmesg"]).check("dmesg").stdout
+        assert "device lost" not in dmesg, dmesg[-3000:]
+
+
 @pytest.fixture
 def lone_guest(products: Products, tmp_path: Path) -> Iterator[Cluster]:
     with Cluster(1, tmp_path / "source", products=products) as cluster:

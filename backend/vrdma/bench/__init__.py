@@ -37,6 +37,7 @@ from vrdma.bench.backend import (
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import between_backends, interhost
 from vrdma.bench.metric import Metric, Report, write
+from vrdma.bench.migration import migration
 from vrdma.bench.neighbours import ROUNDS, SCALING_THREADS, noisy_neighbour, scaling, sharing
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ def groups(iterations: int = 5000, scaling_threads: tuple[int, ...] = SCALING_TH
         "guests": (f"vrdma and rxe side by side in two guests ({tools})", guests),
         "interhost": ("between hosts: four guests on two hosts (vrdma and rxe on each), iperf3 between the hosts",
                       lambda: interhost(smoke=smoke)),
+        "migration": ("live migration and a backend upgrade under ib_write_bw over 16 QPs and a checked WRITE "
+                      "stream (two guests)", lambda: migration(smoke=smoke)),
     }
 
 

@@ -11,6 +11,9 @@ One JSON object per line in each direction over a unix stream socket; each conne
     {"command": "vm-remove", "name": "vm2"}        -> {"ok": true}
     {"command": "vm-qos", "name": "vm0", "weight": 300, "bytes-per-s": "1G"}
                                                    -> {"ok": true, "qos": {"weight": 300, ..., "throttled_ns": ...}}
+    {"command": "upgrade"}                         -> {"ok": true, "pid": 4242}   (the new backend, starting)
+    {"command": "status"}                          -> {"ok": true, "pid": 4242, "serving": ["vm0"],
+                                                       "upgrade": {"state": "took over", "pause_ms": ...} or null}
 
 ("network": what arrived from other hosts that no QP took, and what went out; null without --roce. In vm-add,
 "mac", "doorbell" and "qos" (a table of the keys vm-qos takes) may be left out; paths are absolute. vm-qos changes
@@ -28,6 +31,7 @@ import contextlib
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -61,6 +65,8 @@ class VmRegistry(Protocol):
     def served(self) -> Mapping[str, Served]: ...
     def add_vm(self, spec: EndpointSpec) -> Served: ...
     def remove_vm(self, name: str) -> None: ...
+    def begin_upgrade(self) -> dict[str, Any]: ...
+    def status(self) -> dict[str, Any]: ...
 
 
 # An added admin command: (the request, the VMs served by name) -> the reply.
@@ -73,17 +79,22 @@ class AdminSocket:
     def __init__(self, path: Path, loop: EventLoop, backend: VmRegistry,
                  extensions: dict[str, AdminCommand] | None = None,
                  network: Callable[[], dict[str, int]] | None = None,
-                 engine_threads: Callable[[], list[dict[str, int]]] | None = None) -> None:
+                 engine_threads: Callable[[], list[dict[str, int]]] | None = None,
+                 handed_over: socket.socket | None = None) -> None:
+        """``handed_over``: the socket, listening already (a backend upgrade: vrdma.daemon.upgrade)."""
         self.path = path
         self.network = network
         self.engine_threads = engine_threads
         self.loop = loop
         self.backend = backend
         self.extensions = dict(extensions or {})
-        path.unlink(missing_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(4)
+        if handed_over is not None:
+            self.sock = handed_over
+        else:
+            path.unlink(missing_ok=True)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(str(path))
+            self.sock.listen(4)
         loop.add_reader(self.sock.fileno(), self._accept)
         log.info("admin socket on %s%s", path,
                  f" (also {', '.join(sorted(self.extensions))})" if self.extensions else "")
@@ -157,8 +168,17 @@ class AdminSocket:
             log.info("%s: QoS now %s", name, vm.rdma.qos.as_table())
         return {"ok": True, "qos": {**vm.rdma.qos.as_table(), **vm.rdma.qos_counters()}}
 
+    def _upgrade(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, set())
+        return {"ok": True, **self.backend.begin_upgrade()}
+
+    def _status(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, set())
+        return {"ok": True, **self.backend.status()}
+
     COMMANDS: ClassVar[dict[str, Callable[[AdminSocket, dict[str, Any]], dict[str, Any]]]] = {
-        "counters": _counters, "vm-add": _vm_add, "vm-list": _vm_list, "vm-qos": _vm_qos, "vm-remove": _vm_remove}
+        "counters": _counters, "vm-add": _vm_add, "vm-list": _vm_list, "vm-qos": _vm_qos, "vm-remove": _vm_remove,
+        "upgrade": _upgrade, "status": _status}
 
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())
@@ -191,6 +211,34 @@ def _read_line(conn: socket.socket, limit: int = MAX_REQUEST, what: str = "reque
         if len(data) > limit:
             raise ValueError(f"{what} longer than {limit} bytes")
     return data.split(b"\n", 1)[0]
+
+
+UPGRADE_TIMEOUT = 180.0  # seconds `vrdma admin upgrade` waits for the new backend to answer
+
+
+def upgrade(path: Path, timeout: float = UPGRADE_TIMEOUT) -> dict[str, Any]:
+    """Client side: upgrade the backend at ``path`` (vrdma.daemon.upgrade) and return the new one's status once it
+    answers there: its pid, and how long the VMs were paused ("upgrade": "pause_ms"). VrdmaError when the backend
+    refuses, or the new one fails (the old one then serves on, and the error says why)."""
+    reply = ask(path, {"command": "upgrade"})
+    if not reply.get("ok"):
+        raise VrdmaError(f"the backend refused: {reply.get('error')}")
+    new, deadline, interval = reply["pid"], time.monotonic() + timeout, 0.01
+    while True:
+        try:
+            status = ask(path, {"command": "status"})
+        except OSError as err:  # (the socket is the new process's from one moment to the next: never unanswered)
+            raise VrdmaError(f"upgrade: the admin socket {path} stopped answering: {err}") from err
+        if status.get("pid") == new:
+            return status
+        outcome = status.get("upgrade") or {}
+        if outcome.get("pid") == new and outcome.get("state") == "failed":
+            raise VrdmaError(f"upgrade failed: {outcome.get('error')} (the backend with pid {status.get('pid')} "
+                             "serves on)")
+        if time.monotonic() > deadline:
+            raise VrdmaError(f"upgrade: the new backend (pid {new}) did not take over in {timeout:g} s")
+        time.sleep(interval)  # the status is asked for; nothing announces it
+        interval = min(interval * 2, 0.5)
 
 
 def ask(path: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:

@@ -26,13 +26,16 @@ class DoorbellRegion:
     gives the same inode its size back and maps it again at the same address (the data engine holds that address).
     """
 
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self, path: Path, size: int, handed_over: int | None = None) -> None:
+        """``handed_over``: the region's file, open already (a backend upgrade: the one the guest has mapped, which
+        must be a region of this size with its header; the path is only its name)."""
         if size <= 0 or size & (size - 1):
             raise ValueError(f"ivshmem needs a power-of-two region size, not {size}")
         self.path = path
         self.size = size
         # O_NOFOLLOW: the run directory is shared with QEMU, which must not point the backend at another file.
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self.fd = handed_over if handed_over is not None else \
+            os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             if os.fstat(self.fd).st_size != size:
                 os.ftruncate(self.fd, size)
@@ -45,6 +48,10 @@ class DoorbellRegion:
                 and header.pairing_id):
             self.pairing_id = int(header.pairing_id)
             self.reused = True
+        elif handed_over is not None:
+            self.map.close()
+            os.close(self.fd)
+            raise ValueError(f"the doorbell region handed over for {path} is not one of {size} bytes with its header")
         else:
             self.pairing_id = secrets.randbits(64) or 1
             self.reused = False

@@ -64,7 +64,8 @@ class VmDevice:
 
     def __init__(self, spec: EndpointSpec, doorbell_path: Path, loop: EventLoop, fabric: Fabric,
                  guard: FaultGuard | None, on_start: Callable[[VmDevice, VhostUserConnection, bool], bool],
-                 on_closed: Callable[[VmDevice, CloseCause, str], None]) -> None:
+                 on_closed: Callable[[VmDevice, CloseCause, str], None], doorbell_fd: int | None = None) -> None:
+        """``doorbell_fd``: the region's file handed over (a backend upgrade: its pages are a running guest's)."""
         self.name = spec.name
         self.loop = loop
         self.guard = guard
@@ -73,12 +74,14 @@ class VmDevice:
         self.closed = False
         size = DEFAULT_LIMITS.doorbell_pages * abi.const("VRDMA_DOORBELL_PAGE_SIZE")
         try:
-            self.doorbell = DoorbellRegion(doorbell_path, size)
+            self.doorbell = DoorbellRegion(doorbell_path, size, doorbell_fd)
+        except ValueError as err:
+            raise BackendError(f"{self.name}: {err}") from err
         except OSError as err:
             raise BackendError(f"{self.name}: cannot create the doorbell region {doorbell_path}: "
                                f"{err.strerror}") from err
         self.rdma = RdmaDevice(spec.name, mac=spec.mac, pairing_id=self.doorbell.pairing_id, fabric=fabric,
-                               doorbells=self.doorbell.map, qos=spec.qos)
+                               doorbells=self.doorbell.map, qos=spec.qos, live_doorbells=doorbell_fd is not None)
         self.doorbell.write_header(self.rdma.doorbell_header())
         self.doorbell_guard = None
         if guard is not None:
@@ -139,7 +142,12 @@ class VmDevice:
 class VmEndpoint:
     """One VM: its socket, its device, and the incoming device of a migration between two of this backend's QEMUs."""
 
-    def __init__(self, spec: EndpointSpec, loop: EventLoop, fabric: Fabric, guard: FaultGuard | None = None) -> None:
+    def __init__(self, spec: EndpointSpec, loop: EventLoop, fabric: Fabric, guard: FaultGuard | None = None,
+                 handed_over: socket.socket | None = None, doorbell_fd: int | None = None) -> None:
+        """``doorbell_fd``: the VM comes from the backend this process took over (vrdma.daemon.upgrade): its doorbell
+        region's file, the running guest's; its socket listening already (``handed_over``, if it has one); its
+        connection handed over after."""
+        taken_over = doorbell_fd is not None
         self.spec = spec
         self.name = spec.name
         self.loop = loop
@@ -147,11 +155,13 @@ class VmEndpoint:
         self.guard = guard
         self.counters = ConnectionCounters()
         self.listener: socket.socket | None = None
-        if spec.socket_path is not None:
+        if taken_over:
+            self.listener = handed_over
+        elif spec.socket_path is not None:
             self.listener = _listen(spec.socket_path)
         self.doorbell_path = spec.doorbell_path or Path(f"/dev/shm/vrdma-{os.getpid()}-{spec.name}.doorbell")
         try:
-            self.device = self._new_device(self.doorbell_path)
+            self.device = self._new_device(self.doorbell_path, doorbell_fd)
         except BaseException:
             if self.listener is not None:
                 self.listener.close()
@@ -160,9 +170,9 @@ class VmEndpoint:
         if self.listener is not None:
             loop.add_reader(self.listener.fileno(), self._accept)
             log.info("%s: listening on %s (doorbell region %s, %s, pairing id %#018x)", self.name,
-                     spec.socket_path, self.doorbell_path, "reused" if self.device.doorbell.reused else "new",
-                     self.rdma.pairing_id)
-        elif spec.fd is not None:
+                     spec.socket_path, self.doorbell_path, "handed over" if taken_over else
+                     "reused" if self.device.doorbell.reused else "new", self.rdma.pairing_id)
+        elif spec.fd is not None and not taken_over:
             try:
                 sock = socket.socket(fileno=spec.fd)
             except OSError as err:
@@ -182,9 +192,9 @@ class VmEndpoint:
     def connection(self) -> VhostUserConnection | None:
         return self.device.connection
 
-    def _new_device(self, doorbell_path: Path) -> VmDevice:
+    def _new_device(self, doorbell_path: Path, doorbell_fd: int | None = None) -> VmDevice:
         return VmDevice(self.spec, doorbell_path, self.loop, self.fabric, self.guard, self._device_starts,
-                        self._closed)
+                        self._closed, doorbell_fd)
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -298,6 +308,7 @@ class VmEndpoint:
                                "device_resets": transport.device_resets, "stops": transport.stops,
                                "suspended": transport.suspended,
                                "states_refused_at_start": transport.states_refused_at_start},
+                "migration": dict(transport.state_times),
                 "command_time_us": transport.command_time(),
                 "commands_at_once_max": transport.commands_at_once_max}
 

@@ -86,7 +86,9 @@ def run(args: argparse.Namespace, admin_extensions: dict[str, AdminCommand] | No
         print(json.dumps(capabilities(), indent=2))
         return 0
     config = configuration(args)
-    if not config.vms and config.admin_socket is None:
+    if args.take_over is not None:  # a backend upgrade's next process: its VMs come from the one running
+        config.vms = []
+    elif not config.vms and config.admin_socket is None:
         raise BackendError("nothing to serve: give --socket-path PATH, --fd N, VMs in --config FILE, or an "
                            "--admin-socket to add them through (see --help)")
     if admin_extensions and config.admin_socket is None:
@@ -94,8 +96,9 @@ def run(args: argparse.Namespace, admin_extensions: dict[str, AdminCommand] | No
     with Backend(config.vms, admin_socket=config.admin_socket, admin_extensions=admin_extensions,
                  roce=config.roce, max_vms=config.max_vms, doorbell_dir=config.doorbell_dir,
                  metrics=config.metrics, engine_threads=config.engine_threads,
-                 engine_cpus=config.engine_cpus) as backend:
-        backend.announce_ready(args.ready_fd)
+                 engine_cpus=config.engine_cpus, take_over=args.take_over) as backend:
+        if args.take_over is None:  # (one taking over is the service's main process once the old one says so)
+            backend.announce_ready(args.ready_fd)
         backend.run()
     return 0
 

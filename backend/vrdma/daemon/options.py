@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reach destinations no VM of this backend holds over the network with RoCE v2 (UDP "
                              "port 4791; needs root or CAP_NET_RAW and CAP_NET_ADMIN, and the host set up as "
                              "docs/interhost.md says)")
+    parser.add_argument("--take-over", type=int, metavar="FD", help=argparse.SUPPRESS)  # (upgrade.py's own)
     parser.add_argument("--print-capabilities", action="store_true",
                         help="print the backend's capabilities as JSON and exit")
 

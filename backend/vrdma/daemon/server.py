@@ -17,9 +17,11 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from vrdma.daemon import upgrade
 from vrdma.daemon.admin import AdminCommand, AdminSocket
 from vrdma.daemon.config import DEFAULT_MAX_VMS, EndpointSpec
 from vrdma.daemon.endpoint import BackendError, VmEndpoint
@@ -34,6 +36,7 @@ from vrdma.loop import EventLoop
 
 if TYPE_CHECKING:
     from vrdma.daemon.metrics import MetricsEndpoint, Snapshot
+    from vrdma.daemon.upgrade import Upgrade
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +49,15 @@ class Backend:
     def __init__(self, specs: list[EndpointSpec], admin_socket: Path | None = None,
                  admin_extensions: dict[str, AdminCommand] | None = None, roce: bool = False,
                  max_vms: int = DEFAULT_MAX_VMS, doorbell_dir: Path | None = None,
-                 metrics: str | None = None, engine_threads: int = 1, engine_cpus: list[int] | None = None) -> None:
+                 metrics: str | None = None, engine_threads: int = 1, engine_cpus: list[int] | None = None,
+                 take_over: int | None = None) -> None:
         """``admin_extensions``: commands the admin socket answers besides its own (test hooks); ``roce``: speak
         RoCE v2 to other hosts for destinations no VM here holds (vrdma.daemon.roce); ``max_vms``: how many VMs it
         may serve at once (``specs`` and those added later); ``doorbell_dir``: where the doorbell regions of VMs
         added through the admin socket without one go (default: beside their socket); ``metrics``: serve
         Prometheus metrics on this [HOST:]PORT (vrdma.daemon.metrics); ``engine_threads``: the engine's threads,
-        pinned to ``engine_cpus`` (one CPU each) if given."""
+        pinned to ``engine_cpus`` (one CPU each) if given; ``take_over``: the socket to the backend this one takes
+        every VM and the admin socket from (a backend upgrade: vrdma.daemon.upgrade; ``specs`` must be empty)."""
         if len(specs) > max_vms:
             raise BackendError(f"{len(specs)} VMs declared but --max-vms is {max_vms}")
         self.max_vms = max_vms
@@ -68,7 +73,11 @@ class Backend:
         self.stopping = False
         self.notifier = Notifier()  # systemd's, when it started us (Type=notify); otherwise silent
         self.admin: AdminSocket | None = None
+        self.admin_path, self.admin_extensions = admin_socket, admin_extensions
         self.metrics: MetricsEndpoint | None = None
+        self.metrics_address = metrics
+        self.upgrade: Upgrade | None = None             # a hand-over to a new process under way
+        self.last_upgrade: dict[str, Any] | None = None  # how the last one ended, when it failed
         self.roce: RoceSockets | None = None
         try:
             if roce:
@@ -79,27 +88,53 @@ class Backend:
                 log.info("RoCE v2 on UDP port %d: destinations no VM here holds are reached over the network",
                          ROCE_PORT)
             self._start_engine(engine_threads, engine_cpus)
+            if take_over is not None:
+                if specs:
+                    raise BackendError("a backend taking over serves the VMs it is handed, no others")
+                upgrade.take_over(self, take_over)  # (or this process ends, the one it took over from unharmed)
             for spec in specs:
                 self.add_vm(spec)
-            if admin_socket is not None:
-                try:
-                    self.admin = AdminSocket(admin_socket, self.loop, self, admin_extensions,
-                                             self.engine.net_counters if roce else None, self.engine_threads)
-                except OSError as err:  # (an over-long path raises with no errno: its text says it)
-                    raise BackendError(f"cannot listen on admin socket {admin_socket}: {err.strerror or err}") \
-                        from err
-            if metrics is not None:
-                # Imported only when asked for: prometheus_client costs a backend's start tens of milliseconds.
-                from vrdma.daemon.metrics import MetricsEndpoint
-
-                try:
-                    self.metrics = MetricsEndpoint(metrics, self.loop, self.snapshot)
-                except OSError as err:
-                    raise BackendError(f"--metrics {metrics}: {err.strerror}") from err
+            if admin_socket is not None and self.admin is None:
+                self.open_admin()
+            self.restart_metrics()
         except BaseException:
             self.close()
             raise
         self.loop.add_reader(self._stop_r, self._drain_stop)
+
+    def open_admin(self, handed_over: socket.socket | None = None) -> None:
+        """The admin socket listens (``handed_over``: listening already, a backend upgrade's)."""
+        assert self.admin_path is not None
+        try:
+            self.admin = AdminSocket(self.admin_path, self.loop, self, self.admin_extensions,
+                                     self.engine.net_counters if self.roce is not None else None, self.engine_threads,
+                                     handed_over)
+        except OSError as err:  # (an over-long path raises with no errno: its text says it)
+            raise BackendError(f"cannot listen on admin socket {self.admin_path}: {err.strerror or err}") from err
+
+    def restart_metrics(self) -> None:
+        """--metrics listens, unless it does already (or was not asked for)."""
+        if self.metrics is not None or self.metrics_address is None:
+            return
+        # Imported only when asked for: prometheus_client costs a backend's start tens of milliseconds.
+        from vrdma.daemon.metrics import MetricsEndpoint
+
+        try:
+            self.metrics = MetricsEndpoint(self.metrics_address, self.loop, self.snapshot)
+        except OSError as err:
+            raise BackendError(f"--metrics {self.metrics_address}: {err.strerror}") from err
+
+    # -- a backend upgrade (vrdma.daemon.upgrade) -----------------------------------------------------------------
+
+    def begin_upgrade(self) -> dict[str, Any]:
+        """Start the next backend process, which takes every VM over once it is ready: `vrdma admin upgrade`."""
+        self.upgrade = upgrade.Upgrade(self)
+        return {"pid": self.upgrade.process.pid}
+
+    def status(self) -> dict[str, Any]:
+        """Who answers, and how an upgrade goes (the admin socket's "status")."""
+        return {"pid": os.getpid(), "serving": sorted(self.endpoints),
+                "upgrade": self.upgrade.result if self.upgrade is not None else self.last_upgrade}
 
     # -- VMs, at start and at run time --------------------------------------------------------------------------
 

@@ -88,7 +88,14 @@ class VirtioRdmaTransport:
         # A state the frontend handed over (a migration's destination), checked, applied when the device starts:
         # only then is the guest's memory table known.
         self.incoming_state: bytes | None = None
+        self.incoming_live_doorbells = False  # the state is a backend upgrade's: the guest's doorbells are newer
+        # A backend upgrade's next process loads every VM before any runs (one that fails leaves the old process to
+        # go on from where it stopped, so nothing may have moved): the device stays suspended until release().
+        self.held = False
         self.states_refused_at_start = 0
+        # The last migration's share of the device (milliseconds to save, to check and to load its state; the
+        # state's bytes): what `vrdma bench` reports as the device's downtime.
+        self.state_times = {"saved_ms": 0.0, "checked_ms": 0.0, "loaded_ms": 0.0, "bytes": 0}
         self.command_ns: collections.deque[int] = collections.deque(maxlen=COMMAND_TIME_SAMPLES)
         # The most commands one look at the control queue found waiting: more than one means the driver had several
         # in flight at once (vrdma.ko keeps up to VRDMA_CMD_SLOTS).
@@ -157,8 +164,9 @@ class VirtioRdmaTransport:
         sends it before SET_MEM_TABLE), or a stopped device runs again. False: on_start refused the start."""
         data, self.incoming_state = self.incoming_state, None
         if data is not None:
+            started = time.perf_counter()
             try:
-                self.rdma.load_state(data)
+                self.rdma.load_state(data, self.incoming_live_doorbells)
             except StateError as err:
                 # Too late to fail the migration (the frontend took CHECK_DEVICE_STATE's answer): the VM gets a
                 # reset device, whose new epoch its driver sees, and nothing else is touched.
@@ -169,14 +177,27 @@ class VirtioRdmaTransport:
             else:
                 self.fresh = False  # the driver knows this device already
                 self.suspended = True
+                self.state_times["loaded_ms"] = round((time.perf_counter() - started) * 1e3, 3)
         first, self.ever_started = not self.ever_started, True
         if first and self.on_start is not None and not self.on_start(device, data is not None):
             return False
-        if self.suspended:
+        if self.suspended and not self.held:
             self.rdma.suspend(False)
             self.suspended = False
             self.rdma.fabric.kick(self.rdma.engine_index)  # doorbells rung before the stop are looked at
         return True
+
+    def release(self) -> None:
+        """A backend upgrade's next process runs the device it loaded (held until every VM had loaded), and looks at
+        its queues once: what the guest queued during the hand-over was kicked at the old process."""
+        self.held = False
+        if self.suspended and self.started:
+            self.rdma.suspend(False)
+            self.suspended = False
+            self.rdma.fabric.kick(self.rdma.engine_index)
+        if self.device is not None and CONTROL in self.started:
+            self.process_commands(self.device)
+        self.deliver_events()
 
     def _reset(self) -> None:
         self.rdma.reset(keep_memory=True)
@@ -190,6 +211,7 @@ class VirtioRdmaTransport:
         VM's counters go on from the source's (what this one counted before it started, the destination QEMU's
         set-up, was no event of the VM's, but a state it could not apply is)."""
         self.device_resets, self.stops = source.device_resets, source.stops
+        self.state_times["saved_ms"] = source.state_times["saved_ms"]
         self.states_refused_at_start += source.states_refused_at_start
         self.commands_at_once_max = max(self.commands_at_once_max, source.commands_at_once_max)
         self.command_ns.extendleft(reversed(source.command_ns))
@@ -207,7 +229,10 @@ class VirtioRdmaTransport:
     def save_device_state(self, device: VhostUserConnection) -> bytes:
         if self.started or not self.suspended:
             raise ValueError("the device's state is saved once every queue is stopped")
-        return self.rdma.save_state()
+        started = time.perf_counter()
+        data = self.rdma.save_state()
+        self.state_times.update(saved_ms=round((time.perf_counter() - started) * 1e3, 3), bytes=len(data))
+        return data
 
     def load_device_state(self, device: VhostUserConnection, data: bytes) -> None:
         """Checked now, so that a state this device cannot take fails the migration; applied when the device
@@ -215,10 +240,12 @@ class VirtioRdmaTransport:
         the frontend stopped it, and a refused snapshot leaves it with a reset device, which its driver sees)."""
         if any(self.rdma.objects.counts().values()) or self.rdma.events or self.incoming_state is not None:
             self._reset()
+        started = time.perf_counter()
         try:
             self.rdma.check_state(data)
         except StateError as err:
             raise ValueError(str(err)) from err
+        self.state_times.update(checked_ms=round((time.perf_counter() - started) * 1e3, 3), bytes=len(data))
         self.incoming_state = data
 
     def queue_kicked(self, device: VhostUserConnection, index: int) -> None:

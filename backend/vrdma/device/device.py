@@ -46,11 +46,12 @@ class RdmaDevice:
     def __init__(self, name: str, *, mac: bytes = bytes(6), limits: DeviceLimits = DEFAULT_LIMITS,
                  pairing_id: int | None = None, fabric: Fabric | None = None,
                  doorbells: mmap.mmap | None = None, engine: DataEngine | None = None,
-                 qos: Qos = EQUAL_SHARE) -> None:
+                 qos: Qos = EQUAL_SHARE, live_doorbells: bool = False) -> None:
         """``doorbells``: the doorbell region as this process maps it (the engine polls it); a private one is
         made when none is given (a device model without guests, in tests). A device joins ``fabric``, or, given
         ``engine`` instead (one made for a single device), a fabric of its own around that engine. ``qos``: its
-        weight and limits in the engine (set_qos changes them)."""
+        weight and limits in the engine (set_qos changes them); ``live_doorbells``: the region's context pages are
+        a running guest's (a backend upgrade's next process: the state it loads keeps them as they are now)."""
         if len(mac) != 6:
             raise ValueError(f"a MAC address has 6 bytes, not {len(mac)}")
         self.name = name
@@ -75,7 +76,8 @@ class RdmaDevice:
         self.doorbells = doorbells if doorbells is not None else mmap.mmap(-1, self.doorbell_size)
         if len(self.doorbells) < self.doorbell_size:
             raise ValueError(f"doorbell region of {len(self.doorbells)} bytes, the device needs {self.doorbell_size}")
-        self.clear_doorbell_pages()  # a restarted backend finds the last one's contexts' slots in the region
+        if not live_doorbells:
+            self.clear_doorbell_pages()  # a restarted backend finds the last one's contexts' slots in the region
         if fabric is None:
             if engine is None:
                 raise ValueError("a device needs a fabric to join or an engine for a fabric of its own")
@@ -211,9 +213,17 @@ class RdmaDevice:
         """StateError unless ``data`` would load into this device (its memory table not needed yet)."""
         state.check(self, data)
 
-    def load_state(self, data: bytes) -> None:
-        """``data`` becomes this device, fresh from a reset, which stays suspended; StateError (and reset) if not."""
-        state.load(self, data)
+    def load_state(self, data: bytes, live_doorbells: bool = False) -> None:
+        """``data`` becomes this device, fresh from a reset, which stays suspended; StateError (and reset) if not.
+        ``live_doorbells``: the doorbell pages are the running guest's, newer than the state's (a backend upgrade:
+        the guest rang doorbells while the state travelled), and stay as they are."""
+        state.load(self, data, live_doorbells)
+
+    def announce_gids(self, data: bytes) -> None:
+        """The GIDs of state ``data`` (checked) routed to this device before it loads: a backend upgrade's next
+        process does so for every VM first, since a QP's peer is found by its GID when its state loads."""
+        for index, gid in state.check(self, data).objects.gids.entries.items():
+            self.seat.engine.set_gid(self.engine_index, index, gid.raw, gid.type)
 
     def took_over(self, source: RdmaDevice) -> None:
         """The VM this device loaded was ``source``'s, a device of the same fabric (a migration between two QEMUs of

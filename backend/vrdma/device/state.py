@@ -469,7 +469,7 @@ def check(device: RdmaDevice, data: bytes) -> Checked:
                    f.flag("doorbell_recheck"))
 
 
-def load(device: RdmaDevice, data: bytes) -> None:
+def load(device: RdmaDevice, data: bytes, live_doorbells: bool = False) -> None:
     """The state becomes the device's: checked whole as check() does, then applied: its doorbell pages, its engine
     side (whose pages must translate through the device's memory table now), its GIDs, objects, identity, events
     and counters. The device must be fresh from a reset (nothing of a guest's yet); it stays suspended in the
@@ -478,9 +478,10 @@ def load(device: RdmaDevice, data: bytes) -> None:
         raise StateError(f"{device.name}: a state loads into a device fresh from a reset")
     checked = check(device, data)
     engine, dev = device.seat.engine, device.engine_index
-    device.clear_doorbell_pages()
-    for page, content in checked.pages:
-        device.doorbells[page * DOORBELL_PAGE:(page + 1) * DOORBELL_PAGE] = content
+    if not live_doorbells:  # (a backend upgrade's: the guest kept ringing while the state travelled)
+        device.clear_doorbell_pages()
+        for page, content in checked.pages:
+            device.doorbells[page * DOORBELL_PAGE:(page + 1) * DOORBELL_PAGE] = content
     objects = checked.objects
     try:
         for index, gid in objects.gids.entries.items():

@@ -161,6 +161,18 @@ class DaemonProcess(Managed):
                 self.popen.wait()
             self.process = None
 
+    def upgrade(self) -> dict[str, Any]:
+        """`vrdma admin upgrade`: the backend hands every VM to a new process of itself, which this handle follows
+        from then on (the old one has exited). Returns the new one's status ("upgrade": its pause_ms)."""
+        from vrdma.daemon.admin import upgrade
+
+        status = upgrade(self.admin_socket)
+        if self.popen is not None:
+            self.popen.wait(STOP_TIMEOUT)  # (the old one exits as soon as the new one runs)
+            self.popen = None
+        self.process = psutil.Process(int(status["pid"]))
+        return status
+
     def _describe_hang(self) -> str:
         """Its Python stacks (SIGUSR1: faulthandler writes them to the log) and its fds (what a stuck loop waits
         on), read before it is killed."""

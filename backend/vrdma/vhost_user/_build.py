@@ -72,6 +72,25 @@ struct VuDev {
     ...;
 };
 
+typedef struct VrdmaQueueState {
+    uint32_t num;
+    uint16_t last_avail_idx;
+    uint16_t used_idx;
+    uint32_t inuse;
+    uint32_t enable;
+    bool started;
+    int kick_fd;
+    int call_fd;
+    int err_fd;
+    uint32_t flags;
+    uint64_t desc_user_addr;
+    uint64_t used_user_addr;
+    uint64_t avail_user_addr;
+    uint64_t log_guest_addr;
+} VrdmaQueueState;
+bool vrdma_vu_queue_state(VrdmaVu *vu, uint16_t index, VrdmaQueueState *out);
+int vrdma_vu_backend_fd(VrdmaVu *vu);
+
 bool vrdma_vu_init(VrdmaVu *vu, uint16_t max_queues, int sock, void *handle, const VuDevIface *iface);
 int vrdma_vu_dispatch(VrdmaVu *vu, uint32_t request, uint32_t flags, const uint8_t *payload, uint32_t size,
                       const int *fds, int nfds);

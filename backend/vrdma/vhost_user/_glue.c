@@ -181,3 +181,31 @@ void vrdma_vu_log_used(VrdmaVu *vu, uint16_t index, uint8_t *bits, uint64_t byte
                    offsetof(struct vring_used, ring) + (uint64_t)vq->vring.num * sizeof(struct vring_used_elem) +
                    sizeof(uint16_t));
 }
+
+/*
+ * What queue `index` is, as a backend upgrade hands it to the next process (vrdma/vhost_user/handover.py), which
+ * sets it up again with the messages that made it: its size and next index, its ring addresses as the frontend
+ * gave them, its eventfds (the caller duplicates them) and whether it is enabled and started. False: no such queue.
+ */
+bool vrdma_vu_queue_state(VrdmaVu *vu, uint16_t index, VrdmaQueueState *out)
+{
+    const VuVirtq *vq;
+
+    if (!vu->dev.vq || index >= vu->dev.max_queues) {
+        return false;
+    }
+    vq = &vu->dev.vq[index];
+    *out = (VrdmaQueueState){ .num = vq->vring.num, .last_avail_idx = vq->last_avail_idx, .used_idx = vq->used_idx,
+                              .inuse = vq->inuse, .enable = vq->enable, .started = vq->started,
+                              .kick_fd = vq->kick_fd, .call_fd = vq->call_fd, .err_fd = vq->err_fd,
+                              .flags = vq->vra.flags, .desc_user_addr = vq->vra.desc_user_addr,
+                              .used_user_addr = vq->vra.used_user_addr, .avail_user_addr = vq->vra.avail_user_addr,
+                              .log_guest_addr = vq->vra.log_guest_addr };
+    return true;
+}
+
+/* The backend channel's socket (-1: none). */
+int vrdma_vu_backend_fd(VrdmaVu *vu)
+{
+    return vu->dev.backend_fd;
+}

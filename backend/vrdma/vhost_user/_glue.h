@@ -17,4 +17,22 @@ typedef struct VrdmaVu {
     int has_pending;
 } VrdmaVu;
 
+/* A queue as vrdma_vu_queue_state reports it (a backend upgrade's hand-over). */
+typedef struct VrdmaQueueState {
+    uint32_t num;
+    uint16_t last_avail_idx;
+    uint16_t used_idx;
+    uint32_t inuse;
+    uint32_t enable;
+    bool started;
+    int kick_fd;
+    int call_fd;
+    int err_fd;
+    uint32_t flags;
+    uint64_t desc_user_addr;
+    uint64_t used_user_addr;
+    uint64_t avail_user_addr;
+    uint64_t log_guest_addr;
+} VrdmaQueueState;
+
 #endif

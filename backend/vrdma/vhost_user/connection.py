@@ -157,6 +157,10 @@ class VhostUserConnection:
         self.sock.setblocking(False)
         self.device_state = DeviceStateChannel(self, loop)  # SET_DEVICE_STATE_FD, CHECK_DEVICE_STATE
         self.dirty_log: DirtyLog | None = None  # SET_LOG_BASE's (live migration)
+        # A duplicate of each guest memory region's fd by its guest-physical start (libvhost-user closes its own
+        # after mapping): what a backend upgrade hands to the next process (vrdma.vhost_user.handover).
+        self.memory_fds: dict[int, int] = {}
+        self.replaying = False  # messages of a backend upgrade's hand-over (handover.replay), not the frontend's
         self.reader = protocol.MessageReader(sock)
         self._handle = ffi.new_handle(self)
         self._vu = ffi.new("VrdmaVu *")
@@ -241,6 +245,7 @@ class VhostUserConnection:
             # libvhost-user of QEMU 10.0 knows this reset only by its older name (every ring disabled).
             message = replace(message, request=protocol.Request.RESET_OWNER)
         remaps = message.request in MEMORY_TABLE_REQUESTS
+        kept = _duplicates(message) if remaps else {}
         # libvhost-user unmaps and maps guest memory in dispatch; the model learns the new table after: whatever the
         # model runs in another thread waits between the two (and the fault guard's ranges change meanwhile too).
         with self.model.data_path_paused() if remaps else contextlib.nullcontext():
@@ -248,6 +253,8 @@ class VhostUserConnection:
             status = lib.vrdma_vu_dispatch(self._vu, message.request, message.flags, message.payload,
                                            len(message.payload), fds, len(message.fds))
             message.fds = []  # libvhost-user owns them now
+            if remaps:
+                self._keep_memory_fds(kept, message.request == protocol.Request.SET_MEM_TABLE)
             if status != 0 or self._broken():
                 self.close(self.broken_reason or f"libvhost-user failed to process {message.name()}",
                            self.broken_cause)
@@ -281,7 +288,7 @@ class VhostUserConnection:
         # A queue enabled is looked at once, as if kicked: after a stop (or a migration) the driver's kicks of the
         # chains it queued meanwhile reached the frontend, not this backend, and nobody kicks them again.
         index, enabled = protocol.VRING_STATE.unpack(message.payload)
-        if enabled and lib.vu_queue_started(self._dev, lib.vu_get_queue(self._dev, index)):
+        if enabled and not self.replaying and lib.vu_queue_started(self._dev, lib.vu_get_queue(self._dev, index)):
             self.model.queue_kicked(self, index)
 
     def _map_shared_memory(self) -> None:
@@ -290,7 +297,7 @@ class VhostUserConnection:
         way it was before, e.g. a doorbell file the frontend maps by path)."""
         features = self.negotiated_protocol_features or 0
         needed = protocol.ProtocolFeature.SHMEM | protocol.ProtocolFeature.BACKEND_SEND_FD
-        if features & needed != needed:
+        if features & needed != needed or self.replaying:  # (a hand-over's frontend has it mapped already)
             return
         for region in self.model.shared_memory():
             flags = protocol.SHMEM_MAP_RW if region.writable else 0
@@ -393,6 +400,18 @@ class VhostUserConnection:
 
     # -- guest memory and virtqueues --------------------------------------------------------------------------
 
+    def _keep_memory_fds(self, new: dict[int, int], replaced: bool) -> None:
+        """After a memory-table message: the duplicates of the regions libvhost-user holds now, no others."""
+        held = {int(self._dev.regions[i].gpa) for i in range(self._dev.nregions)}
+        for gpa in list(self.memory_fds):
+            if replaced or gpa not in held:
+                os.close(self.memory_fds.pop(gpa))
+        for gpa, fd in new.items():
+            if gpa in held and gpa not in self.memory_fds:
+                self.memory_fds[gpa] = fd
+            else:
+                os.close(fd)
+
     def memory_regions(self) -> list[MemoryRegion]:
         """The guest's memory table as this process has it mapped."""
         dev = self._dev
@@ -475,12 +494,22 @@ class VhostUserConnection:
         for fd in list(self._watches):
             self._remove_watch(fd)
         self.reader.close()
+        for fd in self.memory_fds.values():
+            os.close(fd)
+        self.memory_fds = {}
         _DEVICES.pop(int(ffi.cast(_UINTPTR, self._dev)), None)
         if self.on_closed is not None:
             self.on_closed(cause, reason)
 
 
 _DEVICES: dict[int, VhostUserConnection] = {}
+
+
+def _duplicates(message: protocol.Message) -> dict[int, int]:
+    """A duplicate of each region's fd of a SET_MEM_TABLE or ADD_MEM_REG by guest-physical start (REM_MEM_REG: none)."""
+    if message.request == protocol.Request.REM_MEM_REG:
+        return {}
+    return {region.gpa: os.dup(fd) for region, fd in zip(protocol.memory_regions(message), message.fds, strict=False)}
 
 
 def _device(dev: Any) -> VhostUserConnection:

@@ -24,7 +24,8 @@ from vrdma.errors import VrdmaError
 HEADER = struct.Struct("<III")          # request, flags, payload size
 U64 = struct.Struct("<Q")
 VRING_STATE = struct.Struct("<II")      # index, num
-VRING_ADDR_SIZE = 40                    # index, flags, desc, used, avail, log
+VRING_ADDR = struct.Struct("<IIQQQQ")   # index, flags, desc, used, avail, log (user addresses)
+VRING_ADDR_SIZE = VRING_ADDR.size
 MEMORY_REGION = struct.Struct("<QQQQ")  # guest_phys_addr, memory_size, userspace_addr, mmap_offset
 MEMORY_HEADER = struct.Struct("<II")    # nregions, padding
 CONFIG_HEADER = struct.Struct("<III")   # offset, size, flags

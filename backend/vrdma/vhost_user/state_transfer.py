@@ -53,6 +53,11 @@ class DeviceStateChannel:
         self.loop = loop
         self.transfer: StateTransfer | None = None
 
+    @property
+    def active(self) -> bool:
+        """A transfer is under way (begun and not yet checked)."""
+        return self.transfer is not None
+
     def set_fd(self, message: protocol.Message) -> int:
         """SAVE: the model's state, taken now (the device is stopped), streamed into the pipe once the loop runs
         again, after the reply; LOAD: the pipe read into a buffer as the frontend writes it. Returns the reply's

@@ -1,0 +1,133 @@
+"""Live migration and a backend upgrade with traffic running (issue 28; docs/migration.md).
+
+Two guests of one backend; vm1 writes 1 MiB messages into vm0 over 16 RC QPs (`ib_write_bw -q 16`) for the whole
+run, and the checked WRITE stream (vrdma/harness/guest/write_stream.py) runs beside it as the ping-pong whose
+completions show a pause. vm0 is live-migrated to a new QEMU of the same backend (`Cluster.migrate`), then the
+backend is upgraded (`vrdma admin upgrade`), each under a stream of its own:
+
+- ``migration_device_downtime_ms``: the device's share of the migration: its state saved, checked and loaded (the
+  backend's own figures, the VM's counters' ``migration``);
+- ``migration_peer_blackout_ms``: the longest gap between two completions of the peer (the stream's sender in
+  vm1) while vm0 migrated: QEMU's stop of the source, the RAM and device state moved, the destination started;
+- ``migration_qemu_downtime_ms`` and ``migration_qemu_total_ms``: QEMU's own figures (query-migrate);
+- ``migration_state_bytes``: the device's state;
+- ``backend_upgrade_pause_ms``: the longest gap between two completions of the stream's sender during the
+  upgrade; ``backend_upgrade_handover_ms`` the backend's own (from the old process stopping the VMs to the new one
+  running them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vrdma.bench.metric import Metric
+
+log = logging.getLogger(__name__)
+
+DEVICE = "vrdma0"
+QPS = 16
+MESSAGE = 1 << 20
+BW_SECONDS = 90          # ib_write_bw's run: long enough for a migration and an upgrade under TCG
+STREAM_BLOCK = 4096      # the stream's blocks: small, so its completions are frequent
+STREAM_PORT = 18516
+WRITE_STREAM = Path(__file__).parents[1] / "harness" / "guest" / "write_stream.py"
+
+
+def migration(smoke: bool = False) -> list[Metric]:
+    """The figures above (``smoke``: the same steps, ib_write_bw shorter: every figure produced once)."""
+    from vrdma.harness import verbs
+    from vrdma.harness.cluster import Cluster
+    from vrdma.harness.daemon import vm_counters
+
+    with tempfile.TemporaryDirectory(prefix="vrdma-bench-") as tmp, Cluster(2, Path(tmp)) as guests:
+        server, client = guests[0], guests[1]
+        backend = guests.backend
+        assert backend is not None
+        accel = guests.accel.upper()
+        gid = verbs.ipv4_gid_index(server, DEVICE)
+        seconds = BW_SECONDS // 2 if smoke else BW_SECONDS
+        bw = ["ib_write_bw", "-d", DEVICE, "-x", str(gid), "-q", str(QPS), "-s", str(MESSAGE), "-D", str(seconds),
+              "-F", "--report_gbits"]
+        bw_server = server.agent.spawn(bw)
+        verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=bw_server)
+        bw_client = client.agent.spawn([*bw, server.address])
+        _traffic(lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"], "ib_write_bw")
+
+        with _stream(guests, gid) as stream:
+            info = guests.migrate("vm0")
+        blackout = stream["send"]["max_gap_ms"]
+        moved = vm_counters(backend, "vm0")["migration"]
+        with _stream(guests, gid) as stream:
+            status = backend.upgrade()
+        upgrade_gap = stream["send"]["max_gap_ms"]
+        server = guests[0]
+        for guest, pid, argv in ((server, bw_server, bw), (client, bw_client, [*bw, server.address])):
+            result = guest.agent.wait(pid, argv, timeout=seconds + 300)
+            if result.exit_status != 0:
+                raise RuntimeError(f"ib_write_bw in {guest.name} failed across the migration and the upgrade: "
+                                   f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    what = (f"vrdma bench (two {accel} guests of one backend, ib_write_bw 1 MiB over {QPS} QPs and the checked "
+            f"WRITE stream running")
+    device_ms = moved["saved_ms"] + moved["checked_ms"] + moved["loaded_ms"]
+    return [
+        Metric("migration_device_downtime_ms", round(device_ms, 2), "ms",
+               f"{what}; vm0 migrated to a new QEMU: its device state saved + checked + loaded, the backend's time)"),
+        Metric("migration_peer_blackout_ms", round(blackout, 1), "ms",
+               f"{what}; vm0 migrated: the longest gap between the peer's completions)"),
+        Metric("migration_qemu_downtime_ms", float(info["downtime"]), "ms",
+               f"{what}; vm0 migrated: QEMU's query-migrate downtime)"),
+        Metric("migration_qemu_total_ms", float(info["total-time"]), "ms",
+               f"{what}; vm0 migrated: QEMU's query-migrate total-time)"),
+        Metric("migration_state_bytes", float(moved["bytes"]), "bytes",
+               f"{what}; vm0's device state as migrated)"),
+        Metric("backend_upgrade_pause_ms", round(upgrade_gap, 1), "ms",
+               f"{what}; vrdma admin upgrade: the longest gap between the stream's completions)"),
+        Metric("backend_upgrade_handover_ms", float(status["upgrade"]["pause_ms"]), "ms",
+               f"{what}; vrdma admin upgrade: from the old backend stopping the VMs to the new one running them)"),
+    ]
+
+
+def _traffic(sent: Any, what: str) -> None:
+    start, deadline = sent(), time.monotonic() + 120
+    while sent() < start + 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} traffic through the backend within 120 s")
+        time.sleep(0.05)  # the counters are asked for; nothing announces them
+
+
+@contextlib.contextmanager
+def _stream(guests: Any, gid: int) -> Iterator[dict[str, Any]]:
+    """The checked WRITE stream from vm1 into vm0 around a block (which may move either guest to another QEMU);
+    its two reports, by side, after it. It runs steadily before and after the block, so that its longest gap is the
+    block's."""
+    from vrdma.harness import verbs
+    from vrdma.harness.daemon import vm_counters
+
+    source = WRITE_STREAM.read_text()
+    server, client = guests[0], guests[1]
+    receiver = ["python3", "-c", source, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(STREAM_BLOCK)]
+    sender = ["python3", "-c", source, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0",
+              str(STREAM_BLOCK)]
+    receiver_pid = server.agent.spawn(receiver)
+    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
+    sender_pid = client.agent.spawn(sender)
+    progress = (lambda: vm_counters(guests.backend, "vm0")["engine"]["recv_wqes"])  # noqa: E731
+    _traffic(progress, "WRITE stream")
+    report: dict[str, Any] = {}
+    yield report
+    _traffic(progress, "WRITE stream")
+    server, client = guests[0], guests[1]  # (the guests as they are now)
+    client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
+    for name, guest, pid, argv in (("send", client, sender_pid, sender), ("recv", server, receiver_pid, receiver)):
+        result = guest.agent.wait(pid, argv, timeout=300)
+        if result.exit_status != 0:
+            raise RuntimeError(f"the WRITE stream's {name} side failed: {result.stdout}{result.stderr}")
+        report[name] = json.loads(result.stdout)
+    log.info("WRITE stream: %s", report)
