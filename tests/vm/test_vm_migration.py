@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 DEVICE = "vrdma0"
 WRITE_STREAM = ["python3", "-c", (Path(verbs.__file__).parent / "guest" / "write_stream.py").read_text()]
 STREAM_PORT = 18516
+STREAM_PROGRESS = "/tmp/write-stream.blocks"  # in the receiving guest: the blocks checked so far
 STOPPED_FOR = 2.0  # seconds a VM stays stopped in the middle of its traffic
 
 
@@ -83,24 +84,12 @@ def test_queue_pairs_keep_running_across_migrations_between_two_qemus_of_one_bac
     assert backend is not None
     server, client = guests[0], guests[1]
     gid = verbs.ipv4_gid_index(server, DEVICE)
-    pingpong = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", "30000", "-c"]
-    server_pid = server.agent.spawn(pingpong)
-    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
-    client_pid = client.agent.spawn([*pingpong, server.address])
-    receiver = [*WRITE_STREAM, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(64 << 10)]
-    receiver_pid = server.agent.spawn(receiver)
-    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
-    sender = [*WRITE_STREAM, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0", str(64 << 10)]
-    sender_pid = client.agent.spawn(sender)
+    (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid) = start_traffic(
+        server, client, gid, 30000)
     before = {name: vm_counters(backend, name)["connection"] for name in ("vm0", "vm1")}
 
     def traffic_goes_on(after: str) -> None:
-        sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
-        deadline = time.monotonic() + 120
-        while vm_counters(backend, "vm1")["engine"]["send_wqes"] <= sent + 200:
-            assert time.monotonic() < deadline, f"no traffic {after}: " + json.dumps(
-                {name: vm_counters(backend, name) for name in ("vm0", "vm1")})
-            time.sleep(0.2)
+        both_flow(backend, guests[0], after)
 
     traffic_goes_on("before the migrations")
     for name in ("vm0", "vm1", "vm0"):
@@ -112,15 +101,11 @@ def test_queue_pairs_keep_running_across_migrations_between_two_qemus_of_one_bac
                 (guests[0], receiver_pid, receiver), (guests[1], sender_pid, sender)]
     for guest, pid, argv in programs:  # all of them ran through every move
         assert guest.agent.poll(pid) is None, f"{argv[0]} in {guest.name} ended before the last migration"
-    guests[1].run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
-    streamed = {}
-    for guest, pid, argv in programs:
+    streamed = end_stream(guests[1], sender_pid, sender, guests[0], receiver_pid, receiver, backend)
+    for guest, pid, argv in programs[:2]:
         result = guest.agent.wait(pid, argv, timeout=600)
         assert result.exit_status == 0, f"{argv[:4]} in {guest.name}: {result.stdout}{result.stderr}"
-        if argv[0] == "ibv_rc_pingpong":
-            assert "30000 iters in" in result.stdout, result.stdout
-        else:
-            streamed[argv[3]] = json.loads(result.stdout)
+        assert "30000 iters in" in result.stdout, result.stdout
     log.info("WRITE stream: %s", streamed)
     assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
     for name, moves in (("vm0", 2), ("vm1", 1)):
@@ -143,37 +128,23 @@ def test_a_backend_upgrade_during_traffic_on_two_vms_is_a_pause(guests: Cluster)
     assert backend is not None
     server, client = guests[0], guests[1]
     gid = verbs.ipv4_gid_index(server, DEVICE)
-    pingpong = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", "20000", "-c"]
-    server_pid = server.agent.spawn(pingpong)
-    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
-    client_pid = client.agent.spawn([*pingpong, server.address])
-    receiver = [*WRITE_STREAM, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(64 << 10)]
-    receiver_pid = server.agent.spawn(receiver)
-    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
-    sender = [*WRITE_STREAM, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0", str(64 << 10)]
-    sender_pid = client.agent.spawn(sender)
+    (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid) = start_traffic(
+        server, client, gid, 20000)
     before = {name: vm_counters(backend, name)["connection"] for name in ("vm0", "vm1")}
-    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
-    wait_until("traffic before the upgrade", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 200,
-               120)
+    both_flow(backend, server, "before the upgrade")
     old_pid = backend.process.pid if backend.process is not None else None
     status = backend.upgrade()
     log.info("upgraded: %s", status)
     assert status["pid"] != old_pid and status["upgrade"]["vms"] == 2, status
-    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
-    wait_until("traffic after the upgrade", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 200,
-               120)
+    both_flow(backend, server, "after the upgrade")
     programs = [(server, server_pid, pingpong), (client, client_pid, pingpong), (server, receiver_pid, receiver),
                 (client, sender_pid, sender)]
     for guest, pid, argv in programs:
         assert guest.agent.poll(pid) is None, f"{argv[0]} in {guest.name} ended before the upgrade was done"
-    client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
-    streamed = {}
-    for guest, pid, argv in programs:
+    streamed = end_stream(client, sender_pid, sender, server, receiver_pid, receiver, backend)
+    for guest, pid, argv in programs[:2]:
         result = guest.agent.wait(pid, argv, timeout=600)
         assert result.exit_status == 0, f"{argv[:4]} in {guest.name}: {result.stdout}{result.stderr}"
-        if argv[0] != "ibv_rc_pingpong":
-            streamed[argv[3]] = json.loads(result.stdout)
     log.info("WRITE stream across the upgrade: %s", streamed)
     assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
     for name in ("vm0", "vm1"):
@@ -184,6 +155,60 @@ def test_a_backend_upgrade_during_traffic_on_two_vms_is_a_pause(guests: Cluster)
     for guest in (server, client):
         dmesg = guest.run(["dmesg"]).check("dmesg").stdout
         assert "device lost" not in dmesg, dmesg[-3000:]
+
+
+def start_traffic(server: Vm, client: Vm, gid: int, iterations: int) -> tuple[tuple[list[str], int, int],
+                                                                            tuple[list[str], int, list[str], int]]:
+    """The WRITE stream from ``client`` into ``server``, flowing (its set-up, pyverbs under TCG, takes seconds), then
+    `ibv_rc_pingpong -c` of ``iterations`` between them: (the ping-pong's argv and pids, the stream's)."""
+    receiver = [*WRITE_STREAM, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(64 << 10), STREAM_PROGRESS]
+    receiver_pid = server.agent.spawn(receiver)
+    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
+    sender = [*WRITE_STREAM, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0", str(64 << 10)]
+    sender_pid = client.agent.spawn(sender)
+    wait_until("the WRITE stream flowing", lambda: stream_blocks(server) >= 64, 120)
+    pingpong = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", str(iterations), "-c"]
+    server_pid = server.agent.spawn(pingpong)
+    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+    client_pid = client.agent.spawn([*pingpong, server.address])
+    return (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid)
+
+
+def stream_blocks(server: Vm) -> int:
+    """The blocks the WRITE stream's receiver in ``server`` has checked so far (-1: it has not begun)."""
+    text = server.run(["cat", STREAM_PROGRESS]).stdout.strip()
+    return int(text) if text.isdigit() else -1
+
+
+def both_flow(backend: daemon.DaemonProcess, server: Vm, when: str) -> None:
+    """The ping-pong (vm1's send WQEs) and the WRITE stream (the blocks its receiver in ``server`` checked) both move
+    on, ``when``."""
+    sent, blocks = vm_counters(backend, "vm1")["engine"]["send_wqes"], stream_blocks(server)
+    deadline = time.monotonic() + 120
+    while vm_counters(backend, "vm1")["engine"]["send_wqes"] < sent + 200 or \
+            stream_blocks(server) < max(blocks, 0) + 128:
+        assert time.monotonic() < deadline, f"no traffic {when} (stream at {stream_blocks(server)}): " + json.dumps(
+            {name: vm_counters(backend, name)["engine"] for name in ("vm0", "vm1")})
+        time.sleep(0.2)  # the counters and the file are asked for: nothing announces them
+
+
+def end_stream(client: Vm, sender_pid: int, sender: list[str], server: Vm, receiver_pid: int, receiver: list[str],
+               backend: daemon.DaemonProcess) -> dict[str, dict[str, object]]:
+    """SIGTERM to the WRITE stream's sender, which ends the stream once its blocks are acknowledged; both sides'
+    reports (each exited 0). One that does not end in time fails with what both guests and the backend say."""
+    client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
+    reports = {}
+    for name, guest, pid, argv in (("send", client, sender_pid, sender), ("recv", server, receiver_pid, receiver)):
+        try:
+            result = guest.agent.wait(pid, argv, timeout=120)
+        except Exception:
+            state = {vm.name: vm.run(["sh", "-c", "ss -tn; for p in $(pgrep python3); do grep State /proc/$p/status; "
+                                      "cat /proc/$p/wchan; echo; done"]).stdout for vm in (client, server)}
+            counters = {vm: vm_counters(backend, vm)["engine"] for vm in ("vm0", "vm1")}
+            raise AssertionError(f"the WRITE stream's {name} side did not end: {state} {counters}") from None
+        assert result.exit_status == 0, f"stream {name} in {guest.name}: {result.stdout}{result.stderr}"
+        reports[name] = json.loads(result.stdout)
+    return reports
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ MESSAGE = 1 << 20
 BW_SECONDS = 90          # ib_write_bw's run: long enough for a migration and an upgrade under TCG
 STREAM_BLOCK = 4096      # the stream's blocks: small, so its completions are frequent
 STREAM_PORT = 18516
+STREAM_PROGRESS = "/tmp/write-stream.blocks"  # in vm0: the blocks checked so far
 WRITE_STREAM = Path(__file__).parents[1] / "harness" / "guest" / "write_stream.py"
 
 
@@ -94,9 +95,10 @@ def migration(smoke: bool = False) -> list[Metric]:
     ]
 
 
-def _traffic(sent: Any, what: str) -> None:
-    start, deadline = sent(), time.monotonic() + 120
-    while sent() < start + 200:
+def _traffic(done: Any, what: str, more: int = 200) -> None:
+    """``done()`` (a count) moves on by ``more``, within 120 s."""
+    start, deadline = done(), time.monotonic() + 120
+    while done() < start + more:
         if time.monotonic() > deadline:
             raise RuntimeError(f"no {what} traffic through the backend within 120 s")
         time.sleep(0.05)  # the counters are asked for; nothing announces them
@@ -108,21 +110,24 @@ def _stream(guests: Any, gid: int) -> Iterator[dict[str, Any]]:
     its two reports, by side, after it. It runs steadily before and after the block, so that its longest gap is the
     block's."""
     from vrdma.harness import verbs
-    from vrdma.harness.daemon import vm_counters
 
     source = WRITE_STREAM.read_text()
     server, client = guests[0], guests[1]
-    receiver = ["python3", "-c", source, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(STREAM_BLOCK)]
+    receiver = ["python3", "-c", source, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(STREAM_BLOCK),
+                STREAM_PROGRESS]
     sender = ["python3", "-c", source, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0",
               str(STREAM_BLOCK)]
     receiver_pid = server.agent.spawn(receiver)
     verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
     sender_pid = client.agent.spawn(sender)
-    progress = (lambda: vm_counters(guests.backend, "vm0")["engine"]["recv_wqes"])  # noqa: E731
-    _traffic(progress, "WRITE stream")
+    def progress() -> int:
+        text = guests[0].run(["cat", STREAM_PROGRESS]).stdout.strip()
+        return int(text) if text.isdigit() else 0
+
+    _traffic(progress, "WRITE stream", 128)
     report: dict[str, Any] = {}
     yield report
-    _traffic(progress, "WRITE stream")
+    _traffic(progress, "WRITE stream", 128)
     server, client = guests[0], guests[1]  # (the guests as they are now)
     client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
     for name, guest, pid, argv in (("send", client, sender_pid, sender), ("recv", server, receiver_pid, receiver)):

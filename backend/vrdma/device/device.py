@@ -202,8 +202,15 @@ class RdmaDevice:
         self.seat.engine.set_dirty_log(self.engine_index, address, size)
 
     def suspend(self, suspended: bool = True) -> None:
-        """The engine stops running the device and delivering into it (a pause, not a loss), or runs it again."""
+        """The engine stops running the device and delivering into it (a pause, not a loss), or runs it again.
+        Suspending returns once no pass of the engine's is in the device any more ("wait before stop": a pass in
+        flight when the flag was set finishes first, and its CQEs and copies are in the state saved next), and with
+        the events the engine had for the device handed to it (so that a state saved holds them)."""
         self.seat.engine.suspend_device(self.engine_index, suspended)
+        if suspended:
+            with self.fabric.paused(self.engine_index):
+                pass  # (the device's lock: taken once the pass that holds it is done)
+            self.fabric.deliver_events()
 
     def save_state(self) -> bytes:
         """Everything of the device as bytes (suspend it first); nothing changes."""

@@ -193,6 +193,9 @@ class _Channel:
         while b"\n" not in self.buffer:
             self._fill(deadline)
         line, _, self.buffer = self.buffer.partition(b"\n")
+        # A 0xFF (never in JSON) starts a guest-sync-delimited reply, ours or a stale one of an earlier sync (say, one
+        # the agent answered while its VM migrated, after the client had given up on it).
+        line = line.lstrip(b"\xff")
         try:
             reply = json.loads(line)
         except ValueError as err:

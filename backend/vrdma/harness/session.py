@@ -169,8 +169,10 @@ def _stop(directory: Path, session: dict[str, Any]) -> list[str]:
         if vm.running:
             vm.shutdown()
             stopped.append(vm.name)
-    for helper in ("backend", "hub"):  # after the guests: QEMU leaves the backend cleanly
-        _stop_process(session.get(helper))
+    # After the guests (QEMU leaves the backend cleanly). The backend is the process its admin socket names, which an
+    # upgrade (`vrdma admin upgrade`) made another than the one recorded.
+    _stop_process(_serving_backend(directory) or session.get("backend"))
+    _stop_process(session.get("hub"))
     for backend in session.get("backends", []):
         _stop_process(backend)
     existing = set(netns.listnetns())
@@ -179,6 +181,17 @@ def _stop(directory: Path, session: dict[str, Any]) -> list[str]:
             netns.remove(name)
     (directory / SESSION_FILE).unlink(missing_ok=True)
     return stopped
+
+
+def _serving_backend(directory: Path) -> dict[str, Any] | None:
+    """The backend answering on the session's admin socket, recorded as process.record() does; None if none."""
+    from vrdma.daemon.admin import ask
+
+    try:
+        pid = ask(directory / "backend" / "admin.sock", {"command": "status"}, timeout=5.0).get("pid")
+        return record(psutil.Process(int(pid))) if isinstance(pid, int) else None
+    except (OSError, ValueError, psutil.Error):
+        return None
 
 
 def _stop_process(recorded: dict[str, Any] | None) -> None:

@@ -1,16 +1,20 @@
 """Run inside a guest (by tests/vm/test_vm_migration.py and `vrdma bench`): a stream of RDMA WRITEs whose receiver
 checks every byte it is given, since perftest checks nothing. Modes:
 
-  recv DEVICE GID PORT BLOCKS SIZE          listen on TCP PORT for the sender, then check BLOCKS blocks
+  recv DEVICE GID PORT BLOCKS SIZE [FILE]   listen on TCP PORT for the sender, then check BLOCKS blocks (FILE: where
+                                            the count of blocks checked so far is written, every 64)
   send DEVICE GID ADDRESS PORT BLOCKS SIZE  connect to the receiver at ADDRESS:PORT and write BLOCKS blocks
 
 GID is the index of the device's RoCE v2 IPv4 GID. The sender ends the stream, once every block it wrote is
 acknowledged, with an empty WRITE WITH IMMEDIATE of END, which the receiver waits for; BLOCKS 0: the sender writes
-until SIGTERM, and the receiver takes as many as come. One RC QP each way of the stream: the sender writes block N
-(SIZE bytes, each 8 of them N's pattern and their offset, so that a block left stale, torn or misplaced is seen) into
-slot N % SLOTS of the receiver's buffer with WRITE WITH IMMEDIATE (N), keeping at most SLOTS blocks unchecked; the
-receiver checks each block when its immediate arrives and acknowledges it with an empty SEND carrying N, which
-frees the slot. The TCP connection carries only the QPs' addresses, before the stream.
+until SIGTERM (at any time: one during its set-up ends the stream before its first block), and the receiver takes as
+many as come. A receiver whose sender closes the TCP connection without the end stops there, with an error.
+
+One RC QP each way of the stream: the sender writes block N (SIZE bytes, each 8 of them N's pattern and their
+offset, so that a block left stale, torn or misplaced is seen) into slot N % SLOTS of the receiver's buffer with
+WRITE WITH IMMEDIATE (N), keeping at most SLOTS blocks unchecked; the receiver checks each block when its immediate
+arrives and acknowledges it with an empty SEND carrying N, which frees the slot. The TCP connection carries only the
+QPs' addresses, before the stream.
 
 Each side prints one JSON object: blocks done, the first wrong block (if any: its number, the offset of its first
 wrong byte, what was there), completions in error, and the longest gap between two of its completions (the pause
@@ -19,6 +23,7 @@ was written, checked and right.
 """
 
 import json
+import os
 import signal
 import socket
 import struct
@@ -113,7 +118,18 @@ class Clock:
                 "elapsed_s": round(time.monotonic() - self.start, 2)}
 
 
-def poll(cq, clock, errors):
+def sender_gone(conn):
+    """ConnectionError if the sender closed its TCP connection (it ended, or died, without the end)."""
+    try:
+        if conn.recv(1, socket.MSG_PEEK) == b"":
+            raise ConnectionError("the sender closed its connection without ending the stream")
+    except BlockingIOError:
+        pass
+
+
+def poll(cq, clock, errors, idle=None):
+    """The next completions (those in error go to ``errors``); ``idle``: called while there are none."""
+    looks = 0
     while True:
         n, wcs = cq.poll(2 * SLOTS)
         if n:
@@ -127,9 +143,22 @@ def poll(cq, clock, errors):
             return good
         if time.monotonic() - clock.last > TIMEOUT:
             raise TimeoutError(f"no completion in {TIMEOUT:g} s")
+        looks += 1
+        if idle is not None and looks % 4096 == 0:
+            idle()
 
 
-def receive(device, gid_index, port, blocks, size):
+def progress_writer(path):
+    """Write the blocks checked so far to ``path`` (atomically), or nothing without one."""
+    def write(count):
+        if path:
+            with open(path + ".tmp", "w") as out:
+                out.write(f"{count}\n")
+            os.replace(path + ".tmp", path)
+    return write
+
+
+def receive(device, gid_index, port, blocks, size, progress_file=None):
     side = setup(device, gid_index, SLOTS * size)
     mr, qp, cq = side["mr"], side["qp"], side["cq"]
     listener = socket.create_server(("", port), reuse_port=True)
@@ -139,11 +168,15 @@ def receive(device, gid_index, port, blocks, size):
         qp.post_recv(RecvWR(wr_id=slot, num_sge=1, sg=side["scratch"]))
     to_rts(qp, peer, gid_index)
     conn.sendall(b"ready\n")
+    conn.setblocking(False)
+    progress = progress_writer(progress_file)
+    progress(0)
     patterns = Patterns(size)
     clock, errors, wrong, checked, ended = Clock(), [], None, 0, False
     try:
         while not ended and not errors and wrong is None:
-            for wc in poll(cq, clock, errors):
+            completions = poll(cq, clock, errors, lambda: sender_gone(conn))
+            for wc in completions:
                 if wc.opcode != e.IBV_WC_RECV_RDMA_WITH_IMM:
                     continue  # an acknowledgement's send completion
                 block = socket.ntohl(wc.imm_data)  # (pyverbs hands the immediate in network order)
@@ -159,16 +192,19 @@ def receive(device, gid_index, port, blocks, size):
                              "found": got[at:at + 8].hex() if at is not None else None}
                     break
                 checked += 1
+                if checked % 64 == 0:
+                    progress(checked)
                 qp.post_recv(RecvWR(wr_id=slot, num_sge=1, sg=side["scratch"]))
                 qp.post_send(SendWR(wr_id=block, opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=side["scratch"],
                                     imm_data=socket.htonl(block)))
-    except TimeoutError as err:
-        errors.append({"timeout": str(err)})
+    except (TimeoutError, ConnectionError) as err:
+        errors.append({"stopped": str(err)})
+    progress(checked)
     return {"role": "recv", "blocks": checked, "ended": ended, "wrong": wrong, "errors": errors[:10],
             **clock.report()}
 
 
-def send(device, gid_index, address, port, blocks, size):
+def send(device, gid_index, address, port, blocks, size, stopping):
     side = setup(device, gid_index, SLOTS * size)
     mr, qp, cq = side["mr"], side["qp"], side["cq"]
     conn = socket.create_connection((address, port), timeout=60)
@@ -179,8 +215,6 @@ def send(device, gid_index, address, port, blocks, size):
     if conn.recv(16) != b"ready\n":
         raise SystemExit("the receiver did not get ready")
     patterns = Patterns(size)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     limit = blocks or END
     clock, errors, written, acked = Clock(), [], 0, 0
     try:
@@ -213,12 +247,15 @@ def send(device, gid_index, address, port, blocks, size):
 
 def main():
     mode, device, gid_index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    stopping = []  # (from the start: a SIGTERM during the set-up ends the stream at its first block)
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     if mode == "recv":
-        result = receive(device, gid_index, int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        result = receive(device, gid_index, int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+                         sys.argv[7] if len(sys.argv) > 7 else None)
         wanted = int(sys.argv[5])
         ok = result["wrong"] is None and not result["errors"] and result["ended"] and wanted in (0, result["blocks"])
     else:
-        result = send(device, gid_index, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]))
+        result = send(device, gid_index, sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), stopping)
         ok = not result["errors"] and (result["blocks"] == int(sys.argv[6]) or result["stopped"])
     print(json.dumps(result))
     sys.exit(0 if ok else 1)
