@@ -354,7 +354,7 @@ def _positive_int(text: str) -> int:
 # `vrdma bench --only` names (vrdma.bench.GROUPS, which a unit test holds this to: the bench is not imported to parse
 # a command line, and is absent from an installed package).
 BENCH_GROUPS = ("control", "memcpy", "native", "neighbour", "sharing", "scaling", "between-backends", "idle", "guests",
-                "interhost")
+                "interhost", "migration")
 
 
 def _bench_groups(text: str) -> tuple[str, ...]:
