@@ -15,6 +15,7 @@ from polling import wait_until
 from vrdma.harness import daemon, verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
+from vrdma.harness.errors import MigrationFailed
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.vm import Products, Vm
 
@@ -155,6 +156,84 @@ def test_a_backend_upgrade_during_traffic_on_two_vms_is_a_pause(guests: Cluster)
     for guest in (server, client):
         dmesg = guest.run(["dmesg"]).check("dmesg").stdout
         assert "device lost" not in dmesg, dmesg[-3000:]
+
+
+def test_datagrams_unreliable_connections_and_rdma_cm_survive_a_migration(guests: Cluster) -> None:
+    """`ibv_ud_pingpong -c`, `ibv_uc_pingpong -c` and `rping -V` (rdma_cm) between two guests of one backend, the
+    server's guest migrated to a new QEMU in the middle: a datagram or a UC message sent while the VM is stopped
+    waits for it rather than being lost, and every program ends with every buffer checked."""
+    backend = guests.backend
+    assert backend is not None
+    server, client = guests[0], guests[1]
+    gid = str(verbs.ipv4_gid_index(server, DEVICE))
+    programs = {
+        "ud": (["ibv_ud_pingpong", "-d", DEVICE, "-g", gid, "-s", "1024", "-n", "3000", "-c", "-p", "18520"],
+               18520, False),
+        "uc": (["ibv_uc_pingpong", "-d", DEVICE, "-g", gid, "-s", "4096", "-n", "3000", "-c", "-p", "18521"],
+               18521, False),
+        "rping": (["rping", "-s", "-a", server.address, "-V", "-C", "2500", "-S", "1024", "-p", "7175"], 7175, True)}
+    spawned = []
+    for name, (argv, port, rdma_cm) in programs.items():
+        pid = server.agent.spawn(argv)
+        verbs.wait_listening(server, port, timeout=60, server_pid=pid, rdma_cm=rdma_cm)
+        client_argv = (["rping", "-c", *argv[2:], "-v"] if name == "rping" else [*argv, server.address])
+        spawned.append((name, pid, argv, client.agent.spawn(client_argv), client_argv))
+    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
+    wait_until("traffic of all three", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 600, 120)
+    guests.migrate("vm0")
+    server = guests[0]
+    for name, pid, *_ in spawned:
+        assert server.agent.poll(pid) is None, f"{name} ended before the migration was done"
+    for name, pid, argv, client_pid, client_argv in spawned:
+        for side, guest, each, args in (("server", server, pid, argv), ("client", client, client_pid, client_argv)):
+            result = guest.agent.wait(each, args, timeout=600)
+            assert result.exit_status == 0, f"{name} {side}: {result.stdout}{result.stderr}"
+    # (rping's disconnect flushes the receive it had posted: an error completion of its own, not of the move)
+
+
+def test_a_cancelled_migration_and_a_refused_state_leave_the_source_running(guests: Cluster, products: Products,
+                                                                            tmp_path: Path) -> None:
+    """A migration cancelled while RAM is copied (the destination QEMU connected to the same backend, its device
+    dropped when it goes), and one to a backend that refuses the state (it serves the VM under another MAC: another
+    VM's state): both fail, the source runs on, and the WRITE stream through both checks every block."""
+    backend = guests.backend
+    assert backend is not None
+    server, client = guests[0], guests[1]
+    gid = verbs.ipv4_gid_index(server, DEVICE)
+    (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid) = start_traffic(
+        server, client, gid, 4000)
+    before = vm_counters(backend, "vm0")["connection"]
+    # Cancelled: RAM copied at 8 MB/s, which a 1 GiB guest does not finish before the cancel.
+    destination = server.incoming_copy(tmp_path / "cancelled")
+    with pytest.raises(MigrationFailed, match="cancelled"):
+        server.migrate_to(destination, max_bandwidth=8 << 20, cancel_when=lambda: vm_counters(
+            backend, "vm0")["connection"]["incoming"])
+    server.qmp("migrate-set-parameters", **{"max-bandwidth": 1 << 30})
+    wait_until("the cancelled destination's device dropped",
+               lambda: not vm_counters(backend, "vm0")["connection"]["incoming"], 30)
+    both_flow(backend, server, "after the cancelled migration")
+    # Refused: a destination backend that serves vm0 with another MAC (another VM's device).
+    stranger = GuestIdentity(0)
+    with daemon.DaemonProcess([daemon.Served(stranger.name, daemon.socket_path(tmp_path / "b", stranger),
+                                             "52:54:00:00:00:99")],
+                              log_file=tmp_path / "b" / "backend.log",
+                              admin_socket=tmp_path / "b" / "backend" / "admin.sock",
+                              doorbell_dir=tmp_path / "b" / "backend") as other:
+        destination = server.incoming_copy(tmp_path / "b" / stranger.name,
+                                           vrdma_socket=daemon.socket_path(tmp_path / "b", stranger))
+        with pytest.raises(MigrationFailed):
+            server.migrate_to(destination)
+        assert "not of" in other.log_text() or "refused" in other.log_text(), other.log_text()[-3000:]
+    both_flow(backend, server, "after the refused migration")
+    streamed = end_stream(client, sender_pid, sender, server, receiver_pid, receiver, backend)
+    assert streamed["recv"]["wrong"] is None and streamed["recv"]["blocks"] > 0
+    for guest, pid, argv in ((server, server_pid, pingpong), (client, client_pid, pingpong)):
+        result = guest.agent.wait(pid, argv, timeout=600)
+        assert result.exit_status == 0, f"{result.stdout}{result.stderr}"
+    after = vm_counters(backend, "vm0")["connection"]  # (closed: the cancelled destination QEMU's connection)
+    assert (after["device_resets"], after["closed"], after["migrations_in"]) == (
+        before["device_resets"], before["closed"] + 1, before["migrations_in"]), after
+    assert not after["suspended"] and not after["incoming"]
 
 
 def start_traffic(server: Vm, client: Vm, gid: int, iterations: int) -> tuple[tuple[list[str], int, int],

@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -219,13 +219,16 @@ class Vm(Managed):
                   vrdma_socket=vrdma_socket or self.vrdma_socket)
 
     def migrate_to(self, destination: Vm, *, max_bandwidth: int | None = None,
-                   timeout: float = MIGRATION_TIMEOUT) -> dict[str, Any]:
+                   timeout: float = MIGRATION_TIMEOUT,
+                   cancel_when: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Live-migrate this guest into ``destination`` (the same guest, as a Vm of its own directory, whose
         vrdma.sock is the destination backend's, not launched yet): QEMU's migration over a unix socket with the
         return path on (a destination that refuses the device's state fails the migration here, and this guest
         runs on). Afterwards this QEMU has quit and ``destination`` is the guest, its agent the one to use.
-        ``max_bandwidth``: bytes per second (a slower copy of RAM). Returns query-migrate's last answer (status,
-        total-time, downtime in ms, ram); MigrationFailed says why QEMU gave up."""
+        ``max_bandwidth``: bytes per second (a slower copy of RAM); ``cancel_when``: asked while the migration is
+        under way, it is cancelled (migrate_cancel) once this is true (a test of a migration given up). Returns
+        query-migrate's last answer (status, total-time, downtime in ms, ram); MigrationFailed says why QEMU gave up
+        (``cancelled`` for one cancelled)."""
         destination.launch(incoming=True)
         uri = f"unix:{destination.directory / 'migration.sock'}"
         return_path = [{"capability": "return-path", "state": True}]
@@ -241,6 +244,9 @@ class Vm(Managed):
             status = info.get("status")
             if status == "completed":
                 break
+            if cancel_when is not None and status == "active" and cancel_when():
+                self.qmp("migrate_cancel")
+                cancel_when = None
             if status in ("failed", "cancelled") or time.monotonic() > deadline:
                 with contextlib.suppress(Exception):
                     self.qmp("migrate_cancel")
