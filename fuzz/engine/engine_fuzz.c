@@ -444,7 +444,19 @@ static void op_migrate(struct in *in, struct vre_engine *e, uint32_t dev)
 		if (ret)
 			fprintf(stderr, "engine_fuzz: a saved state refused: %s\n", vre_error(e));
 		CHECK(ret == 0);
-		CHECK(vre_device_load(e, dev, state, (uint64_t)size, 0) == 0);
+		ret = vre_device_load(e, dev, state, (uint64_t)size, 0);
+		if (ret == -EOPNOTSUPP) {
+			/*
+			 * A QP aimed at a device by number (as this harness aims them) whose peer holds no GID it could be
+			 * found by: a load routes every peer again by GID (restore.c, route_peers) and refuses the state
+			 * whole, the device left empty.
+			 */
+			free(state);
+			reopen(e, dev);
+			forget_objects(vm);
+			return;
+		}
+		CHECK(ret == 0);
 		struct vre_state_header h;
 
 		memcpy(&h, state, sizeof(h));

@@ -102,6 +102,7 @@ extern bool verbose;              /* ENGINE_FUZZ_VERBOSE=1: print each input's e
 void guest_write(struct vm *vm, uint64_t gpa, const void *data, uint64_t len);
 /* GIDs and Q_Keys from small pools (so that datagrams find their way), or anything. */
 void fuzz_gid(struct in *in, uint8_t *gid);
+void device_gid(uint32_t dev, uint8_t *gid);   /* the GID a device is given when it opens */
 uint32_t fuzz_qkey(struct in *in);
 void op_gid_set(struct in *in, struct vre_engine *e, uint32_t dev);
 uint64_t pick_page(struct vm *vm, uint32_t k);

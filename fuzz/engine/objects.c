@@ -347,6 +347,8 @@ void op_qp_modify(struct in *in, struct vre_engine *e, uint32_t dev)
 	a.access_flags = u8(in) & 0xf;
 	dest = u8(in);
 	a.dest_dev = dest % 4 < NDEV ? dest % 4 : dest % 4 == NDEV ? VRE_NO_DEVICE : u32(in);
+	if (a.dest_dev < NDEV)
+		device_gid(a.dest_dev, a.dgid);   /* (the model routes a connection by its GID, as a load does again) */
 	if (flags & 1) {
 		a.dest_qpn = u32(in);
 	} else {

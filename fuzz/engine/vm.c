@@ -150,6 +150,14 @@ void open_device(struct vre_engine *e, uint32_t dev)
 	ret = vre_device_open(e, dev, &vm->lim, (uint64_t)(uintptr_t)vm->doorbells);
 	CHECK(ret <= 0);
 	vm->open = ret == 0;
+	if (vm->open) {
+		/* Its address, as a guest's driver adds one: QPs aimed at it are found by it (a state's load routes every
+		 * peer again by its GID: restore.c); op_gid_set may change or remove it. */
+		uint8_t gid[16];
+
+		device_gid(dev, gid);
+		CHECK(vre_gid_set(e, dev, 0, gid, VRDMA_GID_TYPE_ROCE_V2) == 0);
+	}
 }
 
 void forget_objects(struct vm *vm)
@@ -314,6 +322,16 @@ uint32_t key_for(struct in *in, uint32_t slot, uint32_t table, bool raw)
 }
 
 /* -- GIDs and Q_Keys: small pools, so that a datagram finds a device and a QP as often as it misses ------------- */
+
+void device_gid(uint32_t dev, uint8_t *gid)
+{
+	memset(gid, 0, 16);
+	gid[10] = gid[11] = 0xff;   /* ::ffff:169.254.100.(dev + 1): one of fuzz_gid's pool */
+	gid[12] = 169;
+	gid[13] = 254;
+	gid[14] = 100;
+	gid[15] = (uint8_t)(1 + dev % 4);
+}
 
 void fuzz_gid(struct in *in, uint8_t *gid)
 {
