@@ -25,14 +25,14 @@ def tool(name: str) -> str:
 
 
 def installed_unit(tmp_path: Path, with_roce: bool) -> Path:
-    """The unit as installed, its ExecStart pointing at this checkout's vrdma-backend (verify checks that the
-    program exists and is executable)."""
+    """The unit as installed, its ExecStart and ExecReload pointing at this checkout's vrdma-backend and vrdma
+    (verify checks that each program exists and is executable)."""
     text = (PACKAGING / "systemd" / "vrdma-backend.service").read_text()
-    assert "ExecStart=/usr/bin/vrdma-backend " in text
-    backend = Path(sys.executable).parent / "vrdma-backend"
-    assert backend.exists(), backend
+    assert "ExecStart=/usr/bin/vrdma-backend " in text and "ExecReload=/usr/bin/vrdma admin upgrade" in text
+    backend, cli = Path(sys.executable).parent / "vrdma-backend", Path(sys.executable).parent / "vrdma"
+    assert backend.exists() and cli.exists(), (backend, cli)
     unit = tmp_path / "vrdma-backend.service"
-    unit.write_text(text.replace("/usr/bin/vrdma-backend", str(backend)))
+    unit.write_text(text.replace("/usr/bin/vrdma-backend", str(backend)).replace("/usr/bin/vrdma ", f"{cli} "))
     if with_roce:
         (tmp_path / "vrdma-backend.service.d").mkdir()
         shutil.copy(PACKAGING / "systemd" / "roce.conf", tmp_path / "vrdma-backend.service.d" / "roce.conf")
