@@ -76,3 +76,38 @@ def test_outside_systemd_nothing_is_sent(tmp_path: Path) -> None:
                           "WATCHDOG_PID": "1"})
     assert other_pid.enabled and other_pid.due() is None, "a watchdog meant for another process was taken"
     other_pid.close()
+
+
+def _blocks_sigterm(pid: int, tid: int) -> bool:
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    raise AssertionError(f"no SigBlk for thread {tid}")
+
+
+def test_a_sigterm_taken_by_another_thread_stops_the_backend(tmp_path: Path) -> None:
+    """The kernel gives a process's SIGTERM to any thread that does not block it. The engine's threads block every
+    signal, and one taken by a Python thread (the metrics server's) still wakes the main loop. (CI once saw a backend
+    sleep 30 s in select() after its SIGTERM, until the harness's SIGUSR1 woke it.)"""
+    import ctypes
+
+    from tests.backend.test_backend_metrics import free_port
+
+    admin = tmp_path / "admin.sock"
+    command = [sys.executable, "-m", "vrdma.cli", "backend", "--admin-socket", str(admin), "--engine-threads", "2",
+               "--metrics", f"127.0.0.1:{free_port()}", "--ready-fd", "1"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as backend:
+        try:
+            assert backend.stdout is not None and backend.stdout.readline() == "READY\n"
+            others = [int(t) for t in os.listdir(f"/proc/{backend.pid}/task") if int(t) != backend.pid]
+            blocking = [tid for tid in others if _blocks_sigterm(backend.pid, tid)]
+            assert len(blocking) == 2, f"{len(blocking)} threads block SIGTERM; the engine runs 2"
+            takers = [tid for tid in others if tid not in blocking]
+            assert takers, "no thread besides the main one and the engine's (the metrics server's was expected)"
+            libc = ctypes.CDLL(None, use_errno=True)
+            for tid in takers:
+                assert libc.tgkill(backend.pid, tid, signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+            assert backend.wait(10) == 0
+        finally:
+            if backend.poll() is None:
+                backend.kill()

@@ -251,10 +251,15 @@ class Backend:
         # SIGUSR1 writes every thread's Python stack to stderr (the log), from the signal handler itself: it answers
         # even while the loop is inside C, which is where a backend that does not stop would be.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # The kernel may give SIGTERM to any thread that does not block it (the metrics server's, say): Python then
+        # only notes it, and runs the handler when the main thread next runs Python code, which a select() with no
+        # timeout might never do. The wake-up fd is written by whichever thread took the signal.
+        previous_wakeup = signal.set_wakeup_fd(self._stop_w, warn_on_full_buffer=False)
         try:
             while not self.stopping:
                 self.run_once()
         finally:
+            signal.set_wakeup_fd(previous_wakeup)
             self.notifier.stopping()
             faulthandler.unregister(signal.SIGUSR1)
             for sig, handler in previous.items():

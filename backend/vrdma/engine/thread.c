@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -137,9 +138,17 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 		__atomic_store_n(&e->devices[i].owner, i % n, __ATOMIC_RELAXED);
 	e->threads.workers = w;
 	__atomic_store_n(&e->threads.count, n, __ATOMIC_RELEASE);
+	/* The threads start with every signal blocked, so that the kernel gives a signal meant for the process (SIGTERM,
+	 * SIGINT) to a thread that can handle it: Python runs handlers in its main thread only, and takes a signal in
+	 * another only through the wake-up fd of set_wakeup_fd (server.py), which a C thread knows nothing of. */
+	sigset_t all, caller;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &caller);
 	for (uint32_t k = 0; k < n; k++) {
 		err = pthread_create(&w[k].id, NULL, worker_main, &w[k]);
 		if (err) {
+			pthread_sigmask(SIG_SETMASK, &caller, NULL);
 			stop_workers(e, w, n);
 			return vre_fail(e, err, "cannot start engine thread %u: %s", k, strerror(err));
 		}
@@ -147,11 +156,13 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 		if (pin(e, &w[k])) {
 			char why[sizeof(e->error)];
 
+			pthread_sigmask(SIG_SETMASK, &caller, NULL);
 			memcpy(why, e->error, sizeof(why));
 			stop_workers(e, w, n);
 			return vre_fail(e, EINVAL, "%s", why);
 		}
 	}
+	pthread_sigmask(SIG_SETMASK, &caller, NULL);
 	return 0;
 }
 
