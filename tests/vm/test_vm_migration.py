@@ -3,11 +3,11 @@ pairs and traffic (QEMU's `stop` stops every queue as a migration's last phase d
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from polling import wait_until
@@ -17,15 +17,13 @@ from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
 from vrdma.harness.errors import MigrationFailed
 from vrdma.harness.qemu_cmdline import GuestIdentity
+from vrdma.harness.stream import WriteStream
 from vrdma.harness.vm import Products, Vm
 
 pytestmark = pytest.mark.vm
 log = logging.getLogger(__name__)
 
 DEVICE = "vrdma0"
-WRITE_STREAM = ["python3", "-c", (Path(verbs.__file__).parent / "guest" / "write_stream.py").read_text()]
-STREAM_PORT = 18516
-STREAM_PROGRESS = "/tmp/write-stream.blocks"  # in the receiving guest: the blocks checked so far
 STOPPED_FOR = 2.0  # seconds a VM stays stopped in the middle of its traffic
 
 
@@ -83,32 +81,25 @@ def test_queue_pairs_keep_running_across_migrations_between_two_qemus_of_one_bac
     buffer and block right, and no device is reset or closed."""
     backend = guests.backend
     assert backend is not None
-    server, client = guests[0], guests[1]
+    server = guests[0]
     gid = verbs.ipv4_gid_index(server, DEVICE)
-    (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid) = start_traffic(
-        server, client, gid, 30000)
+    (pingpong, server_pid, client_pid), stream = start_traffic(guests, gid, 30000)
     before = {name: vm_counters(backend, name)["connection"] for name in ("vm0", "vm1")}
-
-    def traffic_goes_on(after: str) -> None:
-        both_flow(backend, guests[0], after)
-
-    traffic_goes_on("before the migrations")
+    both_flow(backend, stream, "before the migrations")
     for name in ("vm0", "vm1", "vm0"):
         info = guests.migrate(name)
         log.info("%s migrated within the backend: %s ms total, %s ms downtime", name, info.get("total-time"),
                  info.get("downtime"))
-        traffic_goes_on(f"after {name}'s migration")
-    programs = [(guests[0], server_pid, pingpong), (guests[1], client_pid, pingpong),
-                (guests[0], receiver_pid, receiver), (guests[1], sender_pid, sender)]
+        both_flow(backend, stream, f"after {name}'s migration")
+    programs = [(guests[0], server_pid, pingpong), (guests[1], client_pid, pingpong)]
     for guest, pid, argv in programs:  # all of them ran through every move
         assert guest.agent.poll(pid) is None, f"{argv[0]} in {guest.name} ended before the last migration"
-    streamed = end_stream(guests[1], sender_pid, sender, guests[0], receiver_pid, receiver, backend)
-    for guest, pid, argv in programs[:2]:
+    assert stream.running(), "the WRITE stream ended before the last migration"
+    end_stream(stream)
+    for guest, pid, argv in programs:
         result = guest.agent.wait(pid, argv, timeout=600)
         assert result.exit_status == 0, f"{argv[:4]} in {guest.name}: {result.stdout}{result.stderr}"
         assert "30000 iters in" in result.stdout, result.stdout
-    log.info("WRITE stream: %s", streamed)
-    assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
     for name, moves in (("vm0", 2), ("vm1", 1)):
         after = vm_counters(backend, name)["connection"]
         assert after["migrations_in"] == before[name]["migrations_in"] + moves, after
@@ -129,25 +120,22 @@ def test_a_backend_upgrade_during_traffic_on_two_vms_is_a_pause(guests: Cluster)
     assert backend is not None
     server, client = guests[0], guests[1]
     gid = verbs.ipv4_gid_index(server, DEVICE)
-    (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid) = start_traffic(
-        server, client, gid, 20000)
+    (pingpong, server_pid, client_pid), stream = start_traffic(guests, gid, 20000)
     before = {name: vm_counters(backend, name)["connection"] for name in ("vm0", "vm1")}
-    both_flow(backend, server, "before the upgrade")
+    both_flow(backend, stream, "before the upgrade")
     old_pid = backend.process.pid if backend.process is not None else None
     status = backend.upgrade()
     log.info("upgraded: %s", status)
     assert status["pid"] != old_pid and status["upgrade"]["vms"] == 2, status
-    both_flow(backend, server, "after the upgrade")
-    programs = [(server, server_pid, pingpong), (client, client_pid, pingpong), (server, receiver_pid, receiver),
-                (client, sender_pid, sender)]
+    both_flow(backend, stream, "after the upgrade")
+    programs = [(server, server_pid, pingpong), (client, client_pid, pingpong)]
     for guest, pid, argv in programs:
         assert guest.agent.poll(pid) is None, f"{argv[0]} in {guest.name} ended before the upgrade was done"
-    streamed = end_stream(client, sender_pid, sender, server, receiver_pid, receiver, backend)
-    for guest, pid, argv in programs[:2]:
+    assert stream.running(), "the WRITE stream ended before the upgrade was done"
+    end_stream(stream)
+    for guest, pid, argv in programs:
         result = guest.agent.wait(pid, argv, timeout=600)
         assert result.exit_status == 0, f"{argv[:4]} in {guest.name}: {result.stdout}{result.stderr}"
-    log.info("WRITE stream across the upgrade: %s", streamed)
-    assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
     for name in ("vm0", "vm1"):
         after = vm_counters(backend, name)["connection"]
         assert {k: after[k] for k in ("device_resets", "closed", "accepted")} == \
@@ -171,19 +159,39 @@ def test_datagrams_unreliable_connections_and_rdma_cm_survive_a_migration(guests
                18520, False),
         "uc": (["ibv_uc_pingpong", "-d", DEVICE, "-g", gid, "-s", "4096", "-n", "3000", "-c", "-p", "18521"],
                18521, False),
-        "rping": (["rping", "-s", "-a", server.address, "-V", "-C", "2500", "-S", "1024", "-p", "7175"], 7175, True)}
+        "rping": (["rping", "-s", "-a", server.address, "-V", "-C", "500", "-S", "1024", "-p", "7175"], 7175, True)}
     spawned = []
     for name, (argv, port, rdma_cm) in programs.items():
         pid = server.agent.spawn(argv)
         verbs.wait_listening(server, port, timeout=60, server_pid=pid, rdma_cm=rdma_cm)
         client_argv = (["rping", "-c", *argv[2:], "-v"] if name == "rping" else [*argv, server.address])
         spawned.append((name, pid, argv, client.agent.spawn(client_argv), client_argv))
-    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
-    wait_until("traffic of all three", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] > sent + 600, 120)
-    guests.migrate("vm0")
+
+    def client_sends() -> int:
+        return int(vm_counters(backend, "vm1")["engine"]["send_wqes"])
+
+    sent = client_sends()
+    wait_until("traffic of all three", lambda: client_sends() > sent + 600, 120)
+    # The programs must still be running when the server's guest switches over, however fast this machine runs
+    # them and however long its RAM takes to copy: the client's guest is stopped once it has sent 600 more while
+    # RAM is copied (each program has thousands to go), and runs again once the source has stopped and before its
+    # device state is saved, so that what it sends then meets a stopped server.
+    copying_from = client_sends()
+    held: list[bool] = []
+
+    def hold_client() -> None:
+        if not held and client_sends() > copying_from + 600:
+            client.qmp("stop")
+            held.append(True)
+
+    def release_client() -> None:
+        if held:
+            client.qmp("cont")
+        for name, _, _, client_pid, _ in spawned:
+            assert client.agent.poll(client_pid) is None, f"{name} ended before the switch-over"
+
+    guests.migrate("vm0", while_copying=hold_client, before_switchover=release_client)
     server = guests[0]
-    for name, pid, *_ in spawned:
-        assert server.agent.poll(pid) is None, f"{name} ended before the migration was done"
     for name, pid, argv, client_pid, client_argv in spawned:
         for side, guest, each, args in (("server", server, pid, argv), ("client", client, client_pid, client_argv)):
             result = guest.agent.wait(each, args, timeout=600)
@@ -200,8 +208,7 @@ def test_a_cancelled_migration_and_a_refused_state_leave_the_source_running(gues
     assert backend is not None
     server, client = guests[0], guests[1]
     gid = verbs.ipv4_gid_index(server, DEVICE)
-    (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid) = start_traffic(
-        server, client, gid, 4000)
+    (pingpong, server_pid, client_pid), stream = start_traffic(guests, gid, 4000)
     before = vm_counters(backend, "vm0")["connection"]
     # Cancelled: RAM copied at 8 MB/s, which a 1 GiB guest does not finish before the cancel.
     destination = server.incoming_copy(tmp_path / "cancelled")
@@ -211,7 +218,7 @@ def test_a_cancelled_migration_and_a_refused_state_leave_the_source_running(gues
     server.qmp("migrate-set-parameters", **{"max-bandwidth": 1 << 30})
     wait_until("the cancelled destination's device dropped",
                lambda: not vm_counters(backend, "vm0")["connection"]["incoming"], 30)
-    both_flow(backend, server, "after the cancelled migration")
+    both_flow(backend, stream, "after the cancelled migration")
     # Refused: a destination backend that serves vm0 with another MAC (another VM's device).
     stranger = GuestIdentity(0)
     with daemon.DaemonProcess([daemon.Served(stranger.name, daemon.socket_path(tmp_path / "b", stranger),
@@ -224,9 +231,8 @@ def test_a_cancelled_migration_and_a_refused_state_leave_the_source_running(gues
         with pytest.raises(MigrationFailed):
             server.migrate_to(destination)
         assert "not of" in other.log_text() or "refused" in other.log_text(), other.log_text()[-3000:]
-    both_flow(backend, server, "after the refused migration")
-    streamed = end_stream(client, sender_pid, sender, server, receiver_pid, receiver, backend)
-    assert streamed["recv"]["wrong"] is None and streamed["recv"]["blocks"] > 0
+    both_flow(backend, stream, "after the refused migration")
+    end_stream(stream)
     for guest, pid, argv in ((server, server_pid, pingpong), (client, client_pid, pingpong)):
         result = guest.agent.wait(pid, argv, timeout=600)
         assert result.exit_status == 0, f"{result.stdout}{result.stderr}"
@@ -236,58 +242,34 @@ def test_a_cancelled_migration_and_a_refused_state_leave_the_source_running(gues
     assert not after["suspended"] and not after["incoming"]
 
 
-def start_traffic(server: Vm, client: Vm, gid: int, iterations: int) -> tuple[tuple[list[str], int, int],
-                                                                            tuple[list[str], int, list[str], int]]:
-    """The WRITE stream from ``client`` into ``server``, flowing (its set-up, pyverbs under TCG, takes seconds), then
-    `ibv_rc_pingpong -c` of ``iterations`` between them: (the ping-pong's argv and pids, the stream's)."""
-    receiver = [*WRITE_STREAM, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(64 << 10), STREAM_PROGRESS]
-    receiver_pid = server.agent.spawn(receiver)
-    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
-    sender = [*WRITE_STREAM, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0", str(64 << 10)]
-    sender_pid = client.agent.spawn(sender)
-    wait_until("the WRITE stream flowing", lambda: stream_blocks(server) >= 64, 120)
+def start_traffic(guests: Cluster, gid: int, iterations: int) -> tuple[tuple[list[str], int, int], WriteStream]:
+    """The WRITE stream from vm1 into vm0, flowing, then `ibv_rc_pingpong -c` of ``iterations`` between them: (the
+    ping-pong's argv and pids, the stream)."""
+    stream = WriteStream(guests, "vm0", "vm1", gid)
+    server, client = guests[0], guests[1]
     pingpong = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", str(iterations), "-c"]
     server_pid = server.agent.spawn(pingpong)
     verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
     client_pid = client.agent.spawn([*pingpong, server.address])
-    return (pingpong, server_pid, client_pid), (receiver, receiver_pid, sender, sender_pid)
+    return (pingpong, server_pid, client_pid), stream
 
 
-def stream_blocks(server: Vm) -> int:
-    """The blocks the WRITE stream's receiver in ``server`` has checked so far (-1: it has not begun)."""
-    text = server.run(["cat", STREAM_PROGRESS]).stdout.strip()
-    return int(text) if text.isdigit() else -1
+def both_flow(backend: daemon.DaemonProcess, stream: WriteStream, when: str) -> None:
+    """The ping-pong (vm1's send WQEs) and the WRITE stream (the blocks its receiver checked) both move on,
+    ``when``."""
+    sent = vm_counters(backend, "vm1")["engine"]["send_wqes"]
+    stream.wait_for(128, f"the WRITE stream {when}")
+    wait_until(f"the ping-pong {when}", lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"] >= sent + 200,
+               120)
 
 
-def both_flow(backend: daemon.DaemonProcess, server: Vm, when: str) -> None:
-    """The ping-pong (vm1's send WQEs) and the WRITE stream (the blocks its receiver in ``server`` checked) both move
-    on, ``when``."""
-    sent, blocks = vm_counters(backend, "vm1")["engine"]["send_wqes"], stream_blocks(server)
-    deadline = time.monotonic() + 120
-    while vm_counters(backend, "vm1")["engine"]["send_wqes"] < sent + 200 or \
-            stream_blocks(server) < max(blocks, 0) + 128:
-        assert time.monotonic() < deadline, f"no traffic {when} (stream at {stream_blocks(server)}): " + json.dumps(
-            {name: vm_counters(backend, name)["engine"] for name in ("vm0", "vm1")})
-        time.sleep(0.2)  # the counters and the file are asked for: nothing announces them
-
-
-def end_stream(client: Vm, sender_pid: int, sender: list[str], server: Vm, receiver_pid: int, receiver: list[str],
-               backend: daemon.DaemonProcess) -> dict[str, dict[str, object]]:
-    """SIGTERM to the WRITE stream's sender, which ends the stream once its blocks are acknowledged; both sides'
-    reports (each exited 0). One that does not end in time fails with what both guests and the backend say."""
-    client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
-    reports = {}
-    for name, guest, pid, argv in (("send", client, sender_pid, sender), ("recv", server, receiver_pid, receiver)):
-        try:
-            result = guest.agent.wait(pid, argv, timeout=120)
-        except Exception:
-            state = {vm.name: vm.run(["sh", "-c", "ss -tn; for p in $(pgrep python3); do grep State /proc/$p/status; "
-                                      "cat /proc/$p/wchan; echo; done"]).stdout for vm in (client, server)}
-            counters = {vm: vm_counters(backend, vm)["engine"] for vm in ("vm0", "vm1")}
-            raise AssertionError(f"the WRITE stream's {name} side did not end: {state} {counters}") from None
-        assert result.exit_status == 0, f"stream {name} in {guest.name}: {result.stdout}{result.stderr}"
-        reports[name] = json.loads(result.stdout)
-    return reports
+def end_stream(stream: WriteStream) -> dict[str, dict[str, Any]]:
+    """Both sides' reports; every block the sender wrote was checked, and right."""
+    streamed = stream.end()
+    log.info("WRITE stream: %s", streamed)
+    assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None, \
+        streamed
+    return streamed
 
 
 @pytest.fixture
@@ -310,7 +292,7 @@ def test_a_vm_migrated_to_another_backend_keeps_its_queue_pairs_running(lone_gue
                          memory_mib=lone_guest.memory_mib)
         try:
             gid = verbs.ipv4_gid_index(source, DEVICE)
-            iterations = 5000  # about 40 s under TCG, the migration 4 s of it
+            iterations = 2000  # about 16 s under TCG, the migration 4-5 s of it (the QPs must be there to move)
             argv = ["ibv_rc_pingpong", "-d", DEVICE, "-g", str(gid), "-s", "4096", "-n", str(iterations), "-c"]
             server_pid = source.agent.spawn(argv)
             verbs.wait_listening(source, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)

@@ -19,7 +19,6 @@ backend is upgraded (`vrdma admin upgrade`), each under a stream of its own:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import tempfile
 import time
@@ -35,15 +34,11 @@ DEVICE = "vrdma0"
 QPS = 16
 MESSAGE = 1 << 20
 BW_SECONDS = 90          # ib_write_bw's run: long enough for a migration and an upgrade under TCG
-SMOKE_BW_SECONDS = 70    # (each of the two streams' set-up, pyverbs under TCG, takes seconds)
 STREAM_BLOCK = 4096      # the stream's blocks: small, so its completions are frequent
-STREAM_PORT = 18516
-STREAM_PROGRESS = "/tmp/write-stream.blocks"  # in vm0: the blocks checked so far
-WRITE_STREAM = Path(__file__).parents[1] / "harness" / "guest" / "write_stream.py"
 
 
 def migration(smoke: bool = False) -> list[Metric]:
-    """The figures above (``smoke``: the same steps, ib_write_bw shorter: every figure produced once)."""
+    """The figures above (``smoke``: the same steps without ib_write_bw, every figure produced once)."""
     from vrdma.harness import verbs
     from vrdma.harness.cluster import Cluster
     from vrdma.harness.daemon import vm_counters
@@ -54,13 +49,13 @@ def migration(smoke: bool = False) -> list[Metric]:
         assert backend is not None
         accel = guests.accel.upper()
         gid = verbs.ipv4_gid_index(server, DEVICE)
-        seconds = SMOKE_BW_SECONDS if smoke else BW_SECONDS
-        bw = ["ib_write_bw", "-d", DEVICE, "-x", str(gid), "-q", str(QPS), "-s", str(MESSAGE), "-D", str(seconds),
-              "-F", "--report_gbits"]
-        bw_server = server.agent.spawn(bw)
-        verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=bw_server)
-        bw_client = client.agent.spawn([*bw, server.address])
-        _traffic(lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"], "ib_write_bw")
+        bw = ["ib_write_bw", "-d", DEVICE, "-x", str(gid), "-q", str(QPS), "-s", str(MESSAGE), "-D",
+              str(BW_SECONDS), "-F", "--report_gbits"]
+        if not smoke:  # (the smoke run takes every figure without the load: ib_write_bw runs for a fixed time)
+            bw_server = server.agent.spawn(bw)
+            verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=bw_server)
+            bw_client = client.agent.spawn([*bw, server.address])
+            _traffic(lambda: vm_counters(backend, "vm1")["engine"]["send_wqes"], "ib_write_bw")
 
         with _stream(guests, gid) as stream:
             info = guests.migrate("vm0")
@@ -70,13 +65,15 @@ def migration(smoke: bool = False) -> list[Metric]:
             status = backend.upgrade()
         upgrade_gap = stream["send"]["max_gap_ms"]
         server = guests[0]
-        for guest, pid, argv in ((server, bw_server, bw), (client, bw_client, [*bw, server.address])):
-            result = guest.agent.wait(pid, argv, timeout=seconds + 300)
-            if result.exit_status != 0:
-                raise RuntimeError(f"ib_write_bw in {guest.name} failed across the migration and the upgrade: "
-                                   f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    what = (f"vrdma bench (two {accel} guests of one backend, ib_write_bw 1 MiB over {QPS} QPs and the checked "
-            f"WRITE stream running")
+        if not smoke:
+            for guest, pid, argv in ((server, bw_server, bw), (client, bw_client, [*bw, server.address])):
+                result = guest.agent.wait(pid, argv, timeout=BW_SECONDS + 300)
+                if result.exit_status != 0:
+                    raise RuntimeError(f"ib_write_bw in {guest.name} failed across the migration and the upgrade: "
+                                       f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    load = "the checked WRITE stream alone (smoke)" if smoke else \
+        f"ib_write_bw 1 MiB over {QPS} QPs and the checked WRITE stream"
+    what = f"vrdma bench (two {accel} guests of one backend, {load} running"
     device_ms = moved["saved_ms"] + moved["checked_ms"] + moved["loaded_ms"]
     return [
         Metric("migration_device_downtime_ms", round(device_ms, 2), "ms",
@@ -110,30 +107,12 @@ def _stream(guests: Any, gid: int) -> Iterator[dict[str, Any]]:
     """The checked WRITE stream from vm1 into vm0 around a block (which may move either guest to another QEMU);
     its two reports, by side, after it. It runs steadily before and after the block, so that its longest gap is the
     block's."""
-    from vrdma.harness import verbs
+    from vrdma.harness.stream import WriteStream
 
-    source = WRITE_STREAM.read_text()
-    server, client = guests[0], guests[1]
-    receiver = ["python3", "-c", source, "recv", DEVICE, str(gid), str(STREAM_PORT), "0", str(STREAM_BLOCK),
-                STREAM_PROGRESS]
-    sender = ["python3", "-c", source, "send", DEVICE, str(gid), server.address, str(STREAM_PORT), "0",
-              str(STREAM_BLOCK)]
-    receiver_pid = server.agent.spawn(receiver)
-    verbs.wait_listening(server, STREAM_PORT, timeout=60, server_pid=receiver_pid)
-    sender_pid = client.agent.spawn(sender)
-    def progress() -> int:
-        text = guests[0].run(["cat", STREAM_PROGRESS]).stdout.strip()
-        return int(text) if text.isdigit() else 0
-
-    _traffic(progress, "WRITE stream", 128)
+    stream = WriteStream(guests, "vm0", "vm1", gid, device=DEVICE, block=STREAM_BLOCK)
+    stream.wait_for(128)
     report: dict[str, Any] = {}
     yield report
-    _traffic(progress, "WRITE stream", 128)
-    server, client = guests[0], guests[1]  # (the guests as they are now)
-    client.run(["kill", "-TERM", str(sender_pid)]).check("the WRITE stream told to end")
-    for name, guest, pid, argv in (("send", client, sender_pid, sender), ("recv", server, receiver_pid, receiver)):
-        result = guest.agent.wait(pid, argv, timeout=300)
-        if result.exit_status != 0:
-            raise RuntimeError(f"the WRITE stream's {name} side failed: {result.stdout}{result.stderr}")
-        report[name] = json.loads(result.stdout)
+    stream.wait_for(128)
+    report.update(stream.end())
     log.info("WRITE stream: %s", report)

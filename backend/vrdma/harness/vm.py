@@ -220,13 +220,18 @@ class Vm(Managed):
 
     def migrate_to(self, destination: Vm, *, max_bandwidth: int | None = None,
                    timeout: float = MIGRATION_TIMEOUT,
-                   cancel_when: Callable[[], bool] | None = None) -> dict[str, Any]:
+                   cancel_when: Callable[[], bool] | None = None,
+                   while_copying: Callable[[], None] | None = None,
+                   before_switchover: Callable[[], None] | None = None) -> dict[str, Any]:
         """Live-migrate this guest into ``destination`` (the same guest, as a Vm of its own directory, whose
         vrdma.sock is the destination backend's, not launched yet): QEMU's migration over a unix socket with the
         return path on (a destination that refuses the device's state fails the migration here, and this guest
         runs on). Afterwards this QEMU has quit and ``destination`` is the guest, its agent the one to use.
         ``max_bandwidth``: bytes per second (a slower copy of RAM); ``cancel_when``: asked while the migration is
-        under way, it is cancelled (migrate_cancel) once this is true (a test of a migration given up). Returns
+        under way, it is cancelled (migrate_cancel) once this is true (a test of a migration given up);
+        ``while_copying``: called at each look while RAM is copied; ``before_switchover``: called once this guest has
+        stopped and its devices are quiesced, before any device state is sent (QEMU's pause-before-switchover), the
+        migration going on when it returns. Returns
         query-migrate's last answer (status, total-time, downtime in ms, ram); MigrationFailed says why QEMU gave up
         (``cancelled`` for one cancelled)."""
         destination.launch(incoming=True)
@@ -234,6 +239,8 @@ class Vm(Managed):
         return_path = [{"capability": "return-path", "state": True}]
         for vm in (destination, self):
             vm.qmp("migrate-set-capabilities", capabilities=return_path)
+        self.qmp("migrate-set-capabilities", capabilities=[
+            {"capability": "pause-before-switchover", "state": before_switchover is not None}])
         destination.qmp("migrate-incoming", uri=uri)
         if max_bandwidth is not None:
             self.qmp("migrate-set-parameters", **{"max-bandwidth": max_bandwidth})
@@ -247,6 +254,12 @@ class Vm(Managed):
             if cancel_when is not None and status == "active" and cancel_when():
                 self.qmp("migrate_cancel")
                 cancel_when = None
+            if while_copying is not None and status == "active":
+                while_copying()
+            if before_switchover is not None and status == "pre-switchover":
+                before_switchover()
+                before_switchover = None
+                self.qmp("migrate-continue", state="pre-switchover")
             if status in ("failed", "cancelled") or time.monotonic() > deadline:
                 with contextlib.suppress(Exception):
                     self.qmp("migrate_cancel")
