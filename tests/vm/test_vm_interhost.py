@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_until
 from storage_checks import VERIFY
 
 from vrdma.harness import fio, nvmeof, verbs
 from vrdma.harness.daemon import vm_counters
 from vrdma.harness.impair import Impairment
 from vrdma.harness.multihost import GuestPlan, MultiHost
+from vrdma.harness.stream import WriteStream
 from vrdma.harness.vm import Products, Vm
 
 pytestmark = pytest.mark.vm
@@ -35,7 +37,8 @@ PLAN = [GuestPlan(0), GuestPlan(1), GuestPlan(1, rxe=True)]
 
 @pytest.fixture(scope="module")
 def hosts(products: Products, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
-    with MultiHost(tmp_path_factory.mktemp("interhost"), PLAN, products=products) as multihost:
+    # h2 has no guest of its own: vm0 is live-migrated there, last (test_a_vm_migrated_to_a_third_host...).
+    with MultiHost(tmp_path_factory.mktemp("interhost"), PLAN, products=products, host_count=3) as multihost:
         yield multihost
 
 
@@ -234,3 +237,61 @@ def test_lossy_link_keeps_the_data_intact(products: Products, tmp_path: Path) ->
         log.info("after 1%% loss, duplication and reordering: vm0 %s, vm1 %s", sent[0], sent[1])
         assert sum(c["retransmits"] for c in sent) > 0, sent
         assert sum(c["duplicates"] + c["seq_naks"] for c in sent) > 0, sent
+
+
+def test_a_vm_migrated_to_a_third_host_keeps_its_queue_pairs_with_its_peer(hosts: MultiHost) -> None:
+    """vm0 (h0) live-migrated to h2 while `ibv_rc_pingpong -c` and the checked WRITE stream run between it and vm1
+    on h1: the device's state travels in QEMU's stream to h2's backend, the harness moves vm0's address and RoCE to
+    h2 (MultiHost.migrate: what an operator's network does), RC retransmission covers what vm1 sent to h0 during
+    the switch-over, and both programs finish with every buffer and block right, vm0's RoCE now through h2. (Last in
+    this module: vm0 stays on h2.)"""
+    server, client = hosts["vm0"], hosts["vm1"]
+    gid = verbs.ipv4_gid_index(server, "vrdma0")
+    assert verbs.ipv4_gid_index(client, "vrdma0") == gid  # (the stream gives both sides one index)
+    stream = WriteStream(hosts, "vm0", "vm1", gid)
+    server_argv, client_argv = both(hosts, server, client, "ibv_rc_pingpong", "-s", "4096", "-n", "1500", "-c")
+    server_pid = server.agent.spawn(server_argv)
+    verbs.wait_listening(server, verbs.PINGPONG_PORT, timeout=60, server_pid=server_pid)
+    client_pid = client.agent.spawn(client_argv)
+    sent = roce_counters(hosts, 1, "vm1")["tx_packets"]
+    wait_until("the ping-pong across hosts", lambda: roce_counters(hosts, 1, "vm1")["tx_packets"] > sent + 400, 120)
+    stream.wait_for(64)
+    # The ping-pong must still run at the switch-over on any machine: its client is held (SIGSTOP: the process,
+    # not its guest, whose device goes on answering the stream and vm0's retransmissions) once it has sent 400 more
+    # packets while RAM is copied, and goes on when the source has stopped, before vm0's device state is saved.
+    copying_from, held = roce_counters(hosts, 1, "vm1")["tx_packets"], []
+
+    def hold_client() -> None:
+        if not held and roce_counters(hosts, 1, "vm1")["tx_packets"] > copying_from + 400:
+            client.run(["kill", "-STOP", str(client_pid)]).check("the ping-pong's client held")
+            held.append(True)
+
+    def release_client() -> None:
+        assert client.agent.poll(client_pid) is None, "the ping-pong ended before the switch-over"
+        if held:
+            client.run(["kill", "-CONT", str(client_pid)]).check("the ping-pong's client let go")
+
+    hosts.migrate("vm0", 2, while_copying=hold_client, before_switchover=release_client)
+    server = hosts["vm0"]
+    before = roce_counters(hosts, 2, "vm0")
+    stream.wait_for(128, "the WRITE stream after vm0 moved to h2")
+    streamed = stream.end()
+    log.info("WRITE stream across hosts: %s", streamed)
+    assert streamed["recv"]["blocks"] == streamed["send"]["blocks"] > 0 and streamed["recv"]["wrong"] is None
+    for guest, pid, argv in ((server, server_pid, server_argv), (client, client_pid, client_argv)):
+        result = guest.agent.wait(pid, argv, timeout=180)
+        assert result.exit_status == 0, f"{guest.name}: {result.stdout}{result.stderr}"
+        assert "1500 iters in" in result.stdout, result.stdout
+    after = roce_counters(hosts, 2, "vm0")
+    assert after["rx_packets"] > before["rx_packets"] and after["tx_packets"] > before["tx_packets"], after
+    assert "vm0" not in {vm["name"] for vm in daemon_vms(hosts, 0)}, "h0's backend still serves vm0"
+    dmesg = server.run(["dmesg"]).check("dmesg").stdout
+    assert "device lost" not in dmesg, dmesg[-3000:]
+
+
+def daemon_vms(mh: MultiHost, host: int) -> list[dict[str, Any]]:
+    from vrdma.harness import daemon
+
+    reply = daemon.admin(mh.backends[host], {"command": "vm-list"})
+    assert reply["ok"], reply
+    return reply["vms"]  # type: ignore[no-any-return]

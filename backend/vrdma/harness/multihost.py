@@ -16,10 +16,13 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from vrdma.errors import VrdmaError
 from vrdma.harness import accel as accel_probe
 from vrdma.harness import daemon
 from vrdma.harness.daemon import DaemonProcess, Served
@@ -28,11 +31,14 @@ from vrdma.harness.impair import Impairment
 from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.verbs import add_rxe
-from vrdma.harness.vm import Products, Vm
+from vrdma.harness.vm import Products, Vm, migration_directory
 
 log = logging.getLogger(__name__)
 
 GUEST_BRIDGE = "guests"
+# Every host's guest bridge answers as this MAC (a distributed "anycast gateway", as EVPN fabrics give every leaf):
+# a guest live-migrated to another host keeps its gateway's address in its ARP cache, and it stays right.
+GATEWAY_MAC = "02:76:72:64:6d:01"
 ROCE_TABLE = 4791  # the routing table RoCE for local vrdma guests is looked up in (any free number does)
 ROCE_RULE_PRIORITY = 100
 
@@ -55,7 +61,7 @@ def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_ta
     and taps (of ``mtu``), forwarding, routes to the other hosts' guests, and RoCE for ``vrdma_guests`` delivered
     locally."""
     net = guest_subnet(host)
-    commands = [["ip", "link", "add", GUEST_BRIDGE, "mtu", str(mtu), "type", "bridge"],
+    commands = [["ip", "link", "add", GUEST_BRIDGE, "address", GATEWAY_MAC, "mtu", str(mtu), "type", "bridge"],
                 ["ip", "addr", "add", f"{net}.1/24", "dev", GUEST_BRIDGE],
                 ["ip", "link", "set", GUEST_BRIDGE, "up"]]
     for tap in guest_taps:
@@ -65,7 +71,9 @@ def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_ta
         commands += [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
                      ["ip", "link", "set", tap, "mtu", str(mtu), "master", GUEST_BRIDGE, "up"],
                      ["bridge", "link", "set", "dev", tap, "isolated", "on"]]
+    # proxy_arp: a guest that came from another host asks for its old gateway, routed through the host link.
     commands += [["sysctl", "-qw", "net.ipv4.ip_forward=1", f"net.ipv4.conf.{GUEST_BRIDGE}.proxy_arp_pvlan=1",
+                  f"net.ipv4.conf.{GUEST_BRIDGE}.proxy_arp=1",
                   f"net.ipv4.conf.{GUEST_BRIDGE}.send_redirects=0", "net.ipv4.conf.all.send_redirects=0"]]
     for other, address in enumerate(hosts):
         if other != host:
@@ -73,9 +81,35 @@ def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_ta
     if vrdma_guests:
         commands.append(["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", str(ROCE_TABLE)])
     for guest in vrdma_guests:
-        commands.append(["ip", "rule", "add", "to", f"{guest}/32", "ipproto", "udp", "dport", "4791", "lookup",
-                         str(ROCE_TABLE), "priority", str(ROCE_RULE_PRIORITY)])
+        commands.append(roce_rule("add", guest))
     return commands
+
+
+def roce_rule(action: str, guest: str) -> list[str]:
+    """The policy rule that delivers RoCE for vrdma guest ``guest`` to its host's backend (``action``: add, del)."""
+    return ["ip", "rule", action, "to", f"{guest}/32", "ipproto", "udp", "dport", "4791", "lookup", str(ROCE_TABLE),
+            "priority", str(ROCE_RULE_PRIORITY)]
+
+
+def arrival_commands(guest: str, tap: str, mtu: int = 1500) -> list[list[str]]:
+    """On the host a vrdma guest (address ``guest``) is live-migrated to, before it comes: its tap in the bridge,
+    its address routed there (it keeps the address of the host it came from), and its RoCE delivered locally."""
+    return [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
+            ["ip", "link", "set", tap, "mtu", str(mtu), "master", GUEST_BRIDGE, "up"],
+            ["bridge", "link", "set", "dev", tap, "isolated", "on"],
+            ["ip", "route", "replace", f"{guest}/32", "dev", GUEST_BRIDGE],
+            ["ip", "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", str(ROCE_TABLE)],
+            roce_rule("add", guest)]
+
+
+def departure_commands(guest: str, now_at: str) -> list[list[str]]:
+    """On the host a vrdma guest left, once it runs at host address ``now_at``: its RoCE and its address go there."""
+    return [roce_rule("del", guest), ["ip", "route", "replace", f"{guest}/32", "via", now_at, "dev", HOST_LINK]]
+
+
+def elsewhere_commands(guest: str, now_at: str) -> list[list[str]]:
+    """On every other host, once a guest runs at host address ``now_at``."""
+    return [["ip", "route", "replace", f"{guest}/32", "via", now_at, "dev", HOST_LINK]]
 
 
 class MultiHost(Managed):
@@ -84,8 +118,10 @@ class MultiHost(Managed):
 
     def __init__(self, directory: Path, plan: list[GuestPlan], *, accel: str = "auto", memory_mib: int = 1024,
                  boot_timeout: float = 120.0, products: Products | None = None, prefix: str | None = None,
-                 impairment: Impairment | None = None, mtu: int = 1500, detach: bool = False) -> None:
+                 impairment: Impairment | None = None, mtu: int = 1500, detach: bool = False,
+                 host_count: int | None = None) -> None:
         """``mtu``: of every link, the hosts' and the guests' (9000: jumbo frames, 4096-byte RoCE packets);
+        ``host_count``: hosts in all, some of them with no guest yet (where migrate() can take one);
         ``detach``: the guests and backends outlive this process (`vrdma vm up --hosts`), and so do the fabric's
         namespaces until `vrdma vm down` removes them."""
         self.detach = detach
@@ -93,7 +129,7 @@ class MultiHost(Managed):
             raise ValueError("no guests planned")
         self.directory = directory
         self.plan = plan
-        self.host_count = max(p.host for p in plan) + 1
+        self.host_count = max(max(p.host for p in plan) + 1, host_count or 0)
         self.requested_accel = accel
         self.memory_mib = memory_mib
         self.boot_timeout = boot_timeout
@@ -105,6 +141,16 @@ class MultiHost(Managed):
         self.backends: dict[int, DaemonProcess] = {}
         self.vms: list[Vm] = []
         self.accel = ""
+        self.hosts_of: list[int] = [p.host for p in plan]  # where each guest runs now (migrate() moves them)
+
+    def __getitem__(self, key: int | str) -> Vm:
+        """A guest by index or name, as it is now (a migrated guest is a new Vm)."""
+        if isinstance(key, int):
+            return self.vms[key]
+        for vm in self.vms:
+            if vm.name == key:
+                return vm
+        raise KeyError(key)
 
     def host_directory(self, host: int) -> Path:
         return self.directory / f"h{host}"
@@ -166,6 +212,80 @@ class MultiHost(Managed):
                                 launcher=host.command([sys.executable, "-m", "vrdma.cli"]))
         backend.start()
         return backend
+
+    def migrate(self, key: int | str, to_host: int, **options: Any) -> dict[str, Any]:
+        """Live-migrate a vrdma guest to host ``to_host`` (Vm.migrate_to; ``options``: its own), its device's state
+        travelling in QEMU's stream to that host's backend (started, or given the VM with vm-add, as needed). The
+        destination host takes the guest's tap, address and RoCE before it comes; the source host and every other
+        one route the address to it once it runs (what an operator's network does: docs/migration.md), and RC
+        retransmission covers what was sent to the old host meanwhile. Returns query-migrate's last answer."""
+        vm = self[key]
+        index = self.vms.index(vm)
+        source = self.hosts_of[index]
+        if self.plan[index].rxe:
+            raise ValueError(f"{vm.name} has no vrdma device (rxe): nothing of vrdma's to migrate")
+        if not 0 <= to_host < self.host_count or to_host == source:
+            raise ValueError(f"{vm.name} cannot move to host {to_host}: it runs on h{source}, of "
+                             f"{self.host_count} hosts")
+        identity, host, tap = self.identities[index], self.fabric[to_host], f"tap{index}"
+        self._run_all(host, arrival_commands(identity.ip, tap, self.mtu))
+        directory = self.host_directory(to_host)
+        socket_path = daemon.socket_path(directory, identity)
+        if to_host in self.backends:
+            socket_path.parent.mkdir(parents=True, exist_ok=True)
+            reply = daemon.admin(self.backends[to_host], {"command": "vm-add", "name": identity.name,
+                                                          "mac": identity.mac, "socket-path": str(socket_path)})
+            if not reply.get("ok"):
+                raise VrdmaError(f"h{to_host}'s backend refused {identity.name}: {reply.get('error')}")
+        else:
+            self.backends[to_host] = self._backend(to_host, host, [identity])
+        destination = vm.incoming_copy(migration_directory(directory, identity.name),
+                                       vrdma_socket=socket_path, wrapper=host.command([]))
+        def follow() -> None:
+            """The guest's address follows it at once: RC retransmission covers the switch-over only while the
+            peers' QPs have retries left (ibv_rc_pingpong's: 8 tries of 67 ms)."""
+            for k, other in enumerate(self.fabric.hosts):
+                if k not in (source, to_host):
+                    self._run_all(other, elsewhere_commands(identity.ip, host.address))
+            self._run_all(self.fabric[source], departure_commands(identity.ip, host.address))
+
+        try:
+            info = vm.migrate_to(destination, after_switchover=follow, **options)
+        except Exception:
+            with contextlib.suppress(Exception):
+                daemon.admin(self.backends[to_host], {"command": "vm-remove", "name": identity.name})
+            for argv in ([*roce_rule("del", identity.ip)], ["ip", "link", "del", tap]):
+                host.run(argv)
+            raise
+        self.vms[index] = destination
+        self.hosts_of[index] = to_host
+        self.fabric[source].run(["ip", "link", "del", tap])  # (the source QEMU, its user, has quit)
+        daemon.admin(self.backends[source], {"command": "vm-remove", "name": identity.name})
+        log.info("%s migrated from h%d to h%d: %s ms in all, %s ms down", vm.name, source, to_host,
+                 info.get("total-time"), info.get("downtime"))
+        return info
+
+    @staticmethod
+    def _run_all(host: Host, commands: list[list[str]]) -> None:
+        """``commands`` in ``host``, in order; each run of `ip` commands in one `ip -batch` (one process: a few ms)."""
+        batch: list[str] = []
+
+        def run(argv: list[str], script: str | None = None) -> None:
+            result = subprocess.run(host.command(argv), input=script, capture_output=True, text=True, timeout=60,
+                                    check=False)
+            if result.returncode != 0:
+                raise HostNetworkError(f"{host.name}: `{' '.join(argv)}` of {script!r} failed: "
+                                       f"{result.stderr.strip()}")
+
+        for argv in [*commands, ["end"]]:
+            if argv[0] == "ip":
+                batch.append(" ".join(argv[1:]) + "\n")
+                continue
+            if batch:
+                run(["ip", "-batch", "-"], "".join(batch))
+                batch = []
+            if argv != ["end"]:
+                run(argv)
 
     def stop(self) -> None:
         for vm in self.vms:

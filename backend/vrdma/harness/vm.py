@@ -47,6 +47,7 @@ STATE_FILE = "state.json"
 UNLOAD_WAIT_MS = 30_000
 MIGRATION_TIMEOUT = 600.0  # a live migration of a TCG guest's RAM (1 GiB) takes seconds; past this it failed
 MIGRATION_POLL = 0.1       # how often query-migrate is asked
+MIGRATION_POLL_STOPPED = 0.005  # ... once the source has stopped: the switch-over is near, and what follows it waits
 
 
 def unload(*modules: str) -> str:
@@ -205,24 +206,27 @@ class Vm(Managed):
         self.wait_ready()
         asyncio.run(_qmp_execute(qmp, "set-action", {"reboot": "shutdown"}))
 
-    def incoming_copy(self, directory: Path, vrdma_socket: Path | None = None) -> Vm:
+    def incoming_copy(self, directory: Path, vrdma_socket: Path | None = None,
+                      wrapper: list[str] | None = None) -> Vm:
         """This guest as a migration's destination in ``directory``, not launched (migrate_to launches it): the same
         machine, connected to ``vrdma_socket`` (default: the socket this guest's QEMU uses, the same backend: a
         migration between two QEMUs of one backend), and the name its peers send to on the private link, which
-        migrate_to points at the destination once it runs."""
-        if self.tap is not None:
+        migrate_to points at the destination once it runs. ``wrapper``: the destination QEMU runs under it (another
+        host of vrdma.harness.hosts, where a tap of the same name waits for it)."""
+        if self.tap is not None and (wrapper is None or wrapper == self.wrapper):
             raise VmError(self.name, "is on a tap device: a second QEMU on one host cannot open it")
         return Vm(self.identity, directory, accel=self.accel, products=self.products, link_remote=self.link_remote,
                   memory_mib=self.memory_mib, boot_timeout=self.boot_timeout, detach=self.detach,
-                  append_extra=self.append_extra, with_device=self.with_device, wrapper=self.wrapper,
-                  device=self.device, cpus=self.cpus, link_name=self.link_name,
-                  vrdma_socket=vrdma_socket or self.vrdma_socket)
+                  append_extra=self.append_extra, with_device=self.with_device,
+                  wrapper=self.wrapper if wrapper is None else wrapper, device=self.device, cpus=self.cpus,
+                  link_name=self.link_name, vrdma_socket=vrdma_socket or self.vrdma_socket, tap=self.tap)
 
     def migrate_to(self, destination: Vm, *, max_bandwidth: int | None = None,
                    timeout: float = MIGRATION_TIMEOUT,
                    cancel_when: Callable[[], bool] | None = None,
                    while_copying: Callable[[], None] | None = None,
-                   before_switchover: Callable[[], None] | None = None) -> dict[str, Any]:
+                   before_switchover: Callable[[], None] | None = None,
+                   after_switchover: Callable[[], None] | None = None) -> dict[str, Any]:
         """Live-migrate this guest into ``destination`` (the same guest, as a Vm of its own directory, whose
         vrdma.sock is the destination backend's, not launched yet): QEMU's migration over a unix socket with the
         return path on (a destination that refuses the device's state fails the migration here, and this guest
@@ -231,7 +235,8 @@ class Vm(Managed):
         under way, it is cancelled (migrate_cancel) once this is true (a test of a migration given up);
         ``while_copying``: called at each look while RAM is copied; ``before_switchover``: called once this guest has
         stopped and its devices are quiesced, before any device state is sent (QEMU's pause-before-switchover), the
-        migration going on when it returns. Returns
+        migration going on when it returns; ``after_switchover``: called as soon as QEMU reports the migration
+        completed (the destination starting), before this QEMU is shut down. Returns
         query-migrate's last answer (status, total-time, downtime in ms, ram); MigrationFailed says why QEMU gave up
         (``cancelled`` for one cancelled)."""
         destination.launch(incoming=True)
@@ -250,6 +255,8 @@ class Vm(Managed):
             info = cast(dict[str, Any], self.qmp("query-migrate"))
             status = info.get("status")
             if status == "completed":
+                if after_switchover is not None:
+                    after_switchover()
                 break
             if cancel_when is not None and status == "active" and cancel_when():
                 self.qmp("migrate_cancel")
@@ -266,7 +273,8 @@ class Vm(Managed):
                 destination.shutdown()
                 raise MigrationFailed(f"{self.name}: migration {status or 'unanswered'} "
                                       f"({info.get('error-desc', f'not done in {timeout:g} s')})")
-            time.sleep(MIGRATION_POLL)  # QEMU reports progress only when asked
+            # QEMU reports progress only when asked
+            time.sleep(MIGRATION_POLL if status in ("setup", "active") else MIGRATION_POLL_STOPPED)
         while cast(dict[str, Any], destination.qmp("query-status")).get("status") != "running":
             if time.monotonic() > deadline:
                 raise MigrationFailed(f"{destination.name}: the destination did not run after the migration")
