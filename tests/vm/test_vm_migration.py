@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from polling import wait_until
+from storage_checks import VERIFY
 
-from vrdma.harness import daemon, verbs
+from vrdma.harness import daemon, fio, nvmeof, verbs
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.daemon import vm_counters
 from vrdma.harness.errors import MigrationFailed
@@ -197,6 +198,45 @@ def test_datagrams_unreliable_connections_and_rdma_cm_survive_a_migration(guests
             result = guest.agent.wait(each, args, timeout=600)
             assert result.exit_status == 0, f"{name} {side}: {result.stdout}{result.stderr}"
     # (rping's disconnect flushes the receive it had posted: an error completion of its own, not of the move)
+
+
+def test_nvme_over_fabrics_keeps_verifying_across_a_migration_of_its_target(guests: Cluster) -> None:
+    """The kernel's NVMe-oF target (nvmet-rdma) in vm0 and its host (nvme-rdma) in vm1, fio writing and verifying
+    every block through it while vm0 is live-migrated: the kernel's own QPs move with the device's state, and
+    every block fio wrote reads back right, with no controller reset in the host."""
+    backend = guests.backend
+    assert backend is not None
+    moves = vm_counters(backend, "vm0")["connection"]["migrations_in"]
+    with nvmeof.target(lambda: guests["vm0"], "rdma", size_mib=32) as exported, \
+            nvmeof.host(guests[1], exported) as device:
+        host = guests[1]
+        pid, argv = fio.spawn(host, device, "--rw=randwrite", "--bs=16k", "--iodepth=16", "--size=16M", *VERIFY)
+        read = vm_counters(backend, "vm1")["engine"]["bytes"]
+        wait_until("fio's I/O through vrdma", lambda: vm_counters(backend, "vm1")["engine"]["bytes"] > read + (2 << 20),
+                   120)
+        # fio must still run at the switch-over on any machine: it is held (SIGSTOP: its I/O in flight completes,
+        # the kernel's QPs stay busy with nothing) once 2 MiB more have moved while RAM is copied, and goes on when
+        # the source has stopped, before vm0's device state is saved.
+        copying_from = vm_counters(backend, "vm1")["engine"]["bytes"]
+        held: list[bool] = []
+
+        def hold_fio() -> None:
+            if not held and vm_counters(backend, "vm1")["engine"]["bytes"] > copying_from + (2 << 20):
+                host.run(["kill", "-STOP", str(pid)]).check("fio held")
+                held.append(True)
+
+        def release_fio() -> None:
+            assert host.agent.poll(pid) is None, "fio ended before the switch-over"
+            if held:
+                host.run(["kill", "-CONT", str(pid)]).check("fio let go")
+
+        guests.migrate("vm0", while_copying=hold_fio, before_switchover=release_fio)
+        job = fio.wait(host, pid, argv, timeout=300)
+    assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == 16 << 20, job
+    assert vm_counters(backend, "vm0")["connection"]["migrations_in"] == moves + 1
+    dmesg = host.run(["dmesg"]).check("dmesg").stdout
+    assert not any(sign in dmesg for sign in ("error recovery", "resetting controller", "Reconnecting")), \
+        dmesg[-3000:]
 
 
 def test_a_cancelled_migration_and_a_refused_state_leave_the_source_running(guests: Cluster, products: Products,

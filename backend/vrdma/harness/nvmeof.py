@@ -10,7 +10,7 @@ import contextlib
 import logging
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from vrdma.harness.errors import AgentError
@@ -33,10 +33,19 @@ class Target:
     size_mib: int
 
 
+# A guest, or how to find it when it is needed: a guest live-migrated meanwhile is a new Vm (Cluster.migrate).
+Guest = Vm | Callable[[], Vm]
+
+
+def _now(guest: Guest) -> Vm:
+    return guest if isinstance(guest, Vm) else guest()
+
+
 @contextlib.contextmanager
-def target(vm: Vm, transport: str = "rdma", size_mib: int = 64, nqn: str = NQN) -> Iterator[Target]:
-    """nvmet in ``vm`` exporting one namespace of ``size_mib`` MiB (a file in the guest's RAM, buffered: the
-    initramfs has no O_DIRECT) on ``vm``'s address, port 4420, to any host; torn down and unloaded after."""
+def target(guest: Guest, transport: str = "rdma", size_mib: int = 64, nqn: str = NQN) -> Iterator[Target]:
+    """nvmet in ``guest`` exporting one namespace of ``size_mib`` MiB (a file in the guest's RAM, buffered: the
+    initramfs has no O_DIRECT) on the guest's address, port 4420, to any host; torn down and unloaded after."""
+    vm = _now(guest)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r} (one of {', '.join(TRANSPORTS)})")
     subsystem, port = f"{CONFIGFS}/nvmet/subsystems/{nqn}", f"{CONFIGFS}/nvmet/ports/1"
@@ -63,7 +72,7 @@ ln -s {q(subsystem)} {port}/subsystems/{q(nqn)}
     try:
         yield Target(vm, transport, nqn, size_mib)
     finally:
-        vm.setup(f"""
+        _now(guest).setup(f"""
 rm -f {port}/subsystems/{q(nqn)}
 rmdir {port}
 echo 0 > {q(subsystem)}/namespaces/1/enable
@@ -75,8 +84,9 @@ rm -f {NAMESPACE_FILE}
 
 
 @contextlib.contextmanager
-def host(vm: Vm, target: Target, timeout: float = 60.0) -> Iterator[str]:
-    """``nvme connect`` from ``vm`` to the target; yields the namespace's block device; disconnects and unloads."""
+def host(guest: Guest, target: Target, timeout: float = 60.0) -> Iterator[str]:
+    """``nvme connect`` from ``guest`` to the target; yields the namespace's block device; disconnects and unloads."""
+    vm = _now(guest)
     vm.setup(f"modprobe nvme_{target.transport}\nnvme connect -t {target.transport} -a {target.vm.address} "
              f"-s {PORT} -n {shlex.quote(target.nqn)}", f"nvme connect ({target.transport})", timeout=timeout)
     try:
@@ -84,7 +94,7 @@ def host(vm: Vm, target: Target, timeout: float = 60.0) -> Iterator[str]:
         log.info("%s: %s is %s of %s over %s", vm.name, device, target.nqn, target.vm.name, target.transport)
         yield device
     finally:
-        vm.setup(f"nvme disconnect -n {shlex.quote(target.nqn)}\n"
+        _now(guest).setup(f"nvme disconnect -n {shlex.quote(target.nqn)}\n"
                  f"{unload(f'nvme_{target.transport}', 'nvme_fabrics', 'nvme_core')}",
                  "nvme disconnect")
 
