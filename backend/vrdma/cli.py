@@ -64,7 +64,7 @@ def _cmd_vm_exec(args: argparse.Namespace) -> int:
 def _cmd_vm_migrate(args: argparse.Namespace) -> int:
     from vrdma.harness import session
 
-    guest, info = session.migrate(args.guest)
+    guest, info = session.migrate(args.guest, args.to)
     print(f"{guest.name} migrated to {guest.directory}: {info.get('total-time')} ms in all, "
           f"{info.get('downtime')} ms of downtime (QEMU's figures)")
     return 0
@@ -255,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("command", nargs="*", help="the command and its arguments, after --")
     ex.set_defaults(func=_cmd_vm_exec)
     mig = vm_sub.add_parser("migrate", help="live-migrate a guest, its RDMA queue pairs running, to a new QEMU "
-                                            "served by the same backend: docs/migration.md")
+                                            "served by the same backend, or to another host: docs/migration.md")
     mig.add_argument("guest", help="guest name: vm0, vm1, ...")
+    mig.add_argument("--to", metavar="HOST", help="the host to move to (h0, h1, ...: guests of `vrdma vm up --hosts`)")
     mig.set_defaults(func=_cmd_vm_migrate)
     down = vm_sub.add_parser("down", help="stop every guest started by `vrdma vm up`")
     down.set_defaults(func=_cmd_vm_down)

@@ -98,23 +98,39 @@ def test_up_on_two_hosts_runs_rdma_between_them(run_dir: Path) -> None:
                     "while read f; do i=${f##*/}; grep -q ffff /sys/class/infiniband/vrdma0/ports/1/gids/$i && "
                     "echo $i && break; done").stdout.strip()
         assert gid.isdigit(), gid
-        server = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "vm", "exec", "vm1", "--", "ibv_rc_pingpong",
-                                   "-d", "vrdma0", "-g", gid, "-n", "50", "-c"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        client = None
-        for _ in range(100):  # the server listens once its TCP port is open: a refused client tries again
-            client = vrdma("vm", "exec", "vm0", "--", "ibv_rc_pingpong", "-d", "vrdma0", "-g", gid, "-n", "50",
-                           "-c", "10.99.1.3")
-            if client.returncode == 0 or "Couldn't connect" not in client.stdout + client.stderr:
-                break
-        out, err = server.communicate(timeout=120)
-        assert client is not None and client.returncode == 0, (client.stdout, client.stderr, out, err)
-        assert "50 iters in" in client.stdout and server.returncode == 0, (client.stdout, out, err)
+        pingpong(gid)
+        # `vrdma vm migrate --to`: vm0 live-migrated to h1, its device's state taken by h1's backend
+        for args, error in ((["vm0"], "give the host to move to with --to HOST"),
+                            (["vm0", "--to", "h0"], "vm0 runs on h0 already"),
+                            (["vm0", "--to", "h7"], "the hosts are h0 to h1")):
+            refused = vrdma("vm", "migrate", *args)
+            assert refused.returncode == 1 and error in refused.stderr, (args, refused.stderr)
+        moved = vrdma("vm", "migrate", "vm0", "--to", "h1")
+        assert moved.returncode == 0 and "vm0 migrated to" in moved.stdout, moved.stderr
+        rows = [row.split("\t")[:3] for row in vrdma("vm", "status").stdout.splitlines()]
+        assert rows == [["vm0", "10.99.0.2", "running"], ["vm1", "10.99.1.3", "running"]]
+        pingpong(gid)
     finally:
         down = vrdma("vm", "down")
     assert down.returncode == 0, down.stderr
     assert "stopped 2 guest(s): vm0, vm1" in down.stdout
     assert set(netns.listnetns()) == before  # the hosts went with the guests
+
+
+def pingpong(gid: str) -> None:
+    """ibv_rc_pingpong -c, 50 iterations, server in vm1 and client in vm0, through `vrdma vm exec`."""
+    server = subprocess.Popen([sys.executable, "-m", "vrdma.cli", "vm", "exec", "vm1", "--", "ibv_rc_pingpong",
+                               "-d", "vrdma0", "-g", gid, "-n", "50", "-c"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    client = None
+    for _ in range(100):  # the server listens once its TCP port is open: a refused client tries again
+        client = vrdma("vm", "exec", "vm0", "--", "ibv_rc_pingpong", "-d", "vrdma0", "-g", gid, "-n", "50",
+                       "-c", "10.99.1.3")
+        if client.returncode == 0 or "Couldn't connect" not in client.stdout + client.stderr:
+            break
+    out, err = server.communicate(timeout=120)
+    assert client is not None and client.returncode == 0, (client.stdout, client.stderr, out, err)
+    assert "50 iters in" in client.stdout and server.returncode == 0, (client.stdout, out, err)
 
 
 def test_terminating_vm_up_while_booting_leaves_no_guest(run_dir: Path) -> None:

@@ -214,11 +214,8 @@ class MultiHost(Managed):
         return backend
 
     def migrate(self, key: int | str, to_host: int, **options: Any) -> dict[str, Any]:
-        """Live-migrate a vrdma guest to host ``to_host`` (Vm.migrate_to; ``options``: its own), its device's state
-        travelling in QEMU's stream to that host's backend (started, or given the VM with vm-add, as needed). The
-        destination host takes the guest's tap, address and RoCE before it comes; the source host and every other
-        one route the address to it once it runs (what an operator's network does: docs/migration.md), and RC
-        retransmission covers what was sent to the old host meanwhile. Returns query-migrate's last answer."""
+        """Live-migrate a vrdma guest to host ``to_host`` (move_guest; ``options``: Vm.migrate_to's), starting a
+        backend there first if the host has none. Returns query-migrate's last answer."""
         vm = self[key]
         index = self.vms.index(vm)
         source = self.hosts_of[index]
@@ -227,65 +224,16 @@ class MultiHost(Managed):
         if not 0 <= to_host < self.host_count or to_host == source:
             raise ValueError(f"{vm.name} cannot move to host {to_host}: it runs on h{source}, of "
                              f"{self.host_count} hosts")
-        identity, host, tap = self.identities[index], self.fabric[to_host], f"tap{index}"
-        self._run_all(host, arrival_commands(identity.ip, tap, self.mtu))
-        directory = self.host_directory(to_host)
-        socket_path = daemon.socket_path(directory, identity)
-        if to_host in self.backends:
-            socket_path.parent.mkdir(parents=True, exist_ok=True)
-            reply = daemon.admin(self.backends[to_host], {"command": "vm-add", "name": identity.name,
-                                                          "mac": identity.mac, "socket-path": str(socket_path)})
-            if not reply.get("ok"):
-                raise VrdmaError(f"h{to_host}'s backend refused {identity.name}: {reply.get('error')}")
-        else:
-            self.backends[to_host] = self._backend(to_host, host, [identity])
-        destination = vm.incoming_copy(migration_directory(directory, identity.name),
-                                       vrdma_socket=socket_path, wrapper=host.command([]))
-        def follow() -> None:
-            """The guest's address follows it at once: RC retransmission covers the switch-over only while the
-            peers' QPs have retries left (ibv_rc_pingpong's: 8 tries of 67 ms)."""
-            for k, other in enumerate(self.fabric.hosts):
-                if k not in (source, to_host):
-                    self._run_all(other, elsewhere_commands(identity.ip, host.address))
-            self._run_all(self.fabric[source], departure_commands(identity.ip, host.address))
-
-        try:
-            info = vm.migrate_to(destination, after_switchover=follow, **options)
-        except Exception:
-            with contextlib.suppress(Exception):
-                daemon.admin(self.backends[to_host], {"command": "vm-remove", "name": identity.name})
-            for argv in ([*roce_rule("del", identity.ip)], ["ip", "link", "del", tap]):
-                host.run(argv)
-            raise
+        identity = self.identities[index]
+        if to_host not in self.backends:
+            self.backends[to_host] = self._backend(to_host, self.fabric[to_host], [])
+        destination, info = move_guest(
+            vm, Move(identity.ip, identity.mac, f"tap{index}", self.fabric.hosts, source, to_host,
+                     [self.backends[k].admin_socket for k in (source, to_host)],
+                     self.host_directory(to_host), self.mtu), **options)
         self.vms[index] = destination
         self.hosts_of[index] = to_host
-        self.fabric[source].run(["ip", "link", "del", tap])  # (the source QEMU, its user, has quit)
-        daemon.admin(self.backends[source], {"command": "vm-remove", "name": identity.name})
-        log.info("%s migrated from h%d to h%d: %s ms in all, %s ms down", vm.name, source, to_host,
-                 info.get("total-time"), info.get("downtime"))
         return info
-
-    @staticmethod
-    def _run_all(host: Host, commands: list[list[str]]) -> None:
-        """``commands`` in ``host``, in order; each run of `ip` commands in one `ip -batch` (one process: a few ms)."""
-        batch: list[str] = []
-
-        def run(argv: list[str], script: str | None = None) -> None:
-            result = subprocess.run(host.command(argv), input=script, capture_output=True, text=True, timeout=60,
-                                    check=False)
-            if result.returncode != 0:
-                raise HostNetworkError(f"{host.name}: `{' '.join(argv)}` of {script!r} failed: "
-                                       f"{result.stderr.strip()}")
-
-        for argv in [*commands, ["end"]]:
-            if argv[0] == "ip":
-                batch.append(" ".join(argv[1:]) + "\n")
-                continue
-            if batch:
-                run(["ip", "-batch", "-"], "".join(batch))
-                batch = []
-            if argv != ["end"]:
-                run(argv)
 
     def stop(self) -> None:
         for vm in self.vms:
@@ -296,3 +244,84 @@ class MultiHost(Managed):
                 backend.stop()
         self.backends = {}
         self.fabric.stop()
+
+
+def run_on(host: Host, commands: list[list[str]]) -> None:
+    """``commands`` in ``host``, in order; each run of `ip` commands in one `ip -batch` (one process: a few ms)."""
+    batch: list[str] = []
+
+    def run(argv: list[str], script: str | None = None) -> None:
+        result = subprocess.run(host.command(argv), input=script, capture_output=True, text=True, timeout=60,
+                                check=False)
+        if result.returncode != 0:
+            raise HostNetworkError(f"{host.name}: `{' '.join(argv)}` of {script!r} failed: {result.stderr.strip()}")
+
+    for argv in [*commands, ["end"]]:
+        if argv[0] == "ip":
+            batch.append(" ".join(argv[1:]) + "\n")
+            continue
+        if batch:
+            run(["ip", "-batch", "-"], "".join(batch))
+            batch = []
+        if argv != ["end"]:
+            run(argv)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A vrdma guest's move between hosts of a fabric: its address, MAC and tap; the hosts, where it runs and where
+    it goes; the admin sockets of the two hosts' backends (source, destination); where the destination QEMU's
+    directory goes, and the links' MTU."""
+
+    address: str
+    mac: str
+    tap: str
+    hosts: list[Host]
+    source: int
+    to: int
+    admin_sockets: list[Path]
+    directory: Path
+    mtu: int = 1500
+
+
+def move_guest(vm: Vm, move: Move, **options: Any) -> tuple[Vm, dict[str, Any]]:
+    """Live-migrate ``vm`` to another host (Vm.migrate_to, ``options`` its own), its device's state travelling in
+    QEMU's stream to that host's backend, which is given the VM (vm-add). The destination host takes the guest's
+    tap, address and RoCE before it comes; the source host and every other one route the address to it as soon as
+    QEMU reports the migration done (what an operator's network does: docs/migration.md), since RC retransmission
+    covers what the peers sent to the old host only while their QPs have retries left (ibv_rc_pingpong's: 8 tries
+    of 67 ms). The source's backend forgets the VM. Returns the guest as it runs now, and query-migrate's last
+    answer; a migration that fails leaves the guest where it ran, and the destination host as it was."""
+    from vrdma.daemon.admin import ask
+
+    name, to_host = vm.name, move.hosts[move.to]
+    run_on(to_host, arrival_commands(move.address, move.tap, move.mtu))
+    socket_path = move.directory / name / "vrdma.sock"
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    reply = ask(move.admin_sockets[1], {"command": "vm-add", "name": name, "mac": move.mac,
+                                        "socket-path": str(socket_path)})
+    if not reply.get("ok"):
+        to_host.run(["ip", "link", "del", move.tap])
+        raise VrdmaError(f"{to_host.name}'s backend refused {name}: {reply.get('error')}")
+    destination = vm.incoming_copy(migration_directory(move.directory, name), vrdma_socket=socket_path,
+                                   wrapper=to_host.command([]))
+
+    def follow() -> None:
+        for k, other in enumerate(move.hosts):
+            if k not in (move.source, move.to):
+                run_on(other, elsewhere_commands(move.address, to_host.address))
+        run_on(move.hosts[move.source], departure_commands(move.address, to_host.address))
+
+    try:
+        info = vm.migrate_to(destination, after_switchover=follow, **options)
+    except Exception:
+        with contextlib.suppress(Exception):
+            ask(move.admin_sockets[1], {"command": "vm-remove", "name": name})
+        for argv in (roce_rule("del", move.address), ["ip", "link", "del", move.tap]):
+            to_host.run(argv)
+        raise
+    move.hosts[move.source].run(["ip", "link", "del", move.tap])  # (the source QEMU, its user, has quit)
+    ask(move.admin_sockets[0], {"command": "vm-remove", "name": name})
+    log.info("%s migrated from %s to %s: %s ms in all, %s ms down", name, move.hosts[move.source].name,
+             to_host.name, info.get("total-time"), info.get("downtime"))
+    return destination, info

@@ -8,6 +8,7 @@ several processes may use one session at once; only ``up`` and ``down`` take the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -24,7 +25,8 @@ from vrdma.errors import VrdmaError
 from vrdma.harness.agent import ExecResult
 from vrdma.harness.cluster import Cluster
 from vrdma.harness.errors import NoGuestsError, UnknownGuestError, VmError
-from vrdma.harness.multihost import GuestPlan, MultiHost
+from vrdma.harness.hosts import Host
+from vrdma.harness.multihost import GuestPlan, Move, MultiHost, move_guest
 from vrdma.harness.process import find_process, record
 from vrdma.harness.vm import Vm, migration_directory
 
@@ -93,7 +95,12 @@ def _up_on_hosts(directory: Path, count: int, hosts: int, **options: Any) -> lis
                "guest_dirs": {vm.name: str(vm.directory) for vm in multihost.vms},
                "addresses": {vm.name: vm.address for vm in multihost.vms},
                "backends": [record(b.process) for b in multihost.backends.values() if b.process is not None],
-               "namespaces": [multihost.fabric.switch, *(h.netns for h in multihost.fabric.hosts)]}
+               "namespaces": [multihost.fabric.switch, *(h.netns for h in multihost.fabric.hosts)],
+               # what `vrdma vm migrate --to` needs to move a guest between the hosts
+               "hosts": [dataclasses.asdict(h) for h in multihost.fabric.hosts],
+               "guest_hosts": {vm.name: multihost.hosts_of[i] for i, vm in enumerate(multihost.vms)},
+               "macs": {vm.name: multihost.identities[i].mac for i, vm in enumerate(multihost.vms)},
+               "mtu": multihost.mtu}
     (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
     return list(multihost.vms)
 
@@ -127,25 +134,56 @@ def guest(name: str) -> Vm:
     return vm
 
 
-def migrate(name: str) -> tuple[Vm, dict[str, Any]]:
-    """Live-migrate guest ``name`` to a new QEMU served by the same backend (Vm.migrate_to), which is the session's
-    guest afterwards; returns it and QEMU's last query-migrate answer."""
+def migrate(name: str, to: str | None = None) -> tuple[Vm, dict[str, Any]]:
+    """Live-migrate guest ``name``: to a new QEMU served by the same backend (Vm.migrate_to), or with ``to`` (a host
+    of `vrdma vm up --hosts`: h1 or 1) to that host, whose backend takes its device's state (multihost.move_guest).
+    The new QEMU is the session's guest afterwards; returns it and QEMU's last query-migrate answer."""
     directory = paths.run_dir()
     with _locked(directory):
         session = _load(directory)
-        if session is not None and session.get("backends"):
+        on_hosts = session is not None and bool(session.get("backends"))
+        if on_hosts and to is None:
             raise VrdmaError("vrdma vm migrate: the guests of `vrdma vm up --hosts` are on tap devices, which a "
-                             "second QEMU on the same host cannot open; migrate guests of `vrdma vm up`")
+                             "second QEMU on the same host cannot open; give the host to move to with --to HOST")
+        if not on_hosts and to is not None:
+            raise VrdmaError("vrdma vm migrate --to: the guests are on one host (`vrdma vm up` without --hosts): "
+                             "leave --to out to migrate within it")
         vm = guest(name)
         if not hasattr(vm, "products"):
             raise VrdmaError(f"{name} was started by a vrdma that did not record how (no \"launch\" in its "
                              "state.json): `vrdma vm down` and `vrdma vm up` again")
-        destination = vm.incoming_copy(migration_directory(directory, name))
-        info = vm.migrate_to(destination)
         assert session is not None  # (guest() found it)
+        if to is None:
+            destination = vm.incoming_copy(migration_directory(directory, name))
+            info = vm.migrate_to(destination)
+        else:
+            destination, info = _migrate_between_hosts(directory, session, vm, to)
+            session["guest_hosts"][name] = _host_number(session, to)
         session.setdefault("guest_dirs", {})[name] = str(destination.directory)
         (directory / SESSION_FILE).write_text(json.dumps(session, indent=2))
         return destination, info
+
+
+def _host_number(session: dict[str, Any], to: str) -> int:
+    count = len(session.get("hosts", []))
+    number = to.removeprefix("h")
+    if not number.isdigit() or not 0 <= int(number) < count:
+        raise VrdmaError(f"--to {to!r}: the hosts are h0 to h{count - 1}" if count else
+                         "these guests were started by a vrdma that did not record their hosts: `vrdma vm down` and "
+                         "`vrdma vm up --hosts N` again")
+    return int(number)
+
+
+def _migrate_between_hosts(directory: Path, session: dict[str, Any], vm: Vm, to: str) -> tuple[Vm, dict[str, Any]]:
+    hosts = [Host(**h) for h in session["hosts"]]
+    to_host, source = _host_number(session, to), int(session["guest_hosts"][vm.name])
+    if to_host == source:
+        raise VrdmaError(f"{vm.name} runs on h{source} already")
+    index = session["guests"].index(vm.name)
+    move = Move(session["addresses"][vm.name], session["macs"][vm.name], f"tap{index}", hosts, source, to_host,
+                [directory / f"h{k}" / "backend" / "admin.sock" for k in (source, to_host)], directory / f"h{to_host}",
+                int(session.get("mtu", 1500)))
+    return move_guest(vm, move)
 
 
 def exec_in(name: str, argv: Sequence[str], timeout: float = 300.0) -> ExecResult:
