@@ -14,6 +14,7 @@ import ipaddress
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -398,5 +399,46 @@ def test_ipv6_gids(fabric: HostNetwork, tmp_path: Path) -> None:
         (done,) = wait_cqes(a.verbs, a.cq, 1)
         assert done.status == WC["SUCCESS"] and a.verbs.memory.read(a.mr.addr + (1 << 20), len(data)) == data
         assert p.roce(1)["rx_packets"] >= 98 and p.backends[1].network_counters()["rx_bad_icrc"] == 0
+    finally:
+        p.close()
+
+
+def test_a_backend_upgrade_with_roce_keeps_the_queue_pairs_across_hosts(fabric: HostNetwork, tmp_path: Path) -> None:
+    """`vrdma admin upgrade` of h1's backend (--roce) while vm0 on h0 keeps WRITEs flowing into vm1: the new process
+    opens RoCE sockets of its own beside the old one's, takes vm1 over with its QP's transport state, and every
+    WRITE posted before, during and after completes with its bytes (what arrived during the pause retransmitted);
+    WRITEs and READs then go both ways."""
+    p = Pair(fabric, tmp_path)
+    try:
+        a, b = p.connect()
+        piece, slots = 16 << 10, 64
+        upgrade: dict[str, Any] = {}
+        worker = threading.Thread(target=lambda: upgrade.update(p.backends[1].upgrade()))
+        worker.start()
+        posted, rounds = 0, 0
+        while worker.is_alive() or rounds < 2:  # the stream runs through the upgrade, and two rounds after it
+            data = os.urandom(piece * slots)
+            a.verbs.memory.write(a.mr.addr, data)
+            for i in range(slots):
+                a.verbs.post_send(a.qp, WR["RDMA_WRITE"], [(a.mr.addr + i * piece, piece, a.mr.lkey)],
+                                  wr_id=posted + i, remote_addr=b.mr.addr + i * piece, rkey=b.mr.rkey, ring=False)
+            a.verbs.ring_send(a.qp)
+            completions = wait_cqes(a.verbs, a.cq, slots, timeout=30)
+            assert [c.status for c in completions] == [WC["SUCCESS"]] * slots, completions
+            assert sorted(c.wr_id for c in completions) == list(range(posted, posted + slots))
+            assert b.verbs.memory.read(b.mr.addr, piece * slots) == data
+            posted += slots
+            rounds = rounds + 1 if not worker.is_alive() else 0
+        worker.join()
+        assert upgrade["upgrade"]["state"] == "took over" and upgrade["serving"] == ["vm1"], upgrade
+        assert posted > 4 * slots, f"only {posted} WRITEs ran while the upgrade did"
+        assert send(b, WR["RDMA_WRITE"], b"back from the new process", remote_addr=a.mr.addr,
+                    rkey=a.mr.rkey).status == WC["SUCCESS"]
+        assert a.verbs.memory.read(a.mr.addr, 25) == b"back from the new process"
+        expected = b.verbs.memory.read(b.mr.addr + 100, 64)
+        assert send(a, WR["RDMA_READ"], bytes(64), offset=8192, remote_addr=b.mr.addr + 100,
+                    rkey=b.mr.rkey).status == WC["SUCCESS"]
+        assert a.verbs.memory.read(a.mr.addr + 8192, 64) == expected
+        assert "took over 1 VM(s)" in p.backends[1].log_text()
     finally:
         p.close()

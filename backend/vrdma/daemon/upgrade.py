@@ -19,8 +19,13 @@ it stopped. Programs in the guests see a pause, never an error (docs/migration.m
 
 A new process that fails before ``running`` (at its start, refusing the manifest, or silent for HANDOVER_TIMEOUT)
 leaves the old one to resume every VM as it was: the upgrade fails, the log says why, nothing is lost. Refused at
-the start: a VM migrating (a second QEMU connected, a dirty log, a device-state transfer), and --roce (its sockets
-are not handed over yet).
+the start: a VM migrating (a second QEMU connected, a dirty log, a device-state transfer).
+
+With --roce the new process opens RoCE sockets of its own as it starts (nothing is handed over: the guard and IPv6
+sockets bind port 4791 beside the old one's, SO_REUSEADDR; its receive rings are a fanout group of their own, so
+both processes see every packet). Until it takes over it holds no GID and drops what it sees; from the hand-over
+on the old one reads nothing. A packet that arrives during the pause is retransmitted by its sender, whose QP's
+transport state (PSNs, what is unacknowledged, the replay caches) moved in the device states.
 """
 
 from __future__ import annotations
@@ -166,8 +171,6 @@ def _own_arguments(argv: list[str]) -> list[str]:
 def _refusal(backend: Backend) -> str:
     if backend.upgrade is not None:
         return f"an upgrade is under way already (new backend pid {backend.upgrade.process.pid})"
-    if backend.roce is not None:
-        return "a backend with --roce cannot hand its RoCE sockets over yet: restart it instead"
     for name, endpoint in backend.endpoints.items():
         conn = endpoint.connection
         if endpoint.incoming is not None or (conn is not None and (conn.dirty_log is not None
