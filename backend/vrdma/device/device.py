@@ -59,6 +59,9 @@ class RdmaDevice:
         self.limits = limits
         self.pairing_id = pairing_id if pairing_id is not None else secrets.randbits(64)
         self.epoch = secrets.randbits(64) or 1  # new whenever the device forgets its state (vrdma_config)
+        # The last state check_state() passed, with what it built (the load that follows uses it, not a second
+        # check: a migration's or an upgrade's pause is this checking's time twice otherwise).
+        self._checked: tuple[bytes, state.Checked] | None = None
         self.identity = Identity(FW_VERSION, (secrets.randbits(64) & ~0xFF) | 0x02)  # GUID locally administered
         self.command_counters = commands.CommandCounters()
         self.event_counters = EventCounters()
@@ -218,18 +221,23 @@ class RdmaDevice:
 
     def check_state(self, data: bytes) -> None:
         """StateError unless ``data`` would load into this device (its memory table not needed yet)."""
-        state.check(self, data)
+        self._checked = None
+        self._checked = (data, state.check(self, data))
 
     def load_state(self, data: bytes, live_doorbells: bool = False) -> None:
         """``data`` becomes this device, fresh from a reset, which stays suspended; StateError (and reset) if not.
         ``live_doorbells``: the doorbell pages are the running guest's, newer than the state's (a backend upgrade:
-        the guest rang doorbells while the state travelled), and stay as they are."""
-        state.load(self, data, live_doorbells)
+        the guest rang doorbells while the state travelled), and stay as they are. The same bytes check_state()
+        passed last are not checked again (load checks the device is still fresh from a reset)."""
+        checked, self._checked = self._checked, None
+        state.load(self, data, live_doorbells, checked[1] if checked is not None and checked[0] is data else None)
 
     def announce_gids(self, data: bytes) -> None:
         """The GIDs of state ``data`` (checked) routed to this device before it loads: a backend upgrade's next
         process does so for every VM first, since a QP's peer is found by its GID when its state loads."""
-        for index, gid in state.check(self, data).objects.gids.entries.items():
+        self.check_state(data)
+        assert self._checked is not None
+        for index, gid in self._checked[1].objects.gids.entries.items():
             self.seat.engine.set_gid(self.engine_index, index, gid.raw, gid.type)
 
     def took_over(self, source: RdmaDevice) -> None:

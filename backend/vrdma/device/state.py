@@ -29,7 +29,15 @@ from vrdma.device.qp import STORED, TYPES, Qp
 from vrdma.device.srq import Srq
 from vrdma.device.status import CommandFailed
 from vrdma.device.table import ObjectTable
-from vrdma.device.ucontext import DB_SLOTS, FIRST_USER_PAGE, KERNEL, KERNEL_PAGE, UserContext, page_indexes
+from vrdma.device.ucontext import (
+    DB_SLOT_ALIVE,
+    DB_SLOTS,
+    FIRST_USER_PAGE,
+    KERNEL,
+    KERNEL_PAGE,
+    UserContext,
+    page_indexes,
+)
 from vrdma.device.xrcd import Xrcd
 from vrdma.engine.api import NO_SRQ, DataEngine
 
@@ -213,7 +221,8 @@ class Loader:
         pages = set(ctx.pages)
         held = self.used_dbs.setdefault(ctx_handle, set())
         for db in dbs:
-            if db // DB_SLOTS not in pages or db not in page_indexes(db // DB_SLOTS) or db in held:
+            # (a queue's slots: all but the page's first, parked, and its alive slot and past: page_indexes)
+            if db // DB_SLOTS not in pages or not 0 < db % DB_SLOTS < DB_SLOT_ALIVE or db in held:
                 raise StateError(f"{what}: doorbell {db} is not a free slot of its context's pages")
             held.add(db)
         ctx.queues += 1
@@ -469,14 +478,16 @@ def check(device: RdmaDevice, data: bytes) -> Checked:
                    f.flag("doorbell_recheck"))
 
 
-def load(device: RdmaDevice, data: bytes, live_doorbells: bool = False) -> None:
+def load(device: RdmaDevice, data: bytes, live_doorbells: bool = False, checked: Checked | None = None) -> None:
     """The state becomes the device's: checked whole as check() does, then applied: its doorbell pages, its engine
     side (whose pages must translate through the device's memory table now), its GIDs, objects, identity, events
     and counters. The device must be fresh from a reset (nothing of a guest's yet); it stays suspended in the
-    engine until resumed. On a refusal (StateError) it is as it was, or reset again if the engine refused."""
+    engine until resumed. On a refusal (StateError) it is as it was, or reset again if the engine refused.
+    ``checked``: what check() made of these bytes for this device, fresh then as now."""
     if any(device.objects.counts().values()) or device.events:
         raise StateError(f"{device.name}: a state loads into a device fresh from a reset")
-    checked = check(device, data)
+    if checked is None:
+        checked = check(device, data)
     engine, dev = device.seat.engine, device.engine_index
     if not live_doorbells:  # (a backend upgrade's: the guest kept ringing while the state travelled)
         device.clear_doorbell_pages()
