@@ -86,3 +86,26 @@ def test_a_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(AssertionError, match=f"--metrics 127.0.0.1:{port}: .*Address already in use"):
             BackendProcess(tmp_path, options=["--metrics", f"127.0.0.1:{port}"])
+
+
+def test_the_metrics_port_follows_a_backend_upgrade(tmp_path: Path) -> None:
+    """`vrdma admin upgrade` of a backend with --metrics: the old process stops its endpoint before the VMs' pause
+    and the new one starts it after, on the same port; its counters carry on from the old ones."""
+    port = free_port()
+    backend = BackendProcess(tmp_path, options=["--metrics", f"127.0.0.1:{port}"])
+    try:
+        for vm in connected_vm(backend, "vm1"):
+            side = Bystander.beside(backend, vm.fe, "vm1")
+            side.check()
+            before = scrape(port)[("vrdma_engine_send_wqes_total", (("vm", "vm1"),))]
+            assert before >= 1
+            status = backend.upgrade()
+            assert status["upgrade"]["state"] == "took over", status
+            after = scrape(port)
+            assert after[("vrdma_engine_send_wqes_total", (("vm", "vm1"),))] >= before
+            assert after[("vrdma_vm_connected", (("vm", "vm1"),))] == 1
+            side.check()  # the VM is served by the new process
+            assert scrape(port)[("vrdma_engine_send_wqes_total", (("vm", "vm1"),))] > before
+        assert "without metrics" not in backend.log_text()
+    finally:
+        assert backend.stop() == 0, backend.log_text()

@@ -96,10 +96,18 @@ class Backend:
                 self.add_vm(spec)
             if admin_socket is not None and self.admin is None:
                 self.open_admin()
-            self.restart_metrics()
+            if take_over is None:
+                self.restart_metrics()
         except BaseException:
             self.close()
             raise
+        if take_over is not None:
+            # After the VMs run again (their pause is no time for an HTTP server's start); every VM is this process's
+            # now, so a port not free yet costs the metrics, not the VMs.
+            try:
+                self.restart_metrics()
+            except BackendError as err:
+                log.error("%s; the backend serves every VM, without metrics", err)
         self.loop.add_reader(self._stop_r, self._drain_stop)
 
     def open_admin(self, handed_over: socket.socket | None = None) -> None:

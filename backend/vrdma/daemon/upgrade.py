@@ -105,6 +105,9 @@ class Upgrade:
 
     def _hand_over(self) -> None:
         backend = self.backend
+        if backend.metrics is not None:  # (its port is the new one's next; its HTTP thread takes up to 0.5 s to stop,
+            backend.metrics.close()      # which is no part of the VMs' pause)
+            backend.metrics = None
         gc.disable()  # no collection of the whole heap in the VMs' pause (this process exits, or enables it again)
         quiesced = time.monotonic()
         fds: list[int] = []
@@ -114,9 +117,6 @@ class Upgrade:
             collected = time.monotonic()
             memfd = _manifest_file(manifest, states)
             try:
-                if backend.metrics is not None:  # (its port is the new one's next)
-                    backend.metrics.close()
-                    backend.metrics = None
                 socket.send_fds(self.sock, [b"manifest"], [memfd])
                 for at in range(0, len(fds), FDS_PER_MESSAGE):
                     socket.send_fds(self.sock, [b"fds"], fds[at:at + FDS_PER_MESSAGE])
@@ -243,6 +243,8 @@ def take_over(backend: Backend, fd: int) -> None:
     sock.settimeout(READY_TIMEOUT)
     # What the start made stays: kept out of every later collection (gc.freeze), and no collection at all until the
     # VMs run again, since one of the whole heap can cost the pause milliseconds.
+    if backend.metrics_address is not None:
+        import vrdma.daemon.metrics  # noqa: F401  (its server starts after the VMs run again: imported now, not then)
     gc.freeze()
     gc.disable()
     sock.send(b"ready")
@@ -372,7 +374,6 @@ def _adopt(backend: Backend, manifest: dict[str, Any], states: list[bytes], fds:
     unnamed = set(range(len(fds))) - taken
     if unnamed:
         raise HandoverError(f"descriptor(s) {sorted(unnamed)} named by nothing")
-    backend.restart_metrics()
     for endpoint, _, _ in adopted:  # every VM taken: they run again (nothing after this may fail)
         endpoint.transport.release()
 

@@ -8,6 +8,7 @@ libvhost-user is compiled from ``subprojects/libvhost-user`` of the QEMU source 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -72,22 +73,7 @@ struct VuDev {
     ...;
 };
 
-typedef struct VrdmaQueueState {
-    uint32_t num;
-    uint16_t last_avail_idx;
-    uint16_t used_idx;
-    uint32_t inuse;
-    uint32_t enable;
-    bool started;
-    int kick_fd;
-    int call_fd;
-    int err_fd;
-    uint32_t flags;
-    uint64_t desc_user_addr;
-    uint64_t used_user_addr;
-    uint64_t avail_user_addr;
-    uint64_t log_guest_addr;
-} VrdmaQueueState;
+@VrdmaQueueState@
 bool vrdma_vu_queue_state(VrdmaVu *vu, uint16_t index, VrdmaQueueState *out);
 int vrdma_vu_backend_fd(VrdmaVu *vu);
 
@@ -127,6 +113,19 @@ extern "Python" void vrdma_queue_set_started(VuDev *dev, int qidx, bool started)
 extern "Python" int vrdma_get_config(VuDev *dev, uint8_t *config, uint32_t len);
 extern "Python" void vrdma_queue_handler(VuDev *dev, int qidx);
 """
+
+
+
+def _declared_in_glue(name: str) -> str:
+    """The typedef of struct ``name`` as _glue.h declares it, for the cdef: declared once, in the header the C side
+    compiles with (cffi's parser takes its comments)."""
+    match = re.search(rf"typedef struct {name} \{{.*?\}} {name};", (HERE / "_glue.h").read_text(), re.S)
+    if match is None:
+        raise RuntimeError(f"_glue.h declares no struct {name}")
+    return match.group(0)
+
+
+CDEF = CDEF.replace("@VrdmaQueueState@", _declared_in_glue("VrdmaQueueState"))
 
 PRELUDE = r"""
 #include <stdlib.h>
