@@ -27,7 +27,7 @@ from vrdma.harness.daemon import vm_counters
 from vrdma.harness.impair import Impairment
 from vrdma.harness.multihost import GuestPlan, MultiHost
 from vrdma.harness.stream import WriteStream
-from vrdma.harness.vm import Products, Vm
+from vrdma.harness.vm import Products, Vm, span_switchover
 
 pytestmark = pytest.mark.vm
 log = logging.getLogger(__name__)
@@ -256,22 +256,10 @@ def test_a_vm_migrated_to_a_third_host_keeps_its_queue_pairs_with_its_peer(hosts
     sent = roce_counters(hosts, 1, "vm1")["tx_packets"]
     wait_until("the ping-pong across hosts", lambda: roce_counters(hosts, 1, "vm1")["tx_packets"] > sent + 400, 120)
     stream.wait_for(64)
-    # The ping-pong must still run at the switch-over on any machine: its client is held (SIGSTOP: the process,
-    # not its guest, whose device goes on answering the stream and vm0's retransmissions) once it has sent 400 more
-    # packets while RAM is copied, and goes on when the source has stopped, before vm0's device state is saved.
-    copying_from, held = roce_counters(hosts, 1, "vm1")["tx_packets"], []
-
-    def hold_client() -> None:
-        if not held and roce_counters(hosts, 1, "vm1")["tx_packets"] > copying_from + 400:
-            client.run(["kill", "-STOP", str(client_pid)]).check("the ping-pong's client held")
-            held.append(True)
-
-    def release_client() -> None:
-        assert client.agent.poll(client_pid) is None, "the ping-pong ended before the switch-over"
-        if held:
-            client.run(["kill", "-CONT", str(client_pid)]).check("the ping-pong's client let go")
-
-    hosts.migrate("vm0", 2, while_copying=hold_client, before_switchover=release_client)
+    # (its client held by SIGSTOP, the process only: its guest's device goes on answering the stream and vm0's
+    # retransmissions, where a stopped guest's would drop them and cost the peers their retries)
+    hosts.migrate("vm0", 2, **span_switchover(client, client_pid, lambda: roce_counters(hosts, 1, "vm1")["tx_packets"],
+                                              400, "the ping-pong's client"))
     server = hosts["vm0"]
     before = roce_counters(hosts, 2, "vm0")
     stream.wait_for(128, "the WRITE stream after vm0 moved to h2")

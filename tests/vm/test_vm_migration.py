@@ -19,7 +19,7 @@ from vrdma.harness.daemon import vm_counters
 from vrdma.harness.errors import MigrationFailed
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.stream import WriteStream
-from vrdma.harness.vm import Products, Vm
+from vrdma.harness.vm import Products, Vm, span_switchover
 
 pytestmark = pytest.mark.vm
 log = logging.getLogger(__name__)
@@ -214,23 +214,8 @@ def test_nvme_over_fabrics_keeps_verifying_across_a_migration_of_its_target(gues
         read = vm_counters(backend, "vm1")["engine"]["bytes"]
         wait_until("fio's I/O through vrdma", lambda: vm_counters(backend, "vm1")["engine"]["bytes"] > read + (2 << 20),
                    120)
-        # fio must still run at the switch-over on any machine: it is held (SIGSTOP: its I/O in flight completes,
-        # the kernel's QPs stay busy with nothing) once 2 MiB more have moved while RAM is copied, and goes on when
-        # the source has stopped, before vm0's device state is saved.
-        copying_from = vm_counters(backend, "vm1")["engine"]["bytes"]
-        held: list[bool] = []
-
-        def hold_fio() -> None:
-            if not held and vm_counters(backend, "vm1")["engine"]["bytes"] > copying_from + (2 << 20):
-                host.run(["kill", "-STOP", str(pid)]).check("fio held")
-                held.append(True)
-
-        def release_fio() -> None:
-            assert host.agent.poll(pid) is None, "fio ended before the switch-over"
-            if held:
-                host.run(["kill", "-CONT", str(pid)]).check("fio let go")
-
-        guests.migrate("vm0", while_copying=hold_fio, before_switchover=release_fio)
+        guests.migrate("vm0", **span_switchover(host, pid, lambda: vm_counters(backend, "vm1")["engine"]["bytes"],
+                                                2 << 20, "fio"))
         job = fio.wait(host, pid, argv, timeout=300)
     assert job["write"]["io_bytes"] == job["read"]["io_bytes"] == 16 << 20, job
     assert vm_counters(backend, "vm0")["connection"]["migrations_in"] == moves + 1

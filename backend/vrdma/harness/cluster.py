@@ -15,7 +15,7 @@ from vrdma.harness import daemon, linkhub
 from vrdma.harness.daemon import DaemonProcess
 from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
-from vrdma.harness.vm import Products, Vm, migration_directory
+from vrdma.harness.vm import Products, Vm, guest_of, migration_directory
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,7 @@ class Cluster(Managed):
         self.accel = ""
 
     def __getitem__(self, key: int | str) -> Vm:
-        if isinstance(key, int):
-            return self.vms[key]
-        for vm in self.vms:
-            if vm.name == key:
-                return vm
-        raise KeyError(key)
+        return guest_of(self.vms, key)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.vms)

@@ -31,7 +31,7 @@ from vrdma.harness.impair import Impairment
 from vrdma.harness.process import Managed
 from vrdma.harness.qemu_cmdline import GuestIdentity
 from vrdma.harness.verbs import add_rxe
-from vrdma.harness.vm import Products, Vm, migration_directory
+from vrdma.harness.vm import Products, Vm, guest_of, migration_directory
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +144,7 @@ class MultiHost(Managed):
         self.hosts_of: list[int] = [p.host for p in plan]  # where each guest runs now (migrate() moves them)
 
     def __getitem__(self, key: int | str) -> Vm:
-        """A guest by index or name, as it is now (a migrated guest is a new Vm)."""
-        if isinstance(key, int):
-            return self.vms[key]
-        for vm in self.vms:
-            if vm.name == key:
-                return vm
-        raise KeyError(key)
+        return guest_of(self.vms, key)
 
     def host_directory(self, host: int) -> Path:
         return self.directory / f"h{host}"

@@ -454,6 +454,38 @@ class Vm(Managed):
         return vm
 
 
+def guest_of(vms: list[Vm], key: int | str) -> Vm:
+    """A guest of ``vms`` by index or name (a cluster's guest as it is now: a migrated guest is a new Vm)."""
+    if isinstance(key, int):
+        return vms[key]
+    for vm in vms:
+        if vm.name == key:
+            return vm
+    raise KeyError(key)
+
+
+def span_switchover(guest: Vm, pid: int, progress: Callable[[], int], more: int, what: str) -> dict[str, Any]:
+    """Vm.migrate_to's hooks that make program ``pid`` in ``guest`` (a peer of the guest that migrates) span the
+    switch-over on a machine of any speed, not by a guessed iteration count: held with SIGSTOP once ``progress()``
+    has moved on by ``more`` while RAM is copied (the process only: its guest's device goes on answering), found
+    still running and let go once the source has stopped, before its device state is saved."""
+    start = progress()
+    held: list[bool] = []
+
+    def while_copying() -> None:
+        if not held and progress() > start + more:
+            guest.run(["kill", "-STOP", str(pid)]).check(f"{what} held")
+            held.append(True)
+
+    def before_switchover() -> None:
+        if guest.agent.poll(pid) is not None:
+            raise AssertionError(f"{what} ended before the switch-over")
+        if held:
+            guest.run(["kill", "-CONT", str(pid)]).check(f"{what} let go")
+
+    return {"while_copying": while_copying, "before_switchover": before_switchover}
+
+
 def migration_directory(parent: Path, name: str) -> Path:
     """Where guest ``name``'s next migration puts its destination QEMU: NAME.m1, NAME.m2, ... in ``parent`` (each
     source's directory, with its logs, stays)."""
