@@ -71,6 +71,9 @@ class Backend:
         self.endpoints: dict[str, VmEndpoint] = {}
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
+        # From here on, not only in run(): a SIGTERM between READY (or a take-over) and the loop's first turn must
+        # stop the backend cleanly, not kill it with the default action.
+        self._signals = self._take_signals()
         self.notifier = Notifier()  # systemd's, when it started us (Type=notify); otherwise silent
         self.admin: AdminSocket | None = None
         self.admin_path, self.admin_extensions = admin_socket, admin_extensions
@@ -251,8 +254,10 @@ class Backend:
             except BlockingIOError:
                 break
 
-    def run(self) -> None:
-        previous = {sig: signal.signal(sig, lambda *_: self.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    def _take_signals(self) -> dict[int, Any]:
+        """SIGTERM and SIGINT ask run() to return; the previous handlers, for close() to put back."""
+        previous: dict[int, Any] = {sig: signal.signal(sig, lambda *_: self.stop())
+                                    for sig in (signal.SIGTERM, signal.SIGINT)}
         # A VM's QEMU that closes its socket before reading a reply must cost that VM its connection (EPIPE),
         # not the process its life: libvhost-user writes replies with plain sendmsg().
         previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -262,16 +267,24 @@ class Backend:
         # The kernel may give SIGTERM to any thread that does not block it (the metrics server's, say): Python then
         # only notes it, and runs the handler when the main thread next runs Python code, which a select() with no
         # timeout might never do. The wake-up fd is written by whichever thread took the signal.
-        previous_wakeup = signal.set_wakeup_fd(self._stop_w, warn_on_full_buffer=False)
+        previous[-1] = signal.set_wakeup_fd(self._stop_w, warn_on_full_buffer=False)
+        return previous
+
+    def _give_signals_back(self) -> None:
+        previous, self._signals = self._signals, {}
+        if not previous:
+            return
+        signal.set_wakeup_fd(previous.pop(-1))
+        faulthandler.unregister(signal.SIGUSR1)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def run(self) -> None:
         try:
             while not self.stopping:
                 self.run_once()
         finally:
-            signal.set_wakeup_fd(previous_wakeup)
             self.notifier.stopping()
-            faulthandler.unregister(signal.SIGUSR1)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         log.info("stopping")
 
     def run_once(self) -> None:
@@ -310,6 +323,7 @@ class Backend:
             self.guard.close()
             self.guard = None
         self.notifier.close()
+        self._give_signals_back()  # (before the wake-up fd closes)
         for fd in (self._stop_r, self._stop_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -138,12 +138,16 @@ int vre_thread_start(struct vre_engine *e, const struct vre_thread_config *confi
 		__atomic_store_n(&e->devices[i].owner, i % n, __ATOMIC_RELAXED);
 	e->threads.workers = w;
 	__atomic_store_n(&e->threads.count, n, __ATOMIC_RELEASE);
-	/* The threads start with every signal blocked, so that the kernel gives a signal meant for the process (SIGTERM,
-	 * SIGINT) to a thread that can handle it: Python runs handlers in its main thread only, and takes a signal in
-	 * another only through the wake-up fd of set_wakeup_fd (server.py), which a C thread knows nothing of. */
+	/* The threads start with every signal blocked that is meant for the process (SIGTERM, SIGINT, ...), so that the
+	 * kernel gives it to a thread that can handle it: Python runs handlers in its main thread only, and takes a
+	 * signal in another only through the wake-up fd of set_wakeup_fd (server.py), which a C thread knows nothing
+	 * of. Not the faults a thread causes itself: the fault guard takes a SIGBUS of guest memory that shrank under
+	 * the engine in the thread that touched it, and one raised while blocked kills the process instead. */
 	sigset_t all, caller;
 
 	sigfillset(&all);
+	for (const int *fault = (const int[]){ SIGBUS, SIGSEGV, SIGILL, SIGFPE, SIGTRAP, SIGSYS, 0 }; *fault; fault++)
+		sigdelset(&all, *fault);
 	pthread_sigmask(SIG_SETMASK, &all, &caller);
 	for (uint32_t k = 0; k < n; k++) {
 		err = pthread_create(&w[k].id, NULL, worker_main, &w[k]);
