@@ -65,12 +65,7 @@ def host_commands(host: int, hosts: list[str], vrdma_guests: list[str], guest_ta
                 ["ip", "addr", "add", f"{net}.1/24", "dev", GUEST_BRIDGE],
                 ["ip", "link", "set", GUEST_BRIDGE, "up"]]
     for tap in guest_taps:
-        # Isolated ports: guests of one host reach each other through the host's IP layer (which answers their
-        # ARP for each other: proxy_arp_pvlan), never straight across the bridge, so that RoCE for a vrdma guest
-        # meets the rule below even from its neighbour.
-        commands += [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
-                     ["ip", "link", "set", tap, "mtu", str(mtu), "master", GUEST_BRIDGE, "up"],
-                     ["bridge", "link", "set", "dev", tap, "isolated", "on"]]
+        commands += tap_commands(tap, mtu)
     # proxy_arp: a guest that came from another host asks for its old gateway, routed through the host link.
     commands += [["sysctl", "-qw", "net.ipv4.ip_forward=1", f"net.ipv4.conf.{GUEST_BRIDGE}.proxy_arp_pvlan=1",
                   f"net.ipv4.conf.{GUEST_BRIDGE}.proxy_arp=1",
@@ -91,12 +86,19 @@ def roce_rule(action: str, guest: str) -> list[str]:
             "priority", str(ROCE_RULE_PRIORITY)]
 
 
+def tap_commands(tap: str, mtu: int) -> list[list[str]]:
+    """A guest's tap in the host's guest bridge. Isolated ports: guests of one host reach each other through the
+    host's IP layer (which answers their ARP for each other: proxy_arp_pvlan), never straight across the bridge,
+    so that RoCE for a vrdma guest meets its rule even from its neighbour."""
+    return [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
+            ["ip", "link", "set", tap, "mtu", str(mtu), "master", GUEST_BRIDGE, "up"],
+            ["bridge", "link", "set", "dev", tap, "isolated", "on"]]
+
+
 def arrival_commands(guest: str, tap: str, mtu: int = 1500) -> list[list[str]]:
     """On the host a vrdma guest (address ``guest``) is live-migrated to, before it comes: its tap in the bridge,
     its address routed there (it keeps the address of the host it came from), and its RoCE delivered locally."""
-    return [["ip", "tuntap", "add", "dev", tap, "mode", "tap"],
-            ["ip", "link", "set", tap, "mtu", str(mtu), "master", GUEST_BRIDGE, "up"],
-            ["bridge", "link", "set", "dev", tap, "isolated", "on"],
+    return [*tap_commands(tap, mtu),
             ["ip", "route", "replace", f"{guest}/32", "dev", GUEST_BRIDGE],
             ["ip", "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", str(ROCE_TABLE)],
             roce_rule("add", guest)]
@@ -193,10 +195,7 @@ class MultiHost(Managed):
         for k, host in enumerate(self.fabric.hosts):
             mine = self.guests_on(k)
             vrdma = [self.identities[i].ip for i in mine if not self.plan[i].rxe]
-            for argv in host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine], self.mtu):
-                result = host.run(argv)
-                if result.returncode != 0:
-                    raise HostNetworkError(f"{host.name}: `{' '.join(argv)}` failed: {result.stderr.strip()}")
+            run_on(host, host_commands(k, addresses, vrdma, [f"tap{i}" for i in mine], self.mtu))
 
     def _backend(self, k: int, host: Host, identities: list[GuestIdentity]) -> DaemonProcess:
         directory = self.host_directory(k)
