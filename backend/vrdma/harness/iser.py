@@ -82,7 +82,7 @@ echo InitiatorName={INITIATOR_IQN} > /etc/iscsi/initiatorname.iscsi
 iscsid
 iscsiadm -m discovery -t sendtargets -p {portal} -I iser
 iscsiadm {node} --login
-""", "logging in to the iSER target", timeout=timeout)
+""", "logging in to the iSER target", timeout=timeout, peers=[target.vm])
     try:
         device = _disk(vm, target.iqn, timeout)
         log.info("%s: %s is LUN 0 of %s on %s over iser", vm.name, device, target.iqn, target.vm.name)

@@ -70,7 +70,7 @@ modprobe rpcrdma
 mkdir -p {MOUNTPOINT}
 timeout {int(timeout)} mount -t nfs4 -o proto=rdma,port={RDMA_PORT} {shlex.quote(srv.vm.address)}:/ {MOUNTPOINT}
 grep -q ' {MOUNTPOINT} nfs4 .*proto=rdma' /proc/mounts
-""", "mounting NFS over RDMA", timeout=timeout + 30)
+""", "mounting NFS over RDMA", timeout=timeout + 30, peers=[srv.vm])
     log.info("%s: %s:%s mounted on %s over RDMA", vm.name, srv.vm.name, srv.export, MOUNTPOINT)
     try:
         yield MOUNTPOINT

@@ -88,7 +88,8 @@ def host(guest: Guest, target: Target, timeout: float = 60.0) -> Iterator[str]:
     """``nvme connect`` from ``guest`` to the target; yields the namespace's block device; disconnects and unloads."""
     vm = _now(guest)
     vm.setup(f"modprobe nvme_{target.transport}\nnvme connect -t {target.transport} -a {target.vm.address} "
-             f"-s {PORT} -n {shlex.quote(target.nqn)}", f"nvme connect ({target.transport})", timeout=timeout)
+             f"-s {PORT} -n {shlex.quote(target.nqn)}", f"nvme connect ({target.transport})", timeout=timeout,
+             peers=[target.vm])
     try:
         device = _namespace(vm, target.nqn, timeout)
         log.info("%s: %s is %s of %s over %s", vm.name, device, target.nqn, target.vm.name, target.transport)

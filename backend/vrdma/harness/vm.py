@@ -401,16 +401,24 @@ class Vm(Managed):
         """Run a shell script in the guest."""
         return self.run(["/bin/sh", "-c", script], timeout=timeout)
 
-    def setup(self, script: str, what: str, timeout: float = 120.0) -> str:
+    def setup(self, script: str, what: str, timeout: float = 120.0, peers: Sequence[Vm] = ()) -> str:
         """Run a set-up or tear-down script in the guest, stopping at its first failing command (sh -e); its output,
         or AgentError with the output and the tail of the guest's kernel log, which says why a module or a mount
-        refused."""
+        refused, and of each of ``peers``' (the other end of a connection the script makes: a target that did not
+        answer says why in its own log)."""
         result = self.run(["/bin/sh", "-ec", script], timeout=timeout)
         if result.exit_status != 0:
-            dmesg = self.run(["dmesg"]).stdout.splitlines()[-30:]
+            logs = "".join(f"\n{vm.name}'s kernel log:\n{vm.kernel_log_tail()}" for vm in (self, *peers))
             raise AgentError(f"{what} in {self.name} failed (exit {result.exit_status}):\n{result.stdout}"
-                             f"{result.stderr}\nkernel log:\n" + "\n".join(dmesg))
+                             f"{result.stderr}{logs}")
         return result.stdout
+
+    def kernel_log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the guest's kernel log (or why they could not be read)."""
+        try:
+            return "\n".join(self.run(["dmesg"], timeout=30.0).stdout.splitlines()[-lines:])
+        except (VmError, AgentError) as err:
+            return f"(unreadable: {err})"
 
     # -- persistence for `vrdma vm` ---------------------------------------------------------------------------
 
