@@ -25,10 +25,12 @@ def _libvhost_user_available() -> bool:
         return False
 
 
-# The device API (the layouts the backend loads) and the user ABI (the driver tests hold it to the driver).
+# The device API and the container channel (the layouts the backend loads), and the user ABI (the driver tests hold
+# the driver to it).
 ABI_HEADERS = [Path("guest-driver") / "include" / "vrdma_dev_api.h",
                Path("guest-driver") / "include" / "vrdma_dev_ring.h",
                Path("guest-driver") / "include" / "vrdma_dev_cmd.h",
+               Path("guest-driver") / "include" / "vrdma_channel.h",
                Path("guest-driver") / "include" / "uapi" / "rdma" / "vrdma-abi.h"]
 
 

@@ -11,6 +11,10 @@ One JSON object per line in each direction over a unix stream socket; each conne
     {"command": "vm-remove", "name": "vm2"}        -> {"ok": true}
     {"command": "vm-qos", "name": "vm0", "weight": 300, "bytes-per-s": "1G"}
                                                    -> {"ok": true, "qos": {"weight": 300, ..., "throttled_ns": ...}}
+    {"command": "container-add", "name": "c0", "socket-path": "/run/vrdma/c0.sock", "address": "10.0.0.5",
+     "max-processes": 8, "qos": {...}}             -> {"ok": true, "container": {"name": "c0", ...}}
+    {"command": "container-list"}                  -> {"ok": true, "containers": [{"name": "c0", "processes": ...}]}
+    {"command": "container-remove", "name": "c0"}  -> {"ok": true}
     {"command": "upgrade"}                         -> {"ok": true, "pid": 4242}   (the new backend, starting)
     {"command": "status"}                          -> {"ok": true, "pid": 4242, "serving": ["vm0"],
                                                        "upgrade": {"state": "took over", "pause_ms": ...} or null}
@@ -36,7 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from vrdma.daemon.config import EndpointSpec, vm_spec
+from vrdma.daemon.config import DEFAULT_MAX_PROCESSES, ContainerSpec, EndpointSpec, container_spec, vm_spec
 from vrdma.device.device import RdmaDevice
 from vrdma.device.qos import KEYS as QOS_KEYS
 from vrdma.errors import VrdmaError
@@ -57,6 +61,10 @@ class Served(Protocol):
     def describe(self) -> dict[str, object]: ...
 
 
+class Described(Protocol):
+    def describe(self) -> dict[str, object]: ...
+
+
 class VmRegistry(Protocol):
     """The backend, as the admin socket sees it: the VMs it serves, and adding or removing one."""
 
@@ -65,6 +73,10 @@ class VmRegistry(Protocol):
     def served(self) -> Mapping[str, Served]: ...
     def add_vm(self, spec: EndpointSpec) -> Served: ...
     def remove_vm(self, name: str) -> None: ...
+    @property
+    def containers(self) -> Mapping[str, Described]: ...
+    def add_container(self, spec: ContainerSpec) -> Described: ...
+    def remove_container(self, name: str) -> None: ...
     def begin_upgrade(self) -> dict[str, Any]: ...
     def status(self) -> dict[str, Any]: ...
 
@@ -168,6 +180,25 @@ class AdminSocket:
             log.info("%s: QoS now %s", name, vm.rdma.qos.as_table())
         return {"ok": True, "qos": {**vm.rdma.qos.as_table(), **vm.rdma.qos_counters()}}
 
+    def _container_add(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, {"name", "socket-path", "address", "qos", "max-processes"},
+                required={"name", "socket-path", "address"})
+        spec = container_spec(request["name"], request["socket-path"], request["address"], qos=request.get("qos"),
+                              max_processes=request.get("max-processes", DEFAULT_MAX_PROCESSES),
+                              what="container-add")
+        return {"ok": True, "container": self.backend.add_container(spec).describe()}
+
+    def _container_remove(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, {"name"}, required={"name"})
+        if not isinstance(request["name"], str):
+            return {"ok": False, "error": f"container-remove: name must be a string, not {request['name']!r}"}
+        self.backend.remove_container(request["name"])
+        return {"ok": True}
+
+    def _container_list(self, request: dict[str, Any]) -> dict[str, Any]:
+        _fields(request, set())
+        return {"ok": True, "containers": [c.describe() for _, c in sorted(self.backend.containers.items())]}
+
     def _upgrade(self, request: dict[str, Any]) -> dict[str, Any]:
         _fields(request, set())
         return {"ok": True, **self.backend.begin_upgrade()}
@@ -178,6 +209,7 @@ class AdminSocket:
 
     COMMANDS: ClassVar[dict[str, Callable[[AdminSocket, dict[str, Any]], dict[str, Any]]]] = {
         "counters": _counters, "vm-add": _vm_add, "vm-list": _vm_list, "vm-qos": _vm_qos, "vm-remove": _vm_remove,
+        "container-add": _container_add, "container-list": _container_list, "container-remove": _container_remove,
         "upgrade": _upgrade, "status": _status}
 
     def close(self) -> None:

@@ -27,13 +27,14 @@ the file and the key, and nothing starts.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vrdma.device.qos import Qos, QosError
+from vrdma.device.qos import EQUAL_SHARE, Qos, QosError
 from vrdma.errors import VrdmaError
 
 # Where the service's backend answers `vrdma admin` (the systemd unit's RuntimeDirectory).
@@ -45,6 +46,8 @@ MAX_VMS_LIMIT = 1024
 DEFAULT_ENGINE_THREADS = 1
 MAX_ENGINE_THREADS = 64  # VRE_MAX_THREADS
 # A VM name is part of file names (NAME.doorbell), log lines and metric labels.
+DEFAULT_MAX_PROCESSES = 8  # a container's processes served at once (each its own user context)
+MAX_PROCESSES = 64
 VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 UNIX_PATH_MAX = 107
 
@@ -143,28 +146,68 @@ def vm_spec(name: object, socket_path: object, *, mac: object = None, doorbell: 
     ``doorbell_dir``, or beside the socket. ``qos``: a table of QoS settings (weight, bytes-per-s, ...)."""
     name = check_vm_name(name, what)
     what = f"{what} {name}"
-
-    def path_of(value: object, key: str) -> Path:
-        if not isinstance(value, str) or not value or "\0" in value:
-            raise ConfigError(f"{what}: {key} must be a non-empty path, not {value!r}")
-        path = Path(value)
-        if not path.is_absolute():
-            if base is None:
-                raise ConfigError(f"{what}: {key} {value!r} must be an absolute path")
-            path = base / path
-        return path
-
-    listen = check_socket_path(path_of(socket_path, "socket-path"), what)
-    doorbell_path = (path_of(doorbell, "doorbell") if doorbell is not None
+    listen = check_socket_path(_path(socket_path, "socket-path", what, base), what)
+    doorbell_path = (_path(doorbell, "doorbell", what, base) if doorbell is not None
                      else (doorbell_dir or listen.parent) / f"{name}.doorbell")
+    return EndpointSpec(name=name, socket_path=listen, doorbell_path=doorbell_path,
+                        mac=parse_mac(mac, f"{what}: mac") if mac is not None else bytes(6),
+                        qos=_qos(qos, what))
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A container as ``vrdma admin container add`` declares it (vrdma.daemon.container)."""
+
+    name: str
+    socket_path: Path     # where the backend listens; bind-mounted into the container
+    address: str          # the container's IP address: its device's GID
+    qos: Qos = EQUAL_SHARE
+    max_processes: int = DEFAULT_MAX_PROCESSES
+
+    @property
+    def gid(self) -> bytes:
+        """The RoCE v2 GID of the address (IPv4: mapped into IPv6)."""
+        ip = ipaddress.ip_address(self.address)
+        return (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip).packed
+
+
+def container_spec(name: object, socket_path: object, address: object, *, qos: object = None,
+                   max_processes: object = DEFAULT_MAX_PROCESSES, what: str = "container") -> ContainerSpec:
+    """One container's declaration checked (paths absolute, as over the admin socket)."""
+    name = check_vm_name(name, what)
+    what = f"{what} {name}"
+    listen = check_socket_path(_path(socket_path, "socket-path", what, None), what)
+    try:
+        ip = ipaddress.ip_address(address if isinstance(address, str) else "")
+    except ValueError:
+        raise ConfigError(f"{what}: address must be an IP address, not {address!r}") from None
+    if ip.is_unspecified or ip.is_multicast or ip.is_loopback:
+        raise ConfigError(f"{what}: address {ip} cannot name a device (unspecified, multicast or loopback)")
+    if not isinstance(max_processes, int) or isinstance(max_processes, bool) \
+            or not 1 <= max_processes <= MAX_PROCESSES:
+        raise ConfigError(f"{what}: max-processes must be a number from 1 to {MAX_PROCESSES}, not {max_processes!r}")
+    return ContainerSpec(name, listen, str(ip), _qos(qos, what), max_processes)
+
+
+def _path(value: object, key: str, what: str, base: Path | None) -> Path:
+    """A path a declaration names: relative to ``base`` (None: it must be absolute)."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ConfigError(f"{what}: {key} must be a non-empty path, not {value!r}")
+    path = Path(value)
+    if not path.is_absolute():
+        if base is None:
+            raise ConfigError(f"{what}: {key} {value!r} must be an absolute path")
+        path = base / path
+    return path
+
+
+def _qos(qos: object, what: str) -> Qos:
     if qos is not None and not isinstance(qos, dict):
         raise ConfigError(f"{what}: qos must be a table (weight = ..., bytes-per-s = ...), not {qos!r}")
     try:
-        settings = Qos().changed(qos or {}, f"{what}: qos")
+        return Qos().changed(qos or {}, f"{what}: qos")
     except QosError as err:
         raise ConfigError(str(err)) from None
-    return EndpointSpec(name=name, socket_path=listen, doorbell_path=doorbell_path,
-                        mac=parse_mac(mac, f"{what}: mac") if mac is not None else bytes(6), qos=settings)
 
 
 # The file's keys: top level, and each [vm.NAME] table.

@@ -11,6 +11,7 @@ removes it on exit. Whoever created the VM's run directory removes it with the V
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -26,16 +27,24 @@ class DoorbellRegion:
     gives the same inode its size back and maps it again at the same address (the data engine holds that address).
     """
 
-    def __init__(self, path: Path, size: int, handed_over: int | None = None) -> None:
+    def __init__(self, path: Path | None, size: int, handed_over: int | None = None) -> None:
         """``handed_over``: the region's file, open already (a backend upgrade: the one the guest has mapped, which
-        must be a region of this size with its header; the path is only its name)."""
+        must be a region of this size with its header; the path is only its name). No ``path``: a region no file
+        names (a container's, whose processes are given its descriptor), sealed at its size: a process that maps
+        it can neither shrink it under the engine nor grow it."""
         if size <= 0 or size & (size - 1):
             raise ValueError(f"ivshmem needs a power-of-two region size, not {size}")
-        self.path = path
         self.size = size
-        # O_NOFOLLOW: the run directory is shared with QEMU, which must not point the backend at another file.
-        self.fd = handed_over if handed_over is not None else \
-            os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        if handed_over is not None:
+            self.fd = handed_over
+        elif path is None:
+            self.fd = os.memfd_create("vrdma-doorbells", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(self.fd, size)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        else:
+            # O_NOFOLLOW: the run directory is shared with QEMU, which must not point the backend at another file.
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self.path = path if path is not None else Path(f"/proc/{os.getpid()}/fd/{self.fd}")  # (a memfd's name)
         try:
             if os.fstat(self.fd).st_size != size:
                 os.ftruncate(self.fd, size)
@@ -67,7 +76,8 @@ class DoorbellRegion:
         self.map[:len(header)] = header
 
     def restore(self) -> None:
-        """After a truncation: the file gets its size back (zero-filled) and is mapped again where it was."""
+        """After a truncation: the file gets its size back (zero-filled) and is mapped again where it was (a sealed
+        region cannot be truncated)."""
         from vrdma.faultguard import remap_shared
 
         os.ftruncate(self.fd, self.size)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from vrdma.daemon import upgrade
 from vrdma.daemon.admin import AdminCommand, AdminSocket
-from vrdma.daemon.config import DEFAULT_MAX_VMS, EndpointSpec
+from vrdma.daemon.config import DEFAULT_MAX_VMS, ContainerSpec, EndpointSpec
+from vrdma.daemon.container import ContainerEndpoint
 from vrdma.daemon.endpoint import BackendError, VmEndpoint
 from vrdma.daemon.notify import Notifier
 from vrdma.daemon.roce import ROCE_PORT, RoceSockets, open_sockets
@@ -69,6 +70,7 @@ class Backend:
         self.fabric = Fabric(self.engine, max_vms + MIGRATION_SLOTS)
         self._engine_events = -1
         self.endpoints: dict[str, VmEndpoint] = {}
+        self.containers: dict[str, ContainerEndpoint] = {}  # they share the VMs' slots (--max-vms)
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.stopping = False
         # From here on, not only in run(): a SIGTERM between READY (or a take-over) and the loop's first turn must
@@ -201,8 +203,7 @@ class Backend:
                 raise BackendError(f"{spec.name}: socket {spec.socket_path} is VM {other.name}'s")
             if other.doorbell_path == spec.doorbell_path:
                 raise BackendError(f"{spec.name}: doorbell region {spec.doorbell_path} is VM {other.name}'s")
-        if len(self.endpoints) >= self.max_vms:
-            raise BackendError(f"cannot serve {spec.name}: all {self.max_vms} VM slots are in use (--max-vms)")
+        self._check_slot(spec.name)
         endpoint = VmEndpoint(spec, self.loop, self.fabric, self.guard)
         self.endpoints[spec.name] = endpoint
         self.notifier.status(self.status_line())
@@ -217,6 +218,34 @@ class Backend:
             raise BackendError(f"no VM named {name!r} is served (served: {served})")
         endpoint.close("removed through the admin socket")
         log.info("%s: removed", name)
+        self.notifier.status(self.status_line())
+
+    def _check_slot(self, name: str) -> None:
+        if name in self.endpoints or name in self.containers:
+            raise BackendError(f"a VM or container named {name} is already served")
+        if len(self.endpoints) + len(self.containers) >= self.max_vms:
+            raise BackendError(f"cannot serve {name}: all {self.max_vms} VM slots are in use (--max-vms), "
+                               "containers' included")
+
+    def add_container(self, spec: ContainerSpec) -> ContainerEndpoint:
+        """Serve a container (vrdma.daemon.container): its socket listens when this returns. Refused, with the
+        reason, when its name or socket is taken or every slot is; nothing else changes then."""
+        self._check_slot(spec.name)
+        for other in self.containers.values():
+            if other.spec.socket_path == spec.socket_path:
+                raise BackendError(f"{spec.name}: socket {spec.socket_path} is container {other.name}'s")
+        endpoint = ContainerEndpoint(spec, self.loop, self.fabric)
+        self.containers[spec.name] = endpoint
+        self.notifier.status(self.status_line())
+        return endpoint
+
+    def remove_container(self, name: str) -> None:
+        """Stop serving a container: its processes' connections close and every object they made is freed."""
+        endpoint = self.containers.pop(name, None)
+        if endpoint is None:
+            raise BackendError(f"no container named {name!r} is served (served: "
+                               f"{', '.join(sorted(self.containers)) or 'none'})")
+        endpoint.close("removed through the admin socket")
         self.notifier.status(self.status_line())
 
     def status_line(self) -> str:
@@ -315,6 +344,9 @@ class Backend:
         for endpoint in self.endpoints.values():
             endpoint.close("the backend is stopping")
         self.endpoints = {}
+        for container in self.containers.values():
+            container.close("the backend is stopping")
+        self.containers = {}
         if self.roce is not None:
             self.engine.attach_network([], -1)
             self.roce.close()

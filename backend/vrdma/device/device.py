@@ -32,6 +32,7 @@ FW_VERSION = 1
 DOORBELL_PAGE = abi.const("VRDMA_DOORBELL_PAGE_SIZE")
 DB_SLOT_ALIVE = abi.const("VRDMA_DB_SLOT_ALIVE")
 ALIVE_WORD = struct.Struct("<I")
+ALL_ADDRESSES = (1 << 64) - 1  # the last device address: a page window of the whole memory table
 # A hook a test installs to spoil responses on purpose (vrdma.testing.faults): it sees every response.
 ResponseFilter = Callable[[bytes], bytes]
 
@@ -159,9 +160,18 @@ class RdmaDevice:
 
     # -- commands, memory and counters --------------------------------------------------------------------
 
-    def execute(self, request: bytes, capacity: int) -> bytes:
-        """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits."""
-        response = commands.execute(self.objects, self.command_counters, self.name, request, capacity)
+    def execute(self, request: bytes, capacity: int, page_window: tuple[int, int] | None = None) -> bytes:
+        """Run one command; return the response bytes (at most ``capacity``). ResponseTooSmall if none fits.
+        ``page_window``: the device addresses [lo, hi] its page lists may name (a user context that no kernel
+        stands between, vrdma.device.scope: its own memory only); by default the whole memory table."""
+        if page_window is None:
+            response = commands.execute(self.objects, self.command_counters, self.name, request, capacity)
+        else:
+            self.seat.engine.set_page_window(self.engine_index, *page_window)
+            try:
+                response = commands.execute(self.objects, self.command_counters, self.name, request, capacity)
+            finally:
+                self.seat.engine.set_page_window(self.engine_index, 0, ALL_ADDRESSES)
         return response if self.response_filter is None else self.response_filter(response)
 
     def set_memory(self, regions: list[tuple[int, int, int]]) -> None:

@@ -110,6 +110,7 @@ int vre_device_open(struct vre_engine *e, uint32_t dev, const struct vre_device_
 	}
 	d->gsi = -1;
 	d->wake_fd = -1;
+	d->window_hi = UINT64_MAX;
 	d->share.weight = VRE_DEFAULT_WEIGHT;
 	/* Under every lock (vre_lock): a thread looking for its devices reads these without one. */
 	__atomic_store_n(&d->owner, vre_new_owner(e, dev), __ATOMIC_RELEASE);
@@ -256,6 +257,20 @@ int vre_device_wake_fd(struct vre_engine *e, uint32_t dev, int fd)
 		close(d->wake_fd);
 	d->wake_fd = copy;
 	vre_kick(e, dev);  /* its thread, if parked, watches the new one from its next sleep on */
+	return 0;
+}
+
+int vre_device_page_window(struct vre_engine *e, uint32_t dev, uint64_t lo, uint64_t hi)
+{
+	struct vre_device *d = vre_dev(e, dev);
+
+	if (!d)
+		return vre_fail(e, ENODEV, "device %u is not open", dev);
+	if (lo > hi)
+		return vre_fail(e, EINVAL, "page window [%#llx, %#llx] is empty", (unsigned long long)lo,
+				(unsigned long long)hi);
+	d->window_lo = lo;
+	d->window_hi = hi;
 	return 0;
 }
 

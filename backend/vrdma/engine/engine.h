@@ -402,6 +402,10 @@ int vre_thread_stats(struct vre_engine *e, uint32_t thread, struct vre_thread_st
 /* The eventfd the guest's wake-up kicks arrive on for device `dev` (the wake queue's, read by its owner: never read
  * here), or -1: a parked thread that runs the device watches a duplicate of it, so a guest wakes it in one hop. */
 int vre_device_wake_fd(struct vre_engine *e, uint32_t dev, int fd);
+/* The device addresses page lists may name from now on, [lo, hi] (0, UINT64_MAX when a device opens): a list, and
+ * every page it names, outside them is refused as a page outside guest RAM is. The container channel narrows it to
+ * one process's memory around that process's commands (daemon/container.py). */
+int vre_device_page_window(struct vre_engine *e, uint32_t dev, uint64_t lo, uint64_t hi);
 /* The engine thread that runs device `dev`, or -1. */
 int vre_device_owner(struct vre_engine *e, uint32_t dev);
 

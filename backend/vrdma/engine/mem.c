@@ -32,6 +32,14 @@ static uint8_t *gpa_page(struct vre_device *d, uint64_t gpa)
 	return gpa & (PAGE_SIZE - 1) ? NULL : gpa_range(d, gpa, PAGE_SIZE);
 }
 
+/* gpa_page of a page a command's page list names (or holds the list): inside the device's page window too. */
+static uint8_t *listed_page(struct vre_device *d, uint64_t gpa)
+{
+	if (gpa < d->window_lo || gpa > d->window_hi || d->window_hi - gpa < PAGE_SIZE - 1)
+		return NULL;
+	return gpa_page(d, gpa);
+}
+
 static void mem_free(struct vre_mem *m)
 {
 	free(m->gpa);
@@ -64,7 +72,7 @@ VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 	if (desc->levels == 1 ? n > VRDMA_PBL_ENTRIES :
 	    desc->levels == 2 ? n > VRDMA_PBL_ENTRIES * VRDMA_PBL_ENTRIES : true)
 		return vre_fail(e, EINVAL, "page list of %u pages cannot have %u levels", n, desc->levels);
-	const uint64_t *dir = (const uint64_t *)gpa_page(d, desc->addr);
+	const uint64_t *dir = (const uint64_t *)listed_page(d, desc->addr);
 	if (!dir)
 		return vre_fail(e, EFAULT, "page list at %#llx is not in guest RAM", (unsigned long long)desc->addr);
 	m->gpa = calloc(n, sizeof(*m->gpa));
@@ -81,7 +89,7 @@ VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 			} else {
 				uint64_t list_gpa = __atomic_load_n(&dir[i / VRDMA_PBL_ENTRIES], __ATOMIC_RELAXED);
 
-				list = (const uint64_t *)gpa_page(d, list_gpa);
+				list = (const uint64_t *)listed_page(d, list_gpa);
 				if (!list) {
 					mem_free(m);
 					return vre_fail(e, EFAULT, "page-list page %u at %#llx is not in guest RAM",
@@ -92,7 +100,7 @@ VRE_FN int mem_load(struct vre_engine *e, struct vre_device *d, const struct vre
 		uint64_t gpa = __atomic_load_n(&list[i % VRDMA_PBL_ENTRIES], __ATOMIC_RELAXED);
 
 		m->gpa[i] = gpa;
-		m->hva[i] = gpa_page(d, gpa);
+		m->hva[i] = listed_page(d, gpa);
 		if (!m->hva[i]) {
 			mem_free(m);
 			return vre_fail(e, EFAULT, "page %u at %#llx is not a page of guest RAM", i,

@@ -178,6 +178,10 @@ class Engine:
     def set_dirty_log(self, dev: int, address: int, size: int) -> None:
         self._check(lib.vre_device_set_log(self._e, dev, address, size))
 
+    def set_page_window(self, dev: int, lo: int, hi: int) -> None:
+        """The device addresses page lists may name, [lo, hi]: (0, 2**64 - 1) is all of the memory table."""
+        self._check(lib.vre_device_page_window(self._e, dev, lo, hi))
+
     def set_wake_fd(self, dev: int, fd: int) -> None:
         """Device ``dev``'s wake-up eventfd (its guest's wake queue's kick, -1: none): the parked thread that runs it
         watches a duplicate (never reads it)."""

@@ -46,7 +46,7 @@
 #define PAGE_SIZE VRDMA_PAGE_SIZE
 #define PAGE_SHIFT VRDMA_PAGE_SHIFT
 #define EVENT_RING 4096
-#define MAX_REGIONS 64
+#define MAX_REGIONS 256
 #define RNR_INFINITE 7
 #define MAX_WQE_SGES (VRDMA_PAGE_SIZE / sizeof(struct vrdma_sge))
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
@@ -227,6 +227,9 @@ struct vre_device {
 	uint64_t *db_pages_used;  /* bitmap: pages some queue took a slot of (their parked slot is kept) */
 	struct vre_region regions[MAX_REGIONS];
 	uint32_t nregions;
+	/* The device addresses the page lists of the command being run may name, [lo, hi] (vre_device_page_window):
+	 * one user context's share of the memory table (a container's process), or all of it. */
+	uint64_t window_lo, window_hi;
 	struct vre_dirty_log log;
 	struct vre_mr **mrs;
 	struct vre_cq **cqs;

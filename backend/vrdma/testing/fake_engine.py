@@ -99,6 +99,10 @@ class FakeEngine:
     def set_wake_fd(self, dev: int, fd: int) -> None:
         self.wake_fds[dev] = fd
 
+    def set_page_window(self, dev: int, lo: int, hi: int) -> None:
+        if lo > hi:
+            raise EngineError(f"page window [{lo:#x}, {hi:#x}] is empty", errnos.EINVAL)
+
     def set_dirty_log(self, dev: int, address: int, size: int) -> None:
         if (address == 0) != (size == 0):
             raise EngineError(f"a dirty log of {size} bytes at {address:#x}", errnos.EINVAL)

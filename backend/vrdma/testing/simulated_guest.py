@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from vrdma.device import abi
 from vrdma.device.rings import CQE, PAGE, PBL_ENTRIES, RECV_WQE, SEND_WQE, SGE
-from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError, GuestMemory
+from vrdma.testing.frontend import SENTINEL, Frontend, FrontendError
 
 # The ring layouts are the device's (vrdma.device.rings): this driver lays rings out as the device reads them.
 PBL = PBL_ENTRIES
@@ -121,11 +121,20 @@ class SimQp:
     rq: SimRing  # depth 0 when the QP receives from an SRQ
 
 
+class Memory(Protocol):
+    """Memory the device reaches, by its addresses (a guest's RAM; a container process's shared memfd)."""
+
+    def alloc(self, size: int, align: int = 16) -> int: ...
+    def read(self, address: int, length: int) -> bytes: ...
+    def write(self, address: int, data: bytes) -> None: ...
+
+
 class DevicePort(Protocol):
     """How a simulated driver reaches its device: guest memory, the control queue, the wake-up kick. A vhost-user
     Frontend is one (a backend process); vrdma.testing.inprocess.LocalPort another (a device model in process)."""
 
-    memory: GuestMemory
+    @property
+    def memory(self) -> Memory: ...
 
     def command(self, request: bytes, response_size: int) -> bytes: ...
     def wake(self) -> None: ...
@@ -136,7 +145,10 @@ class SimVerbs:
     doorbell page 1 and whose work requests may use the local DMA lkey. ``doorbells``: the doorbell region's file
     (a backend process's), or the region itself (a device in process)."""
 
-    def __init__(self, fe: DevicePort, doorbells: Path | mmap.mmap, kernel: bool = False) -> None:
+    def __init__(self, fe: DevicePort, doorbells: Path | mmap.mmap, kernel: bool = False,
+                 context: tuple[int, int] | None = None) -> None:
+        """``context``: the user context (handle, first doorbell page) a transport gave already (a container's
+        process is given one when it connects)."""
         self.fe = fe
         self.memory = fe.memory
         self.seq = 0
@@ -147,6 +159,8 @@ class SimVerbs:
                 self.doorbells = mmap.mmap(fd.fileno(), 0)
         if kernel:
             self.ucontext, self.doorbell_page = 0, abi.const("VRDMA_KERNEL_DOORBELL_PAGE")
+        elif context is not None:
+            self.ucontext, self.doorbell_page = context
         else:
             resp = self.call("VRDMA_CMD_ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext", "vrdma_resp_alloc_ucontext")
             self.ucontext = int(resp.handle)

@@ -1,0 +1,189 @@
+"""Containers on the backend's device (docs/containers.md): a host process on the container channel, played by
+vrdma.testing.container_client, moves data to and from a simulated VM and another container through the engine,
+is kept to its own objects and memory, and leaves nothing behind however it goes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from backend_process import GID, BackendProcess, SimSide, start_side, wait_cqes
+from polling import wait_until
+
+from vrdma.device import abi
+from vrdma.testing.container_client import ContainerProcess
+from vrdma.testing.simulated_guest import CommandError
+
+pytestmark = pytest.mark.backend
+
+WR_WRITE, WR_SEND = abi.const("VRDMA_WR_RDMA_WRITE"), abi.const("VRDMA_WR_SEND")
+SUCCESS = abi.const("VRDMA_WC_SUCCESS")
+ADDRESS = {"c0": "169.254.100.11", "c1": "169.254.100.12"}
+CGID = {name: bytes.fromhex("00000000000000000000ffff") + bytes(int(x) for x in ip.split("."))
+        for name, ip in ADDRESS.items()}
+INVALID = abi.const("VRDMA_STATUS_INVALID")
+
+
+def add_container(backend: BackendProcess, name: str, **fields: Any) -> Path:
+    path = backend.directory / f"{name}.sock"
+    reply = backend.admin_ask("container-add", name=name, address=ADDRESS[name], **{"socket-path": str(path)},
+                              **fields)
+    assert reply["ok"], reply
+    return path
+
+
+def container_side(process: ContainerProcess, mr_size: int = 64 << 10) -> SimSide:
+    verbs = process.verbs
+    pd = verbs.alloc_pd()
+    cq = verbs.create_cq(64)
+    qp = verbs.create_qp(pd, cq, cq)
+    return SimSide(verbs, pd, cq, qp, verbs.reg_mr(pd, mr_size))
+
+
+def processes(backend: BackendProcess, name: str) -> list[dict[str, Any]]:
+    reply = backend.admin_ask("container-list")
+    assert reply["ok"], reply
+    (container,) = [c for c in reply["containers"] if c["name"] == name]
+    return container["processes"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def c0(backend: BackendProcess) -> Iterator[ContainerProcess]:
+    with ContainerProcess(add_container(backend, "c0")) as process:
+        yield process
+
+
+def write_and_check(src: SimSide, dst: SimSide, dst_gid: bytes, src_gid: bytes, size: int = 40000) -> None:
+    payload = os.urandom(size)
+    src.verbs.memory.write(src.mr.addr, payload)
+    src.verbs.post_send(src.qp, WR_WRITE, [(src.mr.addr, size, src.mr.lkey)], wr_id=11, remote_addr=dst.mr.addr,
+                        rkey=dst.mr.rkey)
+    (done,) = wait_cqes(src.verbs, src.cq, 1)
+    assert done.status == SUCCESS, done
+    assert dst.verbs.memory.read(dst.mr.addr, size) == payload
+
+
+def test_a_container_and_a_vm_write_into_each_other(backend: BackendProcess, c0: ContainerProcess) -> None:
+    with backend.frontend("vm0") as fe:
+        vm = start_side(fe, backend, "vm0", GID["vm0"], 64 << 10)
+        box = container_side(c0)
+        vm.verbs.connect(vm.qp, box.qp.qpn, CGID["c0"])
+        box.verbs.connect(box.qp, vm.qp.qpn, GID["vm0"])
+        write_and_check(box, vm, GID["vm0"], CGID["c0"])
+        write_and_check(vm, box, CGID["c0"], GID["vm0"])
+        # A SEND from the VM lands in the container's posted receive.
+        box.verbs.post_recv(box.qp, [(box.mr.addr, 4096, box.mr.lkey)], wr_id=5)
+        vm.verbs.memory.write(vm.mr.addr, b"hello, container")
+        vm.verbs.post_send(vm.qp, WR_SEND, [(vm.mr.addr, 16, vm.mr.lkey)], wr_id=6)
+        (received,) = wait_cqes(box.verbs, box.cq, 1)
+        assert (received.status, received.wr_id, received.byte_len) == (SUCCESS, 5, 16)
+        assert box.verbs.memory.read(box.mr.addr, 16) == b"hello, container"
+    assert processes(backend, "c0")[0]["objects"] == {"pd": 1, "mr": 1, "mw": 0, "cq": 1, "srq": 0, "qp": 1, "ah": 0}
+
+
+def test_two_containers_write_into_each_other(backend: BackendProcess, c0: ContainerProcess) -> None:
+    with ContainerProcess(add_container(backend, "c1")) as c1:
+        a, b = container_side(c0), container_side(c1)
+        a.verbs.connect(a.qp, b.qp.qpn, CGID["c1"])
+        b.verbs.connect(b.qp, a.qp.qpn, CGID["c0"])
+        write_and_check(a, b, CGID["c1"], CGID["c0"], size=1 << 16)
+        write_and_check(b, a, CGID["c0"], CGID["c1"], size=1 << 16)
+
+
+def test_a_process_names_only_its_own_objects_and_memory(backend: BackendProcess, c0: ContainerProcess) -> None:
+    """Two processes of one container: the second can neither use nor free the first's objects, nor register the
+    first's memory; what a kernel alone makes or changes is refused; the first's objects work on."""
+    first = container_side(c0)
+    with ContainerProcess(backend.directory / "c0.sock") as other:
+        verbs = other.verbs
+        mine = verbs.alloc_pd()
+        refused = {
+            "a QP on the first's PD and CQ": lambda: verbs.create_qp(first.pd, first.cq, first.cq),
+            "an MR on the first's PD": lambda: verbs.reg_mr(first.pd, 4096),
+            "freeing the first's QP": lambda: verbs.call("VRDMA_CMD_DESTROY_QP", "vrdma_cmd_destroy",
+                                                         "vrdma_resp_hdr", handle=first.qp.handle),
+            "moving the first's QP": lambda: verbs.modify_qp(first.qp, abi.const("VRDMA_QP_STATE"), qp_state=6),
+            "a PD of the first's context": lambda: verbs.call("VRDMA_CMD_ALLOC_PD", "vrdma_cmd_alloc_pd",
+                                                              "vrdma_resp_alloc_pd", ucontext=c0.verbs.ucontext),
+            "the first's memory in its own MR": lambda: verbs.reg_mr(mine, first.mr.buf.size, buf=first.mr.buf),
+            "a user context": lambda: verbs.call("VRDMA_CMD_ALLOC_UCONTEXT", "vrdma_cmd_alloc_ucontext",
+                                                 "vrdma_resp_alloc_ucontext"),
+            "a GID": lambda: verbs.add_gid(1, bytes(16)),
+            "a fast-registration MR": lambda: verbs.alloc_mr(mine, 4),
+        }
+        for what, attempt in refused.items():
+            with pytest.raises(CommandError) as err:
+                attempt()
+            assert err.value.status == INVALID, what
+        second = container_side(other)
+        first.verbs.connect(first.qp, second.qp.qpn, CGID["c0"])
+        second.verbs.connect(second.qp, first.qp.qpn, CGID["c0"])
+        write_and_check(first, second, CGID["c0"], CGID["c0"])
+    log = backend.log_text()
+    assert "pd 1 is no pd of the process's" in log or "is no pd of the process's" in log, log[-3000:]
+    assert "is not a page of guest RAM" in log, log[-3000:]
+
+
+def _killed_process_script(socket_path: Path) -> str:
+    return textwrap.dedent(f"""
+        import sys, time
+        from vrdma.testing.container_client import ContainerProcess
+        process = ContainerProcess({str(socket_path)!r})
+        v = process.verbs
+        pd = v.alloc_pd()
+        cq = v.create_cq(64)
+        qps = [v.create_qp(pd, cq, cq) for _ in range(4)]
+        mrs = [v.reg_mr(pd, 1 << 16) for _ in range(3)]
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+
+
+def test_kill_9_of_a_process_frees_everything_it_made(backend: BackendProcess, c0: ContainerProcess) -> None:
+    survivor = container_side(c0)
+    path = backend.directory / "c0.sock"
+    child = subprocess.Popen([sys.executable, "-c", _killed_process_script(path)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        (victim,) = [p for p in processes(backend, "c0") if p["pid"] == child.pid]
+        assert victim["objects"]["qp"] == 4 and victim["objects"]["mr"] == 3 and victim["regions"] == 1
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    wait_until("the killed process's objects freed within a second",
+               lambda: [p["pid"] for p in processes(backend, "c0")] == [os.getpid()], timeout=1.0, interval=0.02)
+    # The survivor's objects work on.
+    survivor.verbs.connect(survivor.qp, survivor.qp.qpn, CGID["c0"])
+    write_and_check(survivor, survivor, CGID["c0"], CGID["c0"], size=4096)
+
+
+def test_container_admin_refusals(backend: BackendProcess) -> None:
+    path = str(backend.directory / "cx.sock")
+    for fields, error in [
+        ({"name": "c0", "socket-path": path, "address": "not-an-ip"}, "must be an IP address"),
+        ({"name": "c0", "socket-path": path, "address": "0.0.0.0"}, "cannot name a device"),
+        ({"name": "c0", "socket-path": "relative.sock", "address": "10.1.1.1"}, "must be an absolute path"),
+        ({"name": "c0", "socket-path": path, "address": "10.1.1.1", "max-processes": 0}, "max-processes"),
+        ({"name": "vm0", "socket-path": path, "address": "10.1.1.1"}, "already served"),
+        ({"name": "c0", "socket-path": path, "address": "10.1.1.1", "bogus": 1}, "bogus"),
+    ]:
+        reply = backend.admin_ask("container-add", **fields)
+        assert not reply["ok"] and error in reply["error"], (fields, reply)
+    assert backend.admin_ask("container-list") == {"ok": True, "containers": []}
+    assert "no container named" in backend.admin_ask("container-remove", name="c9")["error"]
+
+
+def test_a_removed_container_closes_its_processes(backend: BackendProcess, c0: ContainerProcess) -> None:
+    container_side(c0)
+    assert backend.admin_ask("container-remove", name="c0")["ok"]
+    assert not (backend.directory / "c0.sock").exists()
+    with pytest.raises(Exception, match="closed the channel"):
+        c0.receive()
