@@ -143,6 +143,17 @@ def _cmd_admin(args: argparse.Namespace) -> int:
                 request["mac"] = args.mac
             if args.doorbell:
                 request["doorbell"] = str(Path(args.doorbell).absolute())
+    elif args.admin_command == "container":
+        request["command"] = f"container-{args.container_action}"
+        if args.container_action in ("add", "remove"):
+            request["name"] = args.name
+        if args.container_action == "add":
+            request.update({"socket-path": str(Path(args.socket_path).absolute()), "address": args.address,
+                            "max-processes": args.max_processes})
+            qos = {key: getattr(args, key.replace("-", "_")) for key in QOS_KEYS
+                   if getattr(args, key.replace("-", "_"), None) is not None}
+            if qos:
+                request["qos"] = qos
     try:
         reply = ask(Path(args.admin_socket), request)
     except OSError as err:
@@ -150,7 +161,9 @@ def _cmd_admin(args: argparse.Namespace) -> int:
                          "running with --admin-socket there?)") from err
     if not reply.get("ok"):
         raise VrdmaError(f"the backend refused: {reply.get('error')}")
-    if args.admin_command == "counters":
+    if args.admin_command == "container":
+        _print_containers(args, reply)
+    elif args.admin_command == "counters":
         # Every VM's counters, and the backend's own: its network's and each engine thread's.
         print(json.dumps({key: value for key, value in reply.items() if key != "ok"}, indent=2, sort_keys=True))
     elif args.admin_command != "vm" or args.json:
@@ -174,6 +187,27 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     else:
         print(f"{args.name}: removed")
     return 0
+
+
+def _print_containers(args: argparse.Namespace, reply: dict[str, object]) -> None:
+    import json
+
+    if args.json or args.container_action == "list":
+        if args.json:
+            print(json.dumps(reply.get("containers", reply.get("container", reply)), indent=2, sort_keys=True))
+            return
+        containers = reply["containers"]
+        assert isinstance(containers, list)
+        print("NAME  ADDRESS  PROCESSES  SOCKET" if containers else "no containers are served")
+        for c in containers:
+            print(f"{c['name']}  {c['address']}  {len(c['processes'])}/{c['max_processes']}  {c['socket']}")
+    elif args.container_action == "add":
+        c = reply["container"]
+        assert isinstance(c, dict)
+        print(f"{c['name']}: listening on {c['socket']} (address {c['address']}, up to {c['max_processes']} "
+              "processes); bind-mount the socket into the container (docs/containers.md)")
+    else:
+        print(f"{args.name}: removed")
 
 
 def _qos_options(parser: argparse.ArgumentParser) -> None:
@@ -268,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=_cmd_vm_cmdline)
 
     from vrdma.daemon import options as daemon_options
-    from vrdma.daemon.config import DEFAULT_ADMIN_SOCKET
+    from vrdma.daemon.config import DEFAULT_ADMIN_SOCKET, DEFAULT_MAX_PROCESSES
 
     backend = sub.add_parser(
         "backend", help="run the vrdma device backend (vhost-user) for one or more VMs (also `vrdma-backend`)",
@@ -307,6 +341,25 @@ def build_parser() -> argparse.ArgumentParser:
     vm_remove = vm_actions.add_parser(
         "remove", help="stop serving a VM: its device and objects are freed, its QEMU sees the backend go")
     vm_remove.add_argument("name")
+    admin_container = admin_sub.add_parser(
+        "container", help="add, list and remove the containers the backend serves (docs/containers.md)")
+    admin_container.add_argument("--json", action="store_true", help="print the backend's reply as JSON")
+    container_actions = admin_container.add_subparsers(dest="container_action", required=True, metavar="ACTION")
+    container_add = container_actions.add_parser(
+        "add", help="serve a container: its device's socket listens when this returns")
+    container_add.add_argument("name", help="the container's name (letters, digits, '_', '.', '-'; up to 64)")
+    container_add.add_argument("--socket-path", required=True, metavar="PATH",
+                               help="the unix socket its processes connect to (bind-mount it into the container)")
+    container_add.add_argument("--address", required=True, metavar="IP",
+                               help="the container's IP address: its device's GID, the source of what it sends")
+    container_add.add_argument("--max-processes", type=int, default=DEFAULT_MAX_PROCESSES, metavar="N",
+                               help=f"processes served at once, each its own user context (default "
+                                    f"{DEFAULT_MAX_PROCESSES})")
+    _qos_options(container_add)
+    container_actions.add_parser("list", help="the containers served: name, address, processes, socket")
+    container_remove = container_actions.add_parser(
+        "remove", help="stop serving a container: its processes' connections close, their objects are freed")
+    container_remove.add_argument("name")
     inject = admin_sub.add_parser("inject", help="spoil a VM's next command response (backend --test-hooks)")
     inject.add_argument("vm")
     inject.add_argument("fault", choices=["wrong-opcode", "wrong-seq", "short-response", "bad-status",

@@ -4,8 +4,11 @@ is kept to its own objects and memory, and leaves nothing behind however it goes
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +20,8 @@ import pytest
 from backend_process import GID, BackendProcess, SimSide, start_side, wait_cqes
 from polling import wait_until
 
+from vrdma.channel import wire
+from vrdma.channel.wire import MessageType
 from vrdma.device import abi
 from vrdma.testing.container_client import ContainerProcess
 from vrdma.testing.simulated_guest import CommandError
@@ -187,3 +192,145 @@ def test_a_removed_container_closes_its_processes(backend: BackendProcess, c0: C
     assert not (backend.directory / "c0.sock").exists()
     with pytest.raises(Exception, match="closed the channel"):
         c0.receive()
+
+
+# -- malformed input, one family of messages at a time: each refused with a status, or the connection closed, and
+#    the container's other process (``c0``) goes on working -------------------------------------------------------
+
+def _header(kind: int, seq: int = 1, status: int = 0) -> bytes:
+    return wire.api.to_bytes(wire.api.new("vrdma_chan_hdr", type=kind, seq=seq, status=status))
+
+
+def _status(answer: bytes) -> int:
+    return int(wire.api.from_bytes("vrdma_chan_hdr", answer[:wire.HEADER_SIZE]).status)
+
+
+def _raw(backend: BackendProcess) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(10)
+    sock.connect(str(backend.directory / "c0.sock"))
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    return sock.recv(wire.MAX_MESSAGE) == b""
+
+
+def _still_works(c0: ContainerProcess) -> None:
+    side = container_side(c0, mr_size=4096)
+    side.verbs.connect(side.qp, side.qp.qpn, CGID["c0"])
+    write_and_check(side, side, CGID["c0"], CGID["c0"], size=1024)
+
+
+def test_malformed_framing_closes_only_that_connection(backend: BackendProcess, c0: ContainerProcess) -> None:
+    hello = wire.api.to_bytes(wire.api.new("vrdma_chan_hello", version=wire.VERSION))
+    for what, message, fds in [
+        ("an empty message", b"", 0),
+        ("a short header", b"\x01\x00\x00", 0),
+        ("a message before HELLO", _header(MessageType.COMMAND), 0),
+        ("a message longer than the longest", hello + bytes(wire.MAX_MESSAGE), 0),
+        ("more descriptors than a message carries", hello, 3),
+    ]:
+        with _raw(backend) as sock:
+            extra = [os.open("/dev/null", os.O_RDONLY) for _ in range(fds)]
+            try:
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", extra).tobytes())] if extra else []
+                sock.sendmsg([message], ancillary)
+            finally:
+                for fd in extra:
+                    os.close(fd)
+            if message == b"":  # (an empty packet is the peer's end, as a stream's EOF is)
+                sock.shutdown(socket.SHUT_WR)
+            assert _closed(sock), what
+    _still_works(c0)
+    assert [p["pid"] for p in processes(backend, "c0")] == [os.getpid()]
+
+
+def test_malformed_hello_add_and_remove_are_refused_with_a_status(backend: BackendProcess,
+                                                                  c0: ContainerProcess) -> None:
+    with _raw(backend) as sock:
+        def ask(body: bytes, kind: int, fds: list[int] | None = None) -> tuple[int, list[int]]:
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+            sock.sendmsg([_header(kind) + body], ancillary)
+            data, anc, _, _ = sock.recvmsg(wire.MAX_MESSAGE, socket.CMSG_SPACE(16))
+            got = array.array("i")
+            for _, _, payload in anc:
+                got.frombytes(payload[:len(payload) - len(payload) % 4])
+            return _status(data), list(got)
+
+        def hello(version: int, reserved: int = 0) -> bytes:
+            return wire.api.to_bytes(wire.api.new("vrdma_chan_hello", version=version, reserved=reserved))[8:]
+
+        assert ask(hello(wire.VERSION + 1), MessageType.HELLO)[0] == wire.Status.INVALID
+        assert ask(hello(wire.VERSION, reserved=1), MessageType.HELLO)[0] == wire.Status.INVALID
+        assert ask(hello(wire.VERSION) + b"x", MessageType.HELLO)[0] == wire.Status.BAD_LENGTH
+        status, fds = ask(hello(wire.VERSION), MessageType.HELLO)
+        assert status == wire.Status.OK and len(fds) == 2
+        for fd in fds:
+            os.close(fd)
+        assert ask(hello(wire.VERSION), MessageType.HELLO)[0] == wire.Status.INVALID  # a second HELLO
+        assert ask(b"", 99)[0] == wire.Status.NOT_SUPPORTED
+        assert ask(b"", MessageType.EVENT)[0] == wire.Status.NOT_SUPPORTED  # the device's to send, not to take
+
+        def add(size: int) -> bytes:
+            return size.to_bytes(8, "little")
+
+        unsealed = os.memfd_create("unsealed", os.MFD_CLOEXEC)
+        os.ftruncate(unsealed, 1 << 16)
+        sealed = os.memfd_create("sealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(sealed, 1 << 16)
+        fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        null = os.open("/dev/null", os.O_RDWR)
+        try:
+            for what, body, fds, status in [
+                ("no descriptor", add(4096), [], wire.Status.INVALID),
+                ("two descriptors", add(4096), [sealed, sealed], wire.Status.INVALID),
+                ("no memfd", add(4096), [null], wire.Status.INVALID),
+                ("a memfd that may shrink", add(4096), [unsealed], wire.Status.INVALID),
+                ("more than the memfd holds", add(1 << 17), [sealed], wire.Status.INVALID),
+                ("not whole pages", add(100), [sealed], wire.Status.INVALID),
+                ("no bytes", add(0), [sealed], wire.Status.INVALID),
+                ("a short message", add(4096)[:4], [sealed], wire.Status.BAD_LENGTH),
+            ]:
+                assert ask(body, MessageType.ADD_MEMORY, fds)[0] == status, what
+            assert ask(add(1 << 16), MessageType.ADD_MEMORY, [sealed])[0] == wire.Status.OK
+            assert ask((1 << 63).to_bytes(8, "little"), MessageType.REMOVE_MEMORY)[0] == wire.Status.INVALID
+            assert ask(b"", MessageType.REMOVE_MEMORY)[0] == wire.Status.BAD_LENGTH
+        finally:
+            for fd in (unsealed, sealed, null):
+                os.close(fd)
+    _still_works(c0)
+
+
+def test_malformed_commands_get_the_devices_statuses(backend: BackendProcess, c0: ContainerProcess) -> None:
+    def command(raw: bytes) -> int:
+        answer, _ = c0.exchange(MessageType.COMMAND, raw)
+        response = answer[wire.HEADER_SIZE:]
+        assert _status(answer) == wire.Status.OK  # (the channel took it: the device answers)
+        return int(abi.from_bytes("vrdma_resp_hdr", response[:abi.sizeof("vrdma_resp_hdr")]).status)
+
+    query = abi.to_bytes(abi.new("vrdma_cmd_query_device", hdr={"opcode": abi.const("VRDMA_CMD_QUERY_DEVICE")}))
+    assert command(query) == abi.const("VRDMA_STATUS_OK")
+    assert command(b"") == abi.const("VRDMA_STATUS_BAD_LENGTH")
+    assert command(query + b"\0") == abi.const("VRDMA_STATUS_BAD_LENGTH")
+    assert command(b"\xff\x7f" + query[2:]) == abi.const("VRDMA_STATUS_NOT_SUPPORTED")
+    assert command(bytes(600)) == abi.const("VRDMA_STATUS_NOT_SUPPORTED")
+    _still_works(c0)
+
+
+def test_vrdma_admin_container_commands(backend: BackendProcess) -> None:
+    def admin(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "vrdma.cli", "admin", "--admin-socket", str(backend.admin),
+                               "container", *args], cwd=backend.directory, capture_output=True, text=True,
+                              timeout=60)
+
+    added = admin("add", "c0", "--socket-path", "c0.sock", "--address", ADDRESS["c0"], "--max-processes", "2",
+                  "--bytes-per-s", "1G")
+    assert added.returncode == 0 and "c0: listening on" in added.stdout, added
+    with ContainerProcess(backend.directory / "c0.sock"):
+        listed = admin("list")
+        assert listed.returncode == 0 and f"c0  {ADDRESS['c0']}  1/2" in listed.stdout, listed
+    refused = admin("add", "c1", "--socket-path", "c0.sock", "--address", ADDRESS["c1"])
+    assert refused.returncode == 1 and "the backend refused" in refused.stderr, refused
+    assert admin("remove", "c0").stdout.strip() == "c0: removed"
+    assert "no containers are served" in admin("list").stdout
