@@ -322,7 +322,7 @@ def test_vrdma_admin_container_commands(backend: BackendProcess) -> None:
     def admin(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "vrdma.cli", "admin", "--admin-socket", str(backend.admin),
                                "container", *args], cwd=backend.directory, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, check=False)
 
     added = admin("add", "c0", "--socket-path", "c0.sock", "--address", ADDRESS["c0"], "--max-processes", "2",
                   "--bytes-per-s", "1G")
