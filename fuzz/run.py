@@ -8,11 +8,13 @@ Interfaces, one fuzzer each (fuzz/README.md):
   vhost-user  vhost-user framing and validation                      atheris (fuzz/vhost_user_fuzz.py)
   commands    the control-command decoder                            atheris (fuzz/commands_fuzz.py)
   state       the device-state loader (migration, upgrade)           atheris (fuzz/state_fuzz.py)
+  channel     the container channel: a hostile host process          atheris (fuzz/channel_fuzz.py)
   campaign    a real `vrdma backend`, attacker VM against victim VM  black box (fuzz/campaign/)
 
 The default budget gives each interface at least --inputs inputs (1,000,000): an input is one libFuzzer execution
 for the engine and roce (a whole scenario) and vhost-user (a whole stream), one command for the command decoder
-(an execution holds a sequence of them), one message, command or work request for the campaign. An interface
+(an execution holds a sequence of them), one message for the container channel (an execution is one process's
+connection), one message, command or work request for the campaign. An interface
 that stops short of its inputs (its time cap ran out first) is a failure. --smoke runs each for
 a few seconds instead (about a minute in all). Each fuzzer's libFuzzer log is in build/fuzz/<interface>.log; new
 corpus entries go to build/fuzz/corpus/<interface>/ (the repository's fuzz/corpus/ seeds them; --merge adds what
@@ -47,9 +49,9 @@ DEFAULT_INPUTS = 1_000_000
 # 2026-11-27, a slow instance: engine 18 min, engine-threads 61 (TSan), roce about 85, vhost-user 6, commands 4,
 # campaign 4 for 1,000,000 inputs); one that runs out of it short of its inputs fails the run.
 TIME_CAP = {"engine": 1800, "engine-threads": 5400, "roce": 5400, "vhost-user": 1800, "commands": 1800,
-            "state": 3600, "campaign": 1800}
+            "state": 3600, "channel": 1800, "campaign": 1800}
 SMOKE_SECONDS = {"engine": 12, "engine-threads": 6, "roce": 6, "vhost-user": 8, "commands": 8, "state": 6,
-                 "campaign": 18}
+                 "channel": 6, "campaign": 18}
 ARTIFACT = re.compile(r"Test unit written to (\S+)")
 COVERAGE = re.compile(r"cov: (\d+) ft: (\d+)")
 
@@ -101,6 +103,7 @@ TARGETS = {
                          False, 20),
     "commands": Target("commands", "commands", "commands", (sys.executable, "-m", "fuzz.commands_fuzz"), True, 20),
     "state": Target("state", "state", "states", (sys.executable, "-m", "fuzz.state_fuzz"), False, 20, 32768),
+    "channel": Target("channel", "channel", "messages", (sys.executable, "-m", "fuzz.channel_fuzz"), True, 20),
 }
 
 
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a few seconds per interface (what `make test` runs)")
     parser.add_argument("--inputs", type=int, default=DEFAULT_INPUTS, help="inputs per interface (default 1000000)")
     parser.add_argument("--only", default=",".join([*TARGETS, "campaign"]),
-                        help="comma-separated interfaces (default: all six)")
+                        help="comma-separated interfaces (default: all eight)")
     parser.add_argument("--plain-campaign", action="store_true",
                         help="run the campaign's backend without the sanitizer build")
     parser.add_argument("--merge", action="store_true",

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CRASHES = ROOT / "fuzz" / "crashes"
 FUZZERS = {"engine": None, "engine_threads": None, "roce": None, "vhost_user": "fuzz.vhost_user_fuzz",
-           "commands": "fuzz.commands_fuzz", "state": "fuzz.state_fuzz"}
+           "commands": "fuzz.commands_fuzz", "state": "fuzz.state_fuzz", "channel": "fuzz.channel_fuzz"}
 
 pytestmark = pytest.mark.fuzz
 

@@ -26,14 +26,15 @@ def test_every_fuzzer_runs_clean_for_a_few_seconds() -> None:
                                    f"{result.stderr[-10000:]}"
     results = json.loads((ROOT / "build" / "fuzz" / "smoke-results.json").read_text())
     interfaces = {entry["interface"]: entry for entry in results["interfaces"]}
-    assert set(interfaces) == {"engine", "engine-threads", "roce", "vhost-user", "commands", "state", "campaign"}
+    assert set(interfaces) == {"engine", "engine-threads", "roce", "vhost-user", "commands", "state", "channel",
+                               "campaign"}
     for name, entry in interfaces.items():
         assert entry["inputs"] > 0, f"{name} ran no inputs"
     # Each coverage-guided fuzzer starts by replaying its corpus, so a smoke reaches about the corpus's coverage. A
     # fuzzer whose harness broke (say, every fuzzed device refusing to open) still runs inputs, just not far: these
     # floors, some 10% under what the corpora reach today (engine 892, roce 994, vhost-user 123, commands 460, state
-    # 286), catch that.
-    floors = {"engine": 800, "roce": 890, "vhost-user": 110, "commands": 410, "state": 250}
+    # 286, channel 444), catch that.
+    floors = {"engine": 800, "roce": 890, "vhost-user": 110, "commands": 410, "state": 250, "channel": 400}
     for name, floor in floors.items():
         edges = int(interfaces[name]["coverage"].split()[1])
         assert edges >= floor, f"{name} reached {edges} edges, the corpus alone reaches more than {floor}"

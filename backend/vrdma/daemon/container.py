@@ -86,19 +86,23 @@ class ContainerEndpoint:
         except OSError as err:
             log.error("%s: accept failed: %s", self.name, err.strerror)
             return
+        self.serve(sock, _peer_pid(sock))
+
+    def serve(self, sock: socket.socket, pid: int) -> ProcessSession | None:
+        """One process's connection (``pid``: for the log), in a free slot; None (the socket closed) if none is."""
         free = [slot for slot in range(self.spec.max_processes) if slot not in self.sessions]
-        pid = _peer_pid(sock)
         if not free:
             log.warning("%s: process %d refused: all %d process slots are in use", self.name, pid,
                         self.spec.max_processes)
             self.refused += 1
             sock.close()
-            return
+            return None
         session = ProcessSession(self, free[0], pid)
         session.connection = ChannelConnection(f"{self.name}[{pid}]", sock, self.loop, session,
                                                self.regions_per_process, self._closed)
         self.sessions[free[0]] = session
         log.info("%s: process %d connected (slot %d)", self.name, pid, free[0])
+        return session
 
     def _closed(self, connection: ChannelConnection, reason: str) -> None:
         for slot, session in list(self.sessions.items()):
