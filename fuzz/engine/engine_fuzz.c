@@ -538,10 +538,21 @@ static void op_roce(struct in *in, struct vre_engine *e, uint32_t dev)
 
 typedef void (*op_fn)(struct in *in, struct vre_engine *e, uint32_t dev);
 
+/* The page window the container channel sets around one process's commands (vre_device_page_window): page lists,
+ * and the pages they list, outside it are refused from then on; the whole table again, or a part of guest RAM. */
+static void op_page_window(struct in *in, struct vre_engine *e, uint32_t dev)
+{
+	uint64_t lo = (uint64_t)u16(in) * PAGE;
+	uint64_t hi = u8(in) & 1 ? UINT64_MAX : lo + (uint64_t)u16(in) * PAGE - 1;
+	int ret = vre_device_page_window(e, dev, lo, hi);
+
+	CHECK(ret <= 0 && (ret == 0 || !vms[dev].open || lo > hi));
+}
+
 static const op_fn ops[] = {
 	op_mr_create, op_mr_destroy, op_cq_create, op_cq_destroy, op_srq_create, op_srq_destroy, op_qp_create,
 	op_qp_modify, op_qp_destroy, op_post_send, op_post_recv, op_poll, op_migrate, op_cq_consume, op_mem_write,
-	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset, op_gid_set, op_roce,
+	op_doorbell, op_set_memory, op_srq_limit, op_park, op_reset, op_gid_set, op_roce, op_page_window,
 };
 #define OP_COUNT (sizeof(ops) / sizeof(ops[0]))
 

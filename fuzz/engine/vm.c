@@ -87,7 +87,7 @@ void read_memory(struct in *in, struct vre_engine *e, uint32_t dev)
 			.hva = (uint64_t)(uintptr_t)(vm->arena + (size_t)first * PAGE + misalign),
 		};
 	}
-	ret = vre_device_set_memory(e, dev, table, head & 0x80 ? 65 : count);
+	ret = vre_device_set_memory(e, dev, table, head & 0x80 ? VRE_MAX_REGIONS + 1 : count);
 	CHECK(ret <= 0);
 	if (head & 0x80 && vm->open) {
 		/* More regions than the engine keeps: refused before it looks at them, the old table stays. */

@@ -31,6 +31,7 @@ SOURCE_DIRS = ("provider", "include")
 USER_ABI_HEADER = Path("include/uapi/rdma/vrdma-abi.h")
 # The device API: vrdma_dev_api.h and the two it includes.
 DEVICE_API_HEADERS = [Path("include") / name for name in ("vrdma_dev_api.h", "vrdma_dev_ring.h", "vrdma_dev_cmd.h")]
+CHANNEL_HEADER = Path("include") / "vrdma_channel.h"  # a container's device (provider/channel.c)
 CMAKE_ARGS = [
     "-GNinja",
     "-DCMAKE_BUILD_TYPE=Release",
@@ -99,7 +100,7 @@ def _build_into(archive: apt.PrivateArchive, version: str, out: Path) -> None:
 def _add_provider(src: Path) -> None:
     provider = src / "providers" / "vrdma"
     shutil.copytree(source_root() / "provider", provider)
-    for header in DEVICE_API_HEADERS:
+    for header in [*DEVICE_API_HEADERS, CHANNEL_HEADER]:
         shutil.copy2(source_root() / header, provider / header.name)
     shutil.copy2(source_root() / USER_ABI_HEADER, src / "kernel-headers" / "rdma" / USER_ABI_HEADER.name)
     headers = src / "kernel-headers" / "CMakeLists.txt"

@@ -33,13 +33,13 @@ from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.device.scope import ContextScope, ScopeError
+from vrdma.engine.api import MAX_REGIONS
 from vrdma.errors import VrdmaError
 from vrdma.loop import EventLoop
 
 log = logging.getLogger(__name__)
 
 WINDOW_BITS = 40
-ENGINE_REGIONS = 256  # the engine's memory table (vre.h's MAX_REGIONS), shared by a container's processes
 MAX_RESPONSE = wire.MAX_MESSAGE - wire.HEADER_SIZE
 
 
@@ -76,7 +76,7 @@ class ContainerEndpoint:
 
     @property
     def regions_per_process(self) -> int:
-        return ENGINE_REGIONS // self.spec.max_processes
+        return MAX_REGIONS // self.spec.max_processes  # the device's memory table, shared
 
     def _accept(self) -> None:
         try:

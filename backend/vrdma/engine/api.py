@@ -28,6 +28,7 @@ QP_XRC_TGT = 32
 SRQ_KERNEL = 1
 MAX_GIDS = 64
 MAX_THREADS = 64  # engine threads, at most (VRE_MAX_THREADS)
+MAX_REGIONS = 256  # a device's memory table, at most (VRE_MAX_REGIONS)
 # The engine's per-device counters (struct vre_counters), in order.
 COUNTERS = ("send_wqes", "recv_wqes", "cqes", "bytes", "error_cqes", "flushed", "rnr_waits", "cq_overflows",
             "qp_fatal", "events_dropped", "ud_dropped", "uc_dropped", "tx_bytes", "rx_bytes", "tx_packets",

@@ -31,6 +31,7 @@
 #define VRE_QP_XRC_TGT 32         /* XRC target: no rings, CQs or PD of its own; takes what XRC initiators send */
 #define VRE_SRQ_KERNEL 1          /* vre_srq_config.flags: an SRQ of the guest kernel (the local DMA lkey works) */
 #define VRE_MAX_GIDS 64           /* a device's GID table, at most */
+#define VRE_MAX_REGIONS 256       /* a device's memory table, at most (a VM's RAM slots; a container's memfds) */
 
 struct vre_engine;
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from vrdma.engine.api import (
     COUNTERS,
     MAX_GIDS,
+    MAX_REGIONS,
     MAX_THREADS,
     NET_COUNTERS,
     NO_DEVICE,
@@ -55,9 +56,10 @@ __all__ = ["COUNTERS", "NO_DEVICE", "NO_SRQ", "Engine", "EngineError", "EngineEv
 
 # The typed interface declares engine.h's sentinels without importing C: hold the two equal.
 assert (NO_DEVICE, NO_SRQ, QP_KERNEL, QP_UD, QP_GSI, QP_UC, QP_XRC_INI, QP_XRC_TGT, SRQ_KERNEL, MAX_GIDS,
-        MAX_THREADS) == \
+        MAX_THREADS, MAX_REGIONS) == \
     (lib.VRE_NO_DEVICE, lib.VRE_NO_SRQ, lib.VRE_QP_KERNEL, lib.VRE_QP_UD, lib.VRE_QP_GSI, lib.VRE_QP_UC,
-     lib.VRE_QP_XRC_INI, lib.VRE_QP_XRC_TGT, lib.VRE_SRQ_KERNEL, lib.VRE_MAX_GIDS, lib.VRE_MAX_THREADS), \
+     lib.VRE_QP_XRC_INI, lib.VRE_QP_XRC_TGT, lib.VRE_SRQ_KERNEL, lib.VRE_MAX_GIDS, lib.VRE_MAX_THREADS,
+     lib.VRE_MAX_REGIONS), \
     "vrdma.engine.api disagrees with engine.h"
 EVENT_BATCH = 256
 PACKET_ROOM = 9216  # the largest UDP payload a RoCE packet has (a jumbo frame's)

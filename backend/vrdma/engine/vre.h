@@ -46,7 +46,7 @@
 #define PAGE_SIZE VRDMA_PAGE_SIZE
 #define PAGE_SHIFT VRDMA_PAGE_SHIFT
 #define EVENT_RING 4096
-#define MAX_REGIONS 256
+#define MAX_REGIONS VRE_MAX_REGIONS
 #define RNR_INFINITE 7
 #define MAX_WQE_SGES (VRDMA_PAGE_SIZE / sizeof(struct vrdma_sge))
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
