@@ -2,9 +2,12 @@
 /* Completion queues: the ring the device writes, polled here with no system call; arming; flushing a lost context. */
 #include "ring.h"
 
+static int vrdma_destroy_cq_cmd(struct vrdma_context *ctx, struct ibv_cq *ibcq);
+
 struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel,
 			       int comp_vector)
 {
+	struct vrdma_context *ctx = to_vctx(context);
 	struct uvrdma_create_cq cmd = {};
 	struct uvrdma_create_cq_resp resp = {};
 	struct vrdma_cq *cq;
@@ -18,21 +21,24 @@ struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_
 	if (!cq)
 		return vrdma_abandon(NULL, NULL, ENOMEM);
 	cq->entries = pow2_at_least((uint32_t)cqe, 8);
-	ret = buf_alloc(&cq->buf, VRDMA_PAGE_SIZE + (size_t)cq->entries * sizeof(struct vrdma_cqe));
+	ret = buf_alloc(ctx, &cq->buf, VRDMA_PAGE_SIZE + (size_t)cq->entries * sizeof(struct vrdma_cqe));
 	if (ret)
 		goto err_free;
 	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
 	cmd.buf_addr = (uintptr_t)cq->buf.addr;
 	cmd.buf_size = cq->buf.size;
 	cmd.entries = cq->entries;
-	ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
-				&resp.ibv_resp, sizeof(resp));
+	if (ctx->chan)
+		ret = vrdma_chan_create_cq(ctx, cq, &resp.db_index);
+	else
+		ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
+					&resp.ibv_resp, sizeof(resp));
 	if (ret)
 		goto err_free;
-	cq->db = vrdma_db_map(to_vctx(context), resp.db_index, resp.db_offset);
+	cq->db = vrdma_db_map(ctx, resp.db_index, resp.db_offset);
 	if (!cq->db) {
 		ret = errno;
-		ibv_cmd_destroy_cq(&cq->vcq.cq);
+		vrdma_destroy_cq_cmd(ctx, &cq->vcq.cq);
 		goto err_free;
 	}
 	return &cq->vcq.cq;
@@ -41,10 +47,16 @@ err_free:
 	return vrdma_abandon(&cq->buf, cq, ret);
 }
 
+/* The device forgets the CQ: through the kernel, or a container's channel. */
+static int vrdma_destroy_cq_cmd(struct vrdma_context *ctx, struct ibv_cq *ibcq)
+{
+	return ctx->chan ? vrdma_chan_destroy(ctx, VRDMA_CMD_DESTROY_CQ, ibcq->handle) : ibv_cmd_destroy_cq(ibcq);
+}
+
 int vrdma_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);
-	int ret = ibv_cmd_destroy_cq(ibcq);
+	int ret = vrdma_destroy_cq_cmd(to_vctx(ibcq->context), ibcq);
 
 	if (ret)
 		return ret;

@@ -6,13 +6,16 @@
  * "virtio:d0000002Av*"). It is built inside an rdma-core source tree (providers/vrdma), because providers use
  * rdma-core's private interface (driver.h, IBVERBS_PRIVATE_<N>), which no -dev package ships.
  *
- * Control verbs go through the kernel (ibv_cmd_*). The data path does not: every ring (CQ, send and receive
+ * Control verbs go through the kernel (ibv_cmd_*), or, for a container's device (modalias "vrdma:channel"), over
+ * the backend's container channel (channel.c, chan_verbs.c: no kernel at all). The data path does not: every ring (CQ, send and receive
  * queues, SRQ) lives in this process's memory, which vrdma.ko pins and hands to the device; post_send writes WQEs
  * and stores the producer index into the context's doorbell page (mapped from the device's doorbell region),
  * poll_cq reads CQEs the device wrote, req_notify_cq stores an arm request. No system call and no VM exit -
  * unless the device's engine is parked (slot 0 of the doorbell page says so), then a post_send also wakes it
  * through the kernel (a POST_SEND with no work requests). Every value the kernel hands back is checked.
  */
+#include <fcntl.h>
+
 #include "ring.h"
 
 /*
@@ -26,6 +29,8 @@ volatile uint32_t *vrdma_db_map(struct vrdma_context *ctx, uint32_t index, uint6
 	volatile uint32_t *mapped;
 	void *addr;
 
+	if (ctx->chan)
+		return vrdma_chan_db(ctx, index);  /* a container's: the whole region is mapped already */
 	if (page < VRDMA_FIRST_USER_DOORBELL_PAGE || page >= ctx->doorbell_pages || slot == VRDMA_DB_SLOT_PARKED ||
 	    slot == VRDMA_DB_SLOT_ALIVE || offset % ctx->doorbell_size) {
 		verbs_err(&ctx->ibv_ctx, "vrdma: kernel gave doorbell index %u at offset %#llx: not usable\n", index,
@@ -52,10 +57,11 @@ volatile uint32_t *vrdma_db_map(struct vrdma_context *ctx, uint32_t index, uint6
 	return mapped + slot;
 }
 
-static void vrdma_free_context(struct ibv_context *ibctx)
+void vrdma_free_context(struct ibv_context *ibctx)
 {
 	struct vrdma_context *ctx = to_vctx(ibctx);
 
+	vrdma_chan_close(ctx);
 	for (uint32_t page = 0; ctx->db_pages && page < ctx->doorbell_pages; page++) {
 		if (ctx->db_pages[page])
 			munmap((void *)ctx->db_pages[page], ctx->doorbell_size);
@@ -121,6 +127,39 @@ static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_al
 	return 0;
 }
 
+/*
+ * A container's device (docs/containers.md): libibverbs opened the tree's /dev/infiniband node, which is
+ * /dev/null's; no command goes through it. It is swapped for a read-only /dev/null, so that what libibverbs itself
+ * writes to the command file (a completion channel's creation) fails cleanly with EBADF.
+ */
+static struct verbs_context *vrdma_alloc_channel_context(struct ibv_device *ibdev, int cmd_fd)
+{
+	struct verbs_device *vdev = verbs_get_device(ibdev);
+	struct vrdma_context *ctx;
+	int null_fd, ret;
+
+	null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	close(cmd_fd);
+	if (null_fd < 0)
+		return NULL;
+	ctx = verbs_init_and_alloc_context(ibdev, null_fd, ctx, ibv_ctx, RDMA_DRIVER_UNKNOWN);
+	if (!ctx)
+		return NULL;
+	pthread_mutex_init(&ctx->qps_lock, NULL);
+	pthread_mutex_init(&ctx->db_lock, NULL);
+	ret = vrdma_chan_open(ctx, vdev->sysfs);
+	if (ret) {
+		pthread_mutex_destroy(&ctx->db_lock);
+		pthread_mutex_destroy(&ctx->qps_lock);
+		verbs_uninit_context(&ctx->ibv_ctx);
+		free(ctx);
+		errno = ret;
+		return NULL;
+	}
+	verbs_set_ops(&ctx->ibv_ctx, &vrdma_chan_ctx_ops);
+	return &ctx->ibv_ctx;
+}
+
 static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int cmd_fd, void *private_data)
 {
 	struct vrdma_context *ctx;
@@ -129,6 +168,8 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int c
 	struct uvrdma_get_context_resp resp = {};
 	int ret;
 
+	if (container_of(ibdev, struct vrdma_device, ibv_dev.device)->channel)
+		return vrdma_alloc_channel_context(ibdev, cmd_fd);
 	ctx = verbs_init_and_alloc_context(ibdev, cmd_fd, ctx, ibv_ctx, RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
@@ -169,6 +210,9 @@ err_free:
 	return NULL;
 }
 
+/* A container's device: its tree's device/modalias says so (docs/containers.md). */
+#define VRDMA_CHANNEL_MATCH ((void *)1)
+
 static struct verbs_device *vrdma_device_alloc(struct verbs_sysfs_dev *sysfs_dev)
 {
 	struct vrdma_device *dev;
@@ -176,6 +220,7 @@ static struct verbs_device *vrdma_device_alloc(struct verbs_sysfs_dev *sysfs_dev
 	dev = calloc(1, sizeof(*dev));
 	if (!dev)
 		return NULL;
+	dev->channel = sysfs_dev->match && sysfs_dev->match->driver_data == VRDMA_CHANNEL_MATCH;
 	return &dev->ibv_dev;
 }
 
@@ -187,6 +232,7 @@ static void vrdma_device_free(struct verbs_device *verbs_dev)
 static const struct verbs_match_ent vrdma_match_table[] = {
 	/* The uverbs device's parent is the virtio device: virtio:d<device id>v<vendor id>. */
 	VERBS_MODALIAS_MATCH("virtio:d0000002Av*", NULL),
+	VERBS_MODALIAS_MATCH("vrdma:channel", VRDMA_CHANNEL_MATCH),
 	{},
 };
 

@@ -2,6 +2,12 @@
 /* Queue pairs: their rings in this process (wqe.c writes the WQEs), posting by a store into the doorbell page. */
 #include "ring.h"
 
+/* The device forgets the QP: through the kernel, or a container's channel. */
+static int vrdma_destroy_qp_cmd(struct vrdma_context *ctx, struct ibv_qp *ibqp)
+{
+	return ctx->chan ? vrdma_chan_destroy(ctx, VRDMA_CMD_DESTROY_QP, ibqp->handle) : ibv_cmd_destroy_qp(ibqp);
+}
+
 /* The wake-up command of a QP (see wake_if_parked): a POST_SEND of no work requests. */
 static void wake_cmd_init(struct vrdma_qp *qp)
 {
@@ -57,7 +63,7 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 	int ret;
 
 	if (attr->qp_type == IBV_QPT_XRC_RECV)
-		return create_xrc_recv_qp(context, attr);
+		return ctx->chan ? vrdma_abandon(NULL, NULL, EOPNOTSUPP) : create_xrc_recv_qp(context, attr);
 	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
 	     attr->qp_type != IBV_QPT_XRC_SEND) || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
 	    (attr->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
@@ -92,7 +98,7 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 		ret = EINVAL;
 		goto err_free;
 	}
-	ret = buf_alloc(&qp->buf, VRDMA_PAGE_SIZE + (size_t)sq_bytes + rq_bytes);
+	ret = buf_alloc(ctx, &qp->buf, VRDMA_PAGE_SIZE + (size_t)sq_bytes + rq_bytes);
 	if (ret)
 		goto err_free;
 	cmd.buf_addr = (uintptr_t)qp->buf.addr;
@@ -107,8 +113,11 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 	 * rest. */
 	core_attr = *attr;
 	core_attr.comp_mask &= ~(IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);  /* (ours alone) */
-	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, &core_attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
-				   sizeof(resp));
+	if (ctx->chan)
+		ret = vrdma_chan_create_qp(ctx, qp, &core_attr, &cmd.drv_payload, &resp.sq_db_index, &resp.rq_db_index);
+	else
+		ret = ibv_cmd_create_qp_ex(context, &qp->vqp, &core_attr, &cmd.ibv_cmd, sizeof(cmd), &resp.ibv_resp,
+					   sizeof(resp));
 	if (ret)
 		goto err_free;
 	ret = vrdma_queue_init(ctx, &qp->sq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE, sq_depth, sq_stride,
@@ -117,7 +126,7 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context, struct ibv_qp_ini
 		ret = vrdma_queue_init(ctx, &qp->rq, (uint8_t *)qp->buf.addr + VRDMA_PAGE_SIZE + sq_bytes, rq_depth,
 				 rq_stride, cap->max_recv_sge, !no_rq, resp.rq_db_index, resp.rq_db_offset);
 	if (ret) {
-		ibv_cmd_destroy_qp(&qp->vqp.qp);
+		vrdma_destroy_qp_cmd(ctx, &qp->vqp.qp);
 		goto err_free;
 	}
 	qp->max_inline = cap->max_inline_data;
@@ -182,7 +191,10 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask
 	struct ibv_modify_qp cmd = {};
 	int ret;
 
-	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	if (to_vctx(ibqp->context)->chan)
+		ret = vrdma_chan_modify_qp(ibqp, attr, attr_mask);
+	else
+		ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
 	if (ret)
 		return ret;
 	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET && qp->sq.db) {
@@ -215,7 +227,7 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct vrdma_context *ctx = to_vctx(ibqp->context);
 	struct vrdma_qp **link;
-	int ret = ibv_cmd_destroy_qp(ibqp);
+	int ret = vrdma_destroy_qp_cmd(ctx, ibqp);
 
 	if (ret)
 		return ret;

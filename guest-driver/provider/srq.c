@@ -31,7 +31,7 @@ struct ibv_srq *vrdma_create_srq_ex(struct ibv_context *context, struct ibv_srq_
 		ret = EINVAL;
 		goto err_free;
 	}
-	ret = buf_alloc(&srq->buf, VRDMA_PAGE_SIZE + (size_t)depth * stride);
+	ret = buf_alloc(to_vctx(context), &srq->buf, VRDMA_PAGE_SIZE + (size_t)depth * stride);
 	if (ret)
 		goto err_free;
 	cmd.buf_addr = (uintptr_t)srq->buf.addr;

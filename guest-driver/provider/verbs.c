@@ -18,8 +18,10 @@ size_t page_align(size_t size)
 	return (size + page - 1) & ~(page - 1);
 }
 
-int buf_alloc(struct vrdma_buf *buf, size_t size)
+int buf_alloc(struct vrdma_context *ctx, struct vrdma_buf *buf, size_t size)
 {
+	if (ctx->chan)
+		return vrdma_chan_buf_alloc(ctx->chan, buf, size);
 	buf->size = page_align(size);
 	if (posix_memalign(&buf->addr, (size_t)sysconf(_SC_PAGESIZE), buf->size))
 		return ENOMEM;
@@ -36,6 +38,10 @@ void buf_free(struct vrdma_buf *buf)
 {
 	if (!buf->addr)
 		return;
+	if (buf->chan) {
+		vrdma_chan_buf_free(buf);
+		return;
+	}
 	ibv_dofork_range(buf->addr, buf->size);
 	free(buf->addr);
 	buf->addr = NULL;

@@ -27,7 +27,10 @@
 
 struct vrdma_device {
 	struct verbs_device ibv_dev;
+	bool channel;             /* a container's device: no kernel, the backend's container channel (channel.c) */
 };
+
+struct vrdma_channel;
 
 struct vrdma_context {
 	struct verbs_context ibv_ctx;
@@ -43,6 +46,8 @@ struct vrdma_context {
 	pthread_mutex_t db_lock;
 	pthread_mutex_t qps_lock;
 	struct vrdma_qp *qps;     /* every QP of the context (flushed when the device loses the context) */
+	struct vrdma_channel *chan;  /* a container's: the backend's socket, its memory and doorbells; NULL in a VM */
+	uint32_t ucontext;        /* a container's: the device's handle of this context (a VM's kernel keeps it) */
 };
 
 struct vrdma_pd {
@@ -50,10 +55,15 @@ struct vrdma_pd {
 	uint32_t pdn;
 };
 
-/* A ring buffer in this process's memory, page-aligned, kept out of fork()ed children (it is pinned). */
+/*
+ * A ring buffer in this process's memory, page-aligned: in a VM kept out of fork()ed children (the kernel pins it),
+ * in a container taken from the memory shared with the backend (`chan` set; `dev` its first page's device address).
+ */
 struct vrdma_buf {
 	void *addr;
 	size_t size;
+	uint64_t dev;
+	struct vrdma_channel *chan;
 };
 
 struct vrdma_cq {
@@ -153,10 +163,11 @@ static inline struct vrdma_srq *to_vsrq(struct ibv_srq *ibsrq)
 
 uint32_t pow2_at_least(uint32_t value, uint32_t minimum);
 size_t page_align(size_t size);
-int buf_alloc(struct vrdma_buf *buf, size_t size);
+int buf_alloc(struct vrdma_context *ctx, struct vrdma_buf *buf, size_t size);
 void buf_free(struct vrdma_buf *buf);
 void *vrdma_abandon(struct vrdma_buf *buf, void *obj, int err);
 volatile uint32_t *vrdma_db_map(struct vrdma_context *ctx, uint32_t index, uint64_t offset);
+void vrdma_free_context(struct ibv_context *ibctx);
 int vrdma_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
 				 struct ibv_device_attr_ex *attr, size_t attr_size);
 int vrdma_query_port(struct ibv_context *context, uint8_t port, struct ibv_port_attr *attr);
@@ -205,5 +216,29 @@ int vrdma_destroy_srq(struct ibv_srq *ibsrq);
 int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int vrdma_destroy_ah(struct ibv_ah *ibah);
+
+/*
+ * channel.c: a container's device, reached without a kernel through the backend's container channel
+ * (vrdma_channel.h, docs/containers.md). The verbs above call these where a VM's provider calls the kernel.
+ */
+int vrdma_chan_open(struct vrdma_context *ctx, struct verbs_sysfs_dev *sysfs);
+void vrdma_chan_close(struct vrdma_context *ctx);
+int vrdma_chan_cmd(struct vrdma_context *ctx, uint16_t opcode, void *req, size_t req_len, void *resp,
+		   size_t resp_len);
+int vrdma_chan_pages(struct vrdma_context *ctx, uint64_t first, uint32_t npages, struct vrdma_page_list *list,
+		     struct vrdma_buf *scratch);
+int vrdma_chan_buf_alloc(struct vrdma_channel *chan, struct vrdma_buf *buf, size_t size);
+void vrdma_chan_buf_free(struct vrdma_buf *buf);
+volatile uint32_t *vrdma_chan_db(struct vrdma_context *ctx, uint32_t index);
+void vrdma_chan_wake(struct vrdma_context *ctx);
+int vrdma_chan_share(struct vrdma_context *ctx, void *addr, size_t length, uint64_t *dev, void **region);
+void vrdma_chan_unshare(struct vrdma_context *ctx, void *region);
+/* chan_verbs.c: the verbs of a container's device, or the step of a shared verb that differs from a VM's */
+extern const struct verbs_context_ops vrdma_chan_ctx_ops;
+int vrdma_chan_create_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, uint32_t *db_index);
+int vrdma_chan_create_qp(struct vrdma_context *ctx, struct vrdma_qp *qp, struct ibv_qp_init_attr_ex *attr,
+			 const struct vrdma_create_qp_cmd *layout, uint32_t *sq_db, uint32_t *rq_db);
+int vrdma_chan_destroy(struct vrdma_context *ctx, uint16_t opcode, uint32_t handle);
+int vrdma_chan_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask);
 
 #endif /* VRDMA_PROVIDER_H */

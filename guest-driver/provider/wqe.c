@@ -12,6 +12,10 @@ static void wake_if_parked(struct vrdma_context *ctx, struct vrdma_qp *qp)
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	if (!__atomic_load_n(qp->sq.parked, __ATOMIC_ACQUIRE))
 		return;
+	if (ctx->chan) {
+		vrdma_chan_wake(ctx);  /* a container's: the device's wake eventfd */
+		return;
+	}
 	qp->wake_cmd.qp_handle = qp->vqp.qp.handle;
 	if (write(ctx->ibv_ctx.context.cmd_fd, &qp->wake_cmd, sizeof(qp->wake_cmd)) != sizeof(qp->wake_cmd))
 		verbs_err(&ctx->ibv_ctx, "vrdma: waking the device failed: %s\n", strerror(errno));

@@ -71,8 +71,18 @@ class ContainerEndpoint:
         self.rdma.objects.gids.add(0, spec.gid, abi.const("VRDMA_GID_TYPE_ROCE_V2"))
         self.rdma.on_event = self.deliver_events
         loop.add_reader(self.listener.fileno(), self._accept)
+        loop.add_reader(self.wake_fd, self._woken)
         log.info("%s: container device on %s (GID %s), up to %d processes", self.name, spec.socket_path,
                  spec.address, spec.max_processes)
+
+    def _woken(self) -> None:
+        """A process woke the parked engine (the engine's thread watched the eventfd; it is read here, as a VM's
+        wake queue's kick is read by its connection, or it would stay readable and the engine never sleep)."""
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:
+            return
+        self.rdma.fabric.kick(self.rdma.engine_index)
 
     @property
     def regions_per_process(self) -> int:
@@ -131,6 +141,7 @@ class ContainerEndpoint:
     def close(self, reason: str) -> None:
         """Stop serving the container: every process's connection closes (their objects go), then the device."""
         self.loop.remove_reader(self.listener.fileno())
+        self.loop.remove_reader(self.wake_fd)
         self.listener.close()
         for session in list(self.sessions.values()):
             if session.connection is not None:
