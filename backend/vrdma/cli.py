@@ -224,6 +224,15 @@ def _qos_options(parser: argparse.ArgumentParser) -> None:
                              "messages wait for at most a piece of another VM's), normal (the default) a turn a round")
 
 
+def _cmd_container_files(args: argparse.Namespace) -> int:
+    from vrdma.container_files import write_tree
+
+    write_tree(Path(args.directory), args.device, args.address, args.socket)
+    print(f"{args.directory}: the files of {args.device} ({args.address}, socket {args.socket}); mount it as the "
+          "container's /sys (or set SYSFS_PATH to it) and give the container /dev/null as /dev/infiniband/uverbs0")
+    return 0
+
+
 def _cmd_libvirt_hook(args: argparse.Namespace) -> int:
     from vrdma import libvirt_hook
 
@@ -366,6 +375,17 @@ def build_parser() -> argparse.ArgumentParser:
                                           "doorbell-page-out-of-range"])
     admin.set_defaults(func=_cmd_admin)
 
+    files = sub.add_parser(
+        "container-files", help="write the files through which a container's libibverbs finds its vrdma device "
+                                "(docs/containers.md)")
+    files.add_argument("directory", help="where to write them: the container mounts it as its /sys")
+    files.add_argument("--device", required=True, metavar="NAME", help="the device's name, e.g. vrdma-c0")
+    files.add_argument("--address", required=True, metavar="IP", help="the container's address (its GID), as in "
+                                                                      "`vrdma admin container add`")
+    files.add_argument("--socket", required=True, metavar="PATH",
+                       help="where the container sees the backend's socket, e.g. /run/vrdma/vrdma-c0.sock")
+    files.set_defaults(func=_cmd_container_files)
+
     hook = sub.add_parser(
         "libvirt-hook", help="libvirt's QEMU hook: add a domain's vrdma device to the backend before QEMU starts, "
                              "remove it after (install packaging/libvirt/qemu-hook as /etc/libvirt/hooks/qemu)")
@@ -408,7 +428,7 @@ def _positive_int(text: str) -> int:
 # `vrdma bench --only` names (vrdma.bench.GROUPS, which a unit test holds this to: the bench is not imported to parse
 # a command line, and is absent from an installed package).
 BENCH_GROUPS = ("control", "memcpy", "native", "neighbour", "sharing", "scaling", "between-backends", "idle", "guests",
-                "interhost", "migration")
+                "interhost", "migration", "containers")
 
 
 def _bench_groups(text: str) -> tuple[str, ...]:

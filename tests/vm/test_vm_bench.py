@@ -51,7 +51,10 @@ def test_bench_writes_results_json(tmp_path: Path) -> None:
             # a live migration and a backend upgrade under traffic
             "migration_device_downtime_ms", "migration_peer_blackout_ms", "migration_qemu_downtime_ms",
             "migration_qemu_total_ms", "migration_state_bytes", "backend_upgrade_pause_ms",
-            "backend_upgrade_handover_ms"} <= set(results)
+            "backend_upgrade_handover_ms",
+            # containers on the same device: perftest between containers, and between a container and a VM
+            "container_write_bw_1mib_gbps", "container_vm_write_bw_1mib_gbps", "container_write_lat_small_us",
+            "container_write_bw_1mib_vs_memcpy", "container_vm_write_bw_1mib_vs_memcpy"} <= set(results)
     for name, result in results.items():
         assert result["command"].startswith("vrdma bench"), name
         value = result["value"]

@@ -11,6 +11,8 @@
   alone and beside a neighbour's flood of 1 MiB and of 8-byte WRITEs;
 - the backend's CPU while idle: two guests connected, 100 connected idle RC QPs (50 in each guest), measured
   with psutil over 10 s once the engine had time to park. Reported, not asserted: a measurement, not a test;
+- containers (containers.py): 1 MiB WRITE bandwidth container to container and container to VM, 8-byte WRITE
+  latency container to container;
 - between hosts (interhost.py): 1 MiB WRITE bandwidth and small WRITE latency between guests on two hosts for
   vrdma to vrdma, vrdma to rxe and rxe to rxe, and the same path's UDP throughput (iperf3) as the reference; and
   1 MiB WRITEs between two backends with simulated VMs (no guest on the cores), against the same kind of path.
@@ -34,6 +36,7 @@ from vrdma.bench.backend import (
     memcpy_bandwidth,
     native_backend,
 )
+from vrdma.bench.containers import containers
 from vrdma.bench.guests import BW_TOOLS, IDLE_QPS, LAT_TOOLS, guests_vs_rxe, idle_cpu, plot
 from vrdma.bench.interhost import between_backends, interhost
 from vrdma.bench.metric import Metric, Report, write
@@ -64,6 +67,9 @@ def ratios(results: list[Metric]) -> list[Metric]:
     ratio("vrdma_qp_create_vs_rxe", "vrdma_qp_create_per_s", "rxe_qp_create_per_s")
     ratio("vrdma_cm_connect_vs_rxe", "vrdma_cm_connect_per_s", "rxe_cm_connect_per_s")
     ratio("backend_write_bw_1mib_vs_memcpy", "backend_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    # containers (issue 29): >= 0.8x memcpy, container to container and container to VM
+    ratio("container_write_bw_1mib_vs_memcpy", "container_write_bw_1mib_gbps", "memcpy_1mib_gbps")
+    ratio("container_vm_write_bw_1mib_vs_memcpy", "container_vm_write_bw_1mib_gbps", "memcpy_1mib_gbps")
     # sharing a host (issue 27): the victim's p99 under a neighbour's flood against alone, <= 2x
     for flood in ("flood_1mib", "flood_8b"):
         ratio(f"neighbour_victim_write_p99_{flood}_vs_alone", f"neighbour_victim_write_{flood}_p99_us",
@@ -128,6 +134,8 @@ def groups(iterations: int = 5000, scaling_threads: tuple[int, ...] = SCALING_TH
                       lambda: interhost(smoke=smoke)),
         "migration": ("live migration and a backend upgrade under ib_write_bw over 16 QPs and a checked WRITE "
                       "stream (two guests)", lambda: migration(smoke=smoke)),
+        "containers": ("containers on the same device: perftest between two containers and between a container and "
+                       "a VM (one host)", lambda: containers(smoke=smoke)),
     }
 
 

@@ -107,7 +107,9 @@ def build(kernel_name: str = kernel.DEFAULT_KERNEL) -> dict[str, Any]:
             (scratch / "modules.cpio").unlink()
     initrd = cached.path / "initrd.cpio"
     info = {"initrd_path": str(initrd), "kernel_release": target["release"],
-            "size_mib": round(initrd.stat().st_size / 2**20, 1)}
+            "size_mib": round(initrd.stat().st_size / 2**20, 1),
+            # the root filesystem alone: containers' root (vrdma.harness.container), the same programs as a guest's
+            "rootfs_path": str(rootfs.path / "rootfs.cpio"), "rootfs_key": rootfs.key}
     kernel.record_kernel_product("image", kernel_name, info)
     return info
 

@@ -3,7 +3,8 @@ commands a caller adds (test hooks).
 
 One JSON object per line in each direction over a unix stream socket; each connection asks one question:
 
-    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}, "network": {...},
+    {"command": "counters"}                        -> {"ok": true, "vms": {"vm0": {...}, ...}, "containers": {...},
+                                                       "network": {...},
                                                        "engine_threads": [{"busy_ns": ..., "work": ...}, ...]}
     {"command": "vm-list"}                         -> {"ok": true, "vms": [{"name": "vm0", "socket-path": ...}, ...]}
     {"command": "vm-add", "name": "vm2", "socket-path": "/run/vrdma/vm2.sock", "mac": "52:54:00:..",
@@ -63,6 +64,7 @@ class Served(Protocol):
 
 class Described(Protocol):
     def describe(self) -> dict[str, object]: ...
+    def counters_snapshot(self) -> dict[str, object]: ...
 
 
 class VmRegistry(Protocol):
@@ -147,6 +149,7 @@ class AdminSocket:
     def _counters(self, request: dict[str, Any]) -> dict[str, Any]:
         _fields(request, set())
         return {"ok": True, "vms": {name: vm.counters_snapshot() for name, vm in self.backend.served().items()},
+                "containers": {name: c.counters_snapshot() for name, c in self.backend.containers.items()},
                 "network": self.network() if self.network is not None else None,
                 "engine_threads": self.engine_threads() if self.engine_threads is not None else []}
 

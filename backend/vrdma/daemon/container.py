@@ -133,6 +133,16 @@ class ContainerEndpoint:
                 if session.scope is not None and session.scope.owns_event(event) and session.connection is not None:
                     session.connection.send_event(event)
 
+    def counters_snapshot(self) -> dict[str, object]:
+        """The device's counters (objects, commands, the engine's, QoS) and its processes' channels."""
+        channels = [session.connection.counters for session in self.sessions.values() if session.connection]
+        return {**self.rdma.counters_snapshot(),
+                "channel": {"processes": len(self.sessions), "refused": self.refused,
+                            "messages": sum(c.messages for c in channels),
+                            "messages_refused": sum(c.refused for c in channels),
+                            "events_sent": sum(c.events_sent for c in channels),
+                            "events_dropped": sum(c.events_dropped for c in channels)}}
+
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "socket": str(self.spec.socket_path), "address": self.spec.address,
                 "max_processes": self.spec.max_processes, "refused": self.refused,

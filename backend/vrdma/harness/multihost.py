@@ -206,6 +206,13 @@ class MultiHost(Managed):
         backend.start()
         return backend
 
+    def backend_on(self, host: int) -> DaemonProcess:
+        """Host ``host``'s backend, started (with no VM) if it has none yet: where a guest migrates to, or where
+        containers are added (vrdma.harness.container)."""
+        if host not in self.backends:
+            self.backends[host] = self._backend(host, self.fabric[host], [])
+        return self.backends[host]
+
     def migrate(self, key: int | str, to_host: int, **options: Any) -> dict[str, Any]:
         """Live-migrate a vrdma guest to host ``to_host`` (move_guest; ``options``: Vm.migrate_to's), starting a
         backend there first if the host has none. Returns query-migrate's last answer."""
@@ -218,8 +225,7 @@ class MultiHost(Managed):
             raise ValueError(f"{vm.name} cannot move to host {to_host}: it runs on h{source}, of "
                              f"{self.host_count} hosts")
         identity = self.identities[index]
-        if to_host not in self.backends:
-            self.backends[to_host] = self._backend(to_host, self.fabric[to_host], [])
+        self.backend_on(to_host)
         destination, info = move_guest(
             vm, Move(identity.ip, identity.mac, f"tap{index}", self.fabric.hosts, source, to_host,
                      [self.backends[k].admin_socket for k in (source, to_host)],

@@ -154,7 +154,7 @@ def perftest(server: Vm, client: Vm, tool: str, device: str, gid_index: int, ext
     client_argv = [tool, "-d", cdev, "-x", str(cgid), "-F", *extra, server.address]
     for attempt in range(1, PERFTEST_CLOCK_ATTEMPTS + 1):
         _, out = client_server(server, client, argv, timeout=timeout, client_argv=client_argv)
-        rows = _perftest_rows(tool, out.stdout)
+        rows = perftest_rows(tool, out.stdout)
         if all(math.isfinite(value) for row in rows for value in row.values()):
             return rows
         # A latency tool converts cycles to time with the TSC rate it measures against gettimeofday; in a TCG guest
@@ -165,7 +165,7 @@ def perftest(server: Vm, client: Vm, tool: str, device: str, gid_index: int, ext
     raise AgentError(f"{tool} printed non-finite results {PERFTEST_CLOCK_ATTEMPTS} times:\n{out.stdout}{out.stderr}")
 
 
-def _perftest_rows(tool: str, stdout: str) -> list[dict[str, float]]:
+def perftest_rows(tool: str, stdout: str) -> list[dict[str, float]]:
     """A perftest result table as {column: value} rows."""
     lines = stdout.splitlines()
     for i, line in enumerate(lines):
