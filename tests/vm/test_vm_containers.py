@@ -8,6 +8,7 @@ numbers over TCP as the programs do (the containers' veths and vm0's tap are por
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -199,3 +200,20 @@ def test_a_containers_qos_limit_is_enforced(site: Site) -> None:
         assert qos["bytes-per-s"] == limit and qos["throttled_ns"] > 0, qos
         assert average <= limit * 1.5, f"{average / 1e6:.1f} MB/s through a {limit / 1e6:.0f} MB/s limit"
     assert counters(site.c0)["qos"]["throttled_ns"] == 0
+
+
+def test_memory_a_program_registers_is_shared_without_its_help(site: Site) -> None:
+    """pyverbs registers a heap buffer, an anonymous mapping and a page of the main thread's stack: each is remapped
+    onto a memfd (the device reads and writes them: a WRITE through a QP connected to itself), a shared file mapping
+    is refused, and deregistered they are private memory again with their contents."""
+    script = (Path(__file__).parents[2] / "backend" / "vrdma" / "harness" / "guest" / "container_memory.py").read_text()
+    status, out = run(site.c0, ["python3", "-c", script, site.c0.device])
+    assert status == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
+    print(json.dumps(report, indent=1))
+    for kind in ("heap", "anon", "stack"):
+        assert "/memfd:vrdma-mr" not in report["before"][kind], report
+        assert "/memfd:vrdma-mr" in report["registered"][kind], (kind, report)
+        assert "/memfd:vrdma-mr" not in report["after"][kind] and " rw-p " in report["after"][kind], (kind, report)
+    assert report["heap_written"] and report["stack_written"] and report["contents_kept"], report
+    assert report["file_mapping"].startswith("refused"), report
