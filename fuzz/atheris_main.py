@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import atheris
 
@@ -71,6 +72,26 @@ def read_stats(path: str) -> tuple[int, int, str] | None:
     return int(execs), int(inputs), unit
 
 
-def main(test_one_input: Callable[[bytes], None], argv: list[str] | None = None) -> None:
-    atheris.Setup(list(sys.argv if argv is None else argv), test_one_input)
+def main(test_one_input: Callable[[bytes], None], argv: list[str] | None = None,
+         custom_mutator: Callable[[bytes, int, int], bytes] | None = None) -> None:
+    if custom_mutator is None:
+        atheris.Setup(list(sys.argv if argv is None else argv), test_one_input)
+    else:
+        atheris.Setup(list(sys.argv if argv is None else argv), test_one_input, custom_mutator=custom_mutator)
     atheris.Fuzz()
+
+
+def main_or_seeds(test_one_input: Callable[[bytes], None], seeds: Callable[[], dict[str, bytes]],
+                  custom_mutator: Callable[[bytes, int, int], bytes] | None = None) -> None:
+    """A fuzzer module's entry point: ``--write-seeds DIR`` writes its seed inputs (``seeds()``: name -> bytes) into
+    DIR as seed-<name>; anything else runs it under libFuzzer's command line."""
+    if sys.argv[1:2] == ["--write-seeds"]:
+        out = Path(sys.argv[2])
+        out.mkdir(parents=True, exist_ok=True)
+        written = seeds()
+        for name, data in written.items():
+            (out / f"seed-{name}").write_bytes(data)
+        print(f"wrote {len(written)} seeds to {out}")
+    else:
+        main(test_one_input, custom_mutator=custom_mutator)
+    sys.exit(0)

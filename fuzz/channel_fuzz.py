@@ -35,13 +35,12 @@ import functools
 import logging
 import os
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import atheris
 
-from fuzz.atheris_main import Stats, check_no_new_fds, main, open_fds
+from fuzz.atheris_main import Stats, check_no_new_fds, main_or_seeds, open_fds
 
 with atheris.instrument_imports(include=["vrdma"]):
     from vrdma.channel import connection, wire
@@ -292,13 +291,5 @@ def seeds() -> dict[str, bytes]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write-seeds"]:
-        out = Path(sys.argv[2])
-        out.mkdir(parents=True, exist_ok=True)
-        for name, data in seeds().items():
-            (out / f"seed-{name}").write_bytes(data)
-        print(f"wrote {len(seeds())} seeds to {out}")
-    else:
-        main(test_one_input)
-    sys.exit(0)
+    main_or_seeds(test_one_input, seeds)
 

@@ -29,14 +29,12 @@ from __future__ import annotations
 import functools
 import logging
 import mmap
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import atheris
 
-from fuzz.atheris_main import Stats, main
+from fuzz.atheris_main import Stats, main_or_seeds
 
 with atheris.instrument_imports(include=["vrdma"]):
     from vrdma.device import abi, ah, commands, cq, device, gid, mr, objects, pd, pool, qp, qp_states, rings, srq
@@ -361,12 +359,4 @@ def seeds() -> dict[str, bytes]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write-seeds"]:
-        out = Path(sys.argv[2])
-        out.mkdir(parents=True, exist_ok=True)
-        for name, data in seeds().items():
-            (out / f"seed-{name}").write_bytes(data)
-        print(f"wrote {len(seeds())} seeds to {out}")
-    else:
-        main(test_one_input)
-    sys.exit(0)
+    main_or_seeds(test_one_input, seeds)

@@ -26,15 +26,13 @@ import functools
 import json
 import logging
 import random
-import sys
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import atheris
 
-from fuzz.atheris_main import Stats, check_no_new_fds, open_fds
+from fuzz.atheris_main import Stats, check_no_new_fds, main_or_seeds, open_fds
 
 with atheris.instrument_imports(include=["vrdma.device"]):
     from vrdma.device import abi, state
@@ -256,13 +254,4 @@ def seeds() -> dict[str, bytes]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write-seeds"]:
-        target = Path(sys.argv[2])
-        target.mkdir(parents=True, exist_ok=True)
-        for name, data in seeds().items():
-            (target / f"seed-{name}").write_bytes(data)
-        print(f"wrote {len(seeds())} seeds to {target}")
-    else:
-        atheris.Setup(sys.argv, test_one_input, custom_mutator=mutate)
-        atheris.Fuzz()
-    sys.exit(0)
+    main_or_seeds(test_one_input, seeds, custom_mutator=mutate)

@@ -188,16 +188,9 @@ static struct ibv_ah *create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 	struct vrdma_ah *ah;
 	int ret;
 
-	if (!attr->is_global)
-		return vrdma_abandon(NULL, NULL, EINVAL);  /* RoCE: every address has a GRH */
-	ah = calloc(1, sizeof(*ah));
+	ah = vrdma_ah_new(attr);
 	if (!ah)
-		return vrdma_abandon(NULL, NULL, ENOMEM);
-	memcpy(ah->av.dgid, attr->grh.dgid.raw, sizeof(ah->av.dgid));
-	ah->av.sgid_index = attr->grh.sgid_index;
-	ah->av.hop_limit = attr->grh.hop_limit;
-	ah->av.traffic_class = attr->grh.traffic_class;
-	ah->av.flow_label = htole32(attr->grh.flow_label);
+		return NULL;
 	req.pd = htole32(pd->handle);
 	req.flow_label = htole32(attr->grh.flow_label);
 	memcpy(req.dgid, attr->grh.dgid.raw, sizeof(req.dgid));

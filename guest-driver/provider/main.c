@@ -127,6 +127,18 @@ static int vrdma_check_doorbell(struct vrdma_context *ctx, const struct vrdma_al
 	return 0;
 }
 
+/* A context that could not be made: what it holds goes, errno says why. */
+static struct verbs_context *abandon_context(struct vrdma_context *ctx, int err)
+{
+	free(ctx->db_pages);
+	pthread_mutex_destroy(&ctx->db_lock);
+	pthread_mutex_destroy(&ctx->qps_lock);
+	verbs_uninit_context(&ctx->ibv_ctx);
+	free(ctx);
+	errno = err;
+	return NULL;
+}
+
 /*
  * A container's device (docs/containers.md): libibverbs opened the tree's /dev/infiniband node, which is
  * /dev/null's; no command goes through it. It is swapped for a read-only /dev/null, so that what libibverbs itself
@@ -148,14 +160,8 @@ static struct verbs_context *vrdma_alloc_channel_context(struct ibv_device *ibde
 	pthread_mutex_init(&ctx->qps_lock, NULL);
 	pthread_mutex_init(&ctx->db_lock, NULL);
 	ret = vrdma_chan_open(ctx, vdev->sysfs);
-	if (ret) {
-		pthread_mutex_destroy(&ctx->db_lock);
-		pthread_mutex_destroy(&ctx->qps_lock);
-		verbs_uninit_context(&ctx->ibv_ctx);
-		free(ctx);
-		errno = ret;
-		return NULL;
-	}
+	if (ret)
+		return abandon_context(ctx, ret);
 	verbs_set_ops(&ctx->ibv_ctx, &vrdma_chan_ctx_ops);
 	return &ctx->ibv_ctx;
 }
@@ -201,13 +207,7 @@ static struct verbs_context *vrdma_alloc_context(struct ibv_device *ibdev, int c
 
 err_free:
 	/* Closing the context's file (done by the caller on failure) releases what the kernel allocated. */
-	free(ctx->db_pages);
-	pthread_mutex_destroy(&ctx->db_lock);
-	pthread_mutex_destroy(&ctx->qps_lock);
-	verbs_uninit_context(&ctx->ibv_ctx);
-	free(ctx);
-	errno = ret;
-	return NULL;
+	return abandon_context(ctx, ret);
 }
 
 /* A container's device: its tree's device/modalias says so (docs/containers.md). */

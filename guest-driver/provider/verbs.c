@@ -195,11 +195,10 @@ int vrdma_dealloc_mw(struct ibv_mw *mw)
 
 /* -- address handles -------------------------------------------------------------------------------------------- */
 
-struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+/* An AH and what a UD send to it carries in its WQE, before the device (or the kernel) is told of it. */
+struct vrdma_ah *vrdma_ah_new(const struct ibv_ah_attr *attr)
 {
-	struct ib_uverbs_create_ah_resp resp;
 	struct vrdma_ah *ah;
-	int ret;
 
 	if (!attr->is_global)
 		return vrdma_abandon(NULL, NULL, EINVAL);  /* RoCE: every address has a GRH */
@@ -210,7 +209,19 @@ struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 	ah->av.sgid_index = attr->grh.sgid_index;
 	ah->av.hop_limit = attr->grh.hop_limit;
 	ah->av.traffic_class = attr->grh.traffic_class;
-	ah->av.flow_label = attr->grh.flow_label;
+	ah->av.flow_label = htole32(attr->grh.flow_label);
+	return ah;
+}
+
+struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+	struct ib_uverbs_create_ah_resp resp;
+	struct vrdma_ah *ah;
+	int ret;
+
+	ah = vrdma_ah_new(attr);
+	if (!ah)
+		return NULL;
 	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
 	if (ret)
 		return vrdma_abandon(NULL, ah, ret);

@@ -214,6 +214,7 @@ int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 int vrdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr);
 int vrdma_destroy_srq(struct ibv_srq *ibsrq);
 int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+struct vrdma_ah *vrdma_ah_new(const struct ibv_ah_attr *attr);
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int vrdma_destroy_ah(struct ibv_ah *ibah);
 
