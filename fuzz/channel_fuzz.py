@@ -53,11 +53,10 @@ with atheris.instrument_imports(include=["vrdma"]):
     from vrdma.engine.native import Engine
     from vrdma.loop import EventLoop
 
-from fuzz.commands_fuzz import REQUESTS, RESPONSES, Script
+from fuzz.commands_fuzz import REQUESTS, RESPONSES, Script, records  # (records: the same framing, up to 32)
 
 PAGE = 4096
 MEMFD_SIZES = (PAGE, 16 * PAGE, 1 << 20, 3 * PAGE)
-MAX_RECORDS = 24
 STATUSES = {int(s) for s in wire.Status}
 HANDLE_FIELDS = {"handle", "pd", "ucontext", "send_cq", "recv_cq", "srq", "dest_qp_num", "cq"}
 
@@ -243,16 +242,6 @@ def test_one_input(data: bytes) -> None:
     assert endpoint.rdma.memory == [], f"memory table left: {endpoint.rdma.memory}"
     check_no_new_fds(before, "the container channel")
     dev.stats.done()
-
-
-def records(data: bytes) -> list[tuple[int, int, bytes]]:
-    out: list[tuple[int, int, bytes]] = []
-    at = 0
-    while at + 4 <= len(data) and len(out) < MAX_RECORDS:
-        kind, aux, length = data[at], data[at + 1], int.from_bytes(data[at + 2:at + 4], "little")
-        out.append((kind, aux, data[at + 4:at + 4 + length]))
-        at += 4 + length
-    return out
 
 
 # -- seeds: what libvrdma in a container sends, in the records above ---------------------------------------------
