@@ -15,6 +15,9 @@ the backend's turn. Records of [kind u8][aux u8][length u16 LE][length bytes]:
   kind % 8 == 4  raw bytes, as one message, with aux % 4 descriptors of /dev/null
   kind % 8 == 5  the body's 8-byte words written into the first region at page aux (small words: its pages), as a
                  page list
+  kind % 8 == 6  CQ_NOTIFY with the body (a small cq names a value an answer returned) and the descriptor aux
+                 chooses: a pipe's write end, its read end, a memfd, /dev/null, none (the pipe is drained and
+                 closed after the input: the events written into it are read)
   otherwise      a COMMAND, as 3
 
 A message counts as one input of this interface. Properties checked:
@@ -82,6 +85,21 @@ def device() -> Device:
     return Device()
 
 
+def _pipe_end(aux: int, pipes: list[int]) -> list[int]:
+    """For CQ_NOTIFY: a pipe's write end (mostly), its read end, or another kind of descriptor; the read ends kept in
+    ``pipes`` for the input's end."""
+    choice = aux % 6
+    if choice < 3:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        pipes.append(r)
+        return [w]
+    if choice == 3:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        os.close(w)
+        return [r]
+    return _descriptor(aux >> 3) if choice == 4 else []
+
+
 def _descriptor(aux: int) -> list[int]:
     choice = aux % 8
     if choice < 4:
@@ -112,6 +130,7 @@ class Process:
         self.seq = 0
         self.returned: list[int] = []
         self.regions: list[int] = []
+        self.pipes: list[int] = []  # read ends of the pipes given to CQ_NOTIFY
         self.open = True
 
     def send(self, kind: int, body: bytes, fds: list[int], raw: bool = False) -> None:
@@ -203,6 +222,8 @@ class Process:
     def close(self) -> None:
         self.sock.close()
         self.dev.loop.run_once(0)
+        for fd in self.pipes:
+            os.close(fd)
 
 
 def test_one_input(data: bytes) -> None:
@@ -231,6 +252,12 @@ def test_one_input(data: bytes) -> None:
                              raw=True)
             elif action == 5:
                 process.write_list(aux, body)
+            elif action == 6:
+                request = bytearray(body)
+                if len(request) >= 4 and 0 < int.from_bytes(request[:4], "little") <= len(process.returned):
+                    value = process.returned[int.from_bytes(request[:4], "little") - 1]
+                    request[:4] = (value % (1 << 32)).to_bytes(4, "little")
+                process.send(MessageType.CQ_NOTIFY, bytes(request), _pipe_end(aux, process.pipes))
             else:
                 process.command(body)
     finally:
@@ -274,7 +301,8 @@ def seeds() -> dict[str, bytes]:
         commands += _record(3, 0, bytes(s.data[at + 4:at + 4 + length]))
         at += 4 + length
     remove = _record(2, 0, (1).to_bytes(8, "little"))
-    return {"lifecycle": hello + add + lists + commands,
+    notify = _record(6, 0, cq.to_bytes(4, "little") + bytes(4) + (0x7F00DEADBEEF).to_bytes(8, "little"))
+    return {"lifecycle": hello + add + lists + commands + notify,
             "remove-under-objects": hello + add + lists + commands + remove + commands,
             "no-hello": add + commands, "twice": hello + hello + add + add + remove + remove}
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 PAGE = 4096
-OP_COUNT = 22  # the length of engine_fuzz.c's ops[] (tests/unit/test_fuzz_seeds.py holds the two together)
+OP_COUNT = 23  # the length of engine_fuzz.c's ops[] (tests/unit/test_fuzz_seeds.py holds the two together)
 (MR_CREATE, MR_DESTROY, CQ_CREATE, CQ_DESTROY, SRQ_CREATE, SRQ_DESTROY, QP_CREATE, QP_MODIFY, QP_DESTROY, POST_SEND,
  POST_RECV, POLL, MIGRATE, CQ_CONSUME, MEM_WRITE, DOORBELL, SET_MEMORY, SRQ_LIMIT, PARK, RESET, GID_SET,
- ROCE) = range(OP_COUNT)
+ ROCE, PAGE_WINDOW) = range(OP_COUNT)
 WR_RDMA_WRITE, WR_RDMA_WRITE_WITH_IMM, WR_SEND, WR_SEND_WITH_IMM, WR_RDMA_READ, WR_CMP_SWP, WR_FETCH_ADD = range(7)
 SEND_SIGNALED, SEND_SOLICITED, SEND_INLINE = 2, 4, 8
 RTS, ERR, RESET_STATE = 3, 6, 0

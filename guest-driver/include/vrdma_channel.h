@@ -35,6 +35,7 @@
 #define VRDMA_CHAN_REMOVE_MEMORY 3  /* process -> device: a region no object of the process uses any more */
 #define VRDMA_CHAN_COMMAND 4        /* process -> device: a control command follows the header; its response too */
 #define VRDMA_CHAN_EVENT 5          /* device -> process: struct vrdma_event follows the header */
+#define VRDMA_CHAN_CQ_NOTIFY 6      /* process -> device, a pipe's write end attached: where a CQ's events go */
 
 /* Statuses in answers: VRDMA_STATUS_*'s numbers (vrdma_dev_cmd.h), named here for the channel's own refusals. */
 #define VRDMA_CHAN_STATUS_OK 0
@@ -85,6 +86,19 @@ struct vrdma_chan_remove_memory {
 	struct vrdma_chan_hdr hdr;
 	__le64 addr;              /* what ADD_MEMORY answered */
 };
+
+/*
+ * CQ_NOTIFY, with one descriptor: the write end of a pipe (a completion channel's, whose read end libibverbs'
+ * ibv_get_cq_event reads). From then on each completion event of the CQ (armed through its doorbell slot) is
+ * written into it as the 8 bytes of `cookie` (struct ib_uverbs_comp_event_desc: the ibv_cq's address) instead of
+ * an EVENT message; one the pipe has no room for is dropped and counted. Answered with a bare header.
+ */
+struct vrdma_chan_cq_notify {
+	struct vrdma_chan_hdr hdr;
+	__le32 cq;                /* the CQ's handle (one of the process's) */
+	__le32 reserved;
+	__le64 cookie;
+};
 /* CHANNEL-API-END */
 
 #ifndef VRDMA_ASSERT_SIZE
@@ -96,5 +110,6 @@ VRDMA_ASSERT_SIZE(vrdma_chan_hello_resp, 48);
 VRDMA_ASSERT_SIZE(vrdma_chan_add_memory, 16);
 VRDMA_ASSERT_SIZE(vrdma_chan_memory_resp, 16);
 VRDMA_ASSERT_SIZE(vrdma_chan_remove_memory, 16);
+VRDMA_ASSERT_SIZE(vrdma_chan_cq_notify, 24);
 
 #endif /* VRDMA_CHANNEL_H */

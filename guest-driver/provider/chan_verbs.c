@@ -213,8 +213,13 @@ static int destroy_ah(struct ibv_ah *ibah)
 	return ret;
 }
 
-/* CREATE_CQ for vrdma_create_cq: the ring is in memory shared with the device (buf_alloc took it there). */
-int vrdma_chan_create_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, uint32_t *db_index)
+/*
+ * CREATE_CQ for vrdma_create_cq: the ring is in memory shared with the device (buf_alloc took it there). With a
+ * completion channel (a pipe: libvrdma-compchan's, compchan.c), the device is given a write end of its pipe, into
+ * which it writes the CQ's completion events as ibv_get_cq_event reads them (the ibv_cq's address).
+ */
+int vrdma_chan_create_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, struct ibv_comp_channel *channel,
+			 uint32_t *db_index)
 {
 	struct vrdma_cmd_create_cq req = { .entries = htole32(cq->entries) };
 	struct vrdma_resp_create_cq resp;
@@ -232,6 +237,13 @@ int vrdma_chan_create_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, uint32_
 	cq->vcq.cq.handle = le32toh(resp.handle);
 	cq->vcq.cq.cqe = (int)cq->entries;
 	*db_index = le32toh(resp.db_index);
+	if (channel) {
+		ret = vrdma_chan_cq_notify(ctx, cq->vcq.cq.handle, (uintptr_t)&cq->vcq.cq, channel->fd);
+		if (ret) {
+			vrdma_chan_destroy(ctx, VRDMA_CMD_DESTROY_CQ, cq->vcq.cq.handle);
+			return ret;
+		}
+	}
 	return 0;
 }
 

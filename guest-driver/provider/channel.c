@@ -160,6 +160,33 @@ int vrdma_chan_cmd(struct vrdma_context *ctx, uint16_t opcode, void *req, size_t
 	return ret;
 }
 
+/*
+ * A CQ's completion events into the pipe whose read end is `channel_fd` (a completion channel's): the device is
+ * given a write end of it, opened anew through /proc (a pipe's read end opened for writing is a write end).
+ */
+int vrdma_chan_cq_notify(struct vrdma_context *ctx, uint32_t cq, uint64_t cookie, int channel_fd)
+{
+	struct vrdma_chan_cq_notify req = { .cq = htole32(cq), .cookie = htole64(cookie) };
+	struct vrdma_chan_hdr answer;
+	char path[64];
+	int fd, ret;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", channel_fd);
+	fd = open(path, O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0) {
+		ret = errno;
+		verbs_err(&ctx->ibv_ctx, "vrdma: the completion channel's fd %d is no pipe to give the device: %s\n",
+			  channel_fd, strerror(ret));
+		return ret;
+	}
+	pthread_mutex_lock(&ctx->chan->lock);
+	ret = vrdma_chan_request(ctx->chan, VRDMA_CHAN_CQ_NOTIFY, (const uint8_t *)&req + sizeof(req.hdr),
+				 sizeof(req) - sizeof(req.hdr), &fd, 1, &answer, sizeof(answer));
+	pthread_mutex_unlock(&ctx->chan->lock);
+	close(fd);
+	return ret;
+}
+
 /* -- doorbells --------------------------------------------------------------------------------------------------- */
 
 volatile uint32_t *vrdma_chan_db(struct vrdma_context *ctx, uint32_t index)

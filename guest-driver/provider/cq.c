@@ -29,7 +29,7 @@ struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe, struct ibv_
 	cmd.buf_size = cq->buf.size;
 	cmd.entries = cq->entries;
 	if (ctx->chan)
-		ret = vrdma_chan_create_cq(ctx, cq, &resp.db_index);
+		ret = vrdma_chan_create_cq(ctx, cq, channel, &resp.db_index);
 	else
 		ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector, &cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
 					&resp.ibv_resp, sizeof(resp));

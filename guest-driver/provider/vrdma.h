@@ -236,7 +236,9 @@ int vrdma_chan_share(struct vrdma_context *ctx, void *addr, size_t length, uint6
 void vrdma_chan_unshare(struct vrdma_context *ctx, void *region);
 /* chan_verbs.c: the verbs of a container's device, or the step of a shared verb that differs from a VM's */
 extern const struct verbs_context_ops vrdma_chan_ctx_ops;
-int vrdma_chan_create_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, uint32_t *db_index);
+int vrdma_chan_create_cq(struct vrdma_context *ctx, struct vrdma_cq *cq, struct ibv_comp_channel *channel,
+			 uint32_t *db_index);
+int vrdma_chan_cq_notify(struct vrdma_context *ctx, uint32_t cq, uint64_t cookie, int channel_fd);
 int vrdma_chan_create_qp(struct vrdma_context *ctx, struct vrdma_qp *qp, struct ibv_qp_init_attr_ex *attr,
 			 const struct vrdma_create_qp_cmd *layout, uint32_t *sq_db, uint32_t *rq_db);
 int vrdma_chan_destroy(struct vrdma_context *ctx, uint16_t opcode, uint32_t handle);

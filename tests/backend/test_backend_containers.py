@@ -7,6 +7,7 @@ from __future__ import annotations
 import array
 import fcntl
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -334,3 +335,44 @@ def test_vrdma_admin_container_commands(backend: BackendProcess) -> None:
     assert refused.returncode == 1 and "the backend refused" in refused.stderr, refused
     assert admin("remove", "c0").stdout.strip() == "c0: removed"
     assert "no containers are served" in admin("list").stdout
+
+
+def test_a_cqs_events_go_into_its_completion_channels_pipe(backend: BackendProcess, c0: ContainerProcess) -> None:
+    """CQ_NOTIFY: an armed CQ's completion event is written into the pipe the process gave (what libvrdma-compchan
+    makes a completion channel of) as its 8-byte cookie, where ibv_get_cq_event reads it; a CQ of another process,
+    a pipe's read end, no pipe at all are refused."""
+    box = container_side(c0)
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        c0.request("vrdma_chan_cq_notify", MessageType.CQ_NOTIFY, fds=[write_end], cq=box.cq.handle,
+                   cookie=0x7F00C0FFEE00)
+        os.close(write_end)  # (the backend holds its own)
+        box.verbs.connect(box.qp, box.qp.qpn, CGID["c0"])
+        box.verbs.arm_cq(box.cq)
+        box.verbs.post_recv(box.qp, [(box.mr.addr + 4096, 64, box.mr.lkey)], wr_id=1)
+        box.verbs.post_send(box.qp, WR_SEND, [(box.mr.addr, 64, box.mr.lkey)], wr_id=2)
+        wait_cqes(box.verbs, box.cq, 2)
+        ready, _, _ = select.select([read_end], [], [], 10)
+        assert ready, "no completion event in the pipe"
+        assert os.read(read_end, 64) == (0x7F00C0FFEE00).to_bytes(8, "little")
+        with ContainerProcess(backend.directory / "c0.sock") as other:
+            r2, w2 = os.pipe2(os.O_CLOEXEC)
+            try:
+                # another process's CQ, a pipe's read end, no descriptor at all
+                for fds, cq in (([w2], box.cq.handle), ([r2], None), ([], None)):
+                    mine = other.verbs.create_cq(8).handle
+                    with pytest.raises(Exception, match="status"):
+                        other.request("vrdma_chan_cq_notify", MessageType.CQ_NOTIFY, fds=fds,
+                                      cq=cq if cq is not None else mine, cookie=1)
+            finally:
+                os.close(r2)
+                os.close(w2)
+    finally:
+        os.close(read_end)
+    assert counters_of(backend, "c0")["channel"]["cq_events_dropped"] == 0
+
+
+def counters_of(backend: BackendProcess, name: str) -> dict[str, Any]:
+    reply = backend.admin_ask("counters")
+    assert reply["ok"], reply
+    return reply["containers"][name]  # type: ignore[no-any-return]

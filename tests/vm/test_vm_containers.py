@@ -101,6 +101,14 @@ def test_containers_on_one_host_run_pingpongs_and_write_bw(site: Site) -> None:
     assert write_bw(site.c0, site.c1) > 0
 
 
+def test_blocking_waits_on_a_completion_channel(site: Site) -> None:
+    """ibv_rc_pingpong -e: both sides sleep in ibv_get_cq_event on a completion channel (a pipe the backend writes
+    each armed CQ's events into: libvrdma-compchan, preloaded by the containers' root) instead of polling."""
+    out = pair(site.c0, site.c1, "ibv_rc_pingpong", "-n", "200", "-c", "-e")
+    assert "200 iters in" in out, out
+    assert counters(site.c1)["channel"]["cq_events_dropped"] == 0
+
+
 def test_a_container_and_a_vm_run_pingpongs_and_write_bw(site: Site) -> None:
     out = pair(site.vm0, site.c0, "ibv_rc_pingpong", "-n", "100", "-c")
     assert "100 iters in" in out, out

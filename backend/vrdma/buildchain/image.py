@@ -75,6 +75,7 @@ EXCLUDES = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/local
 # ... except what the guest does read there: rdma-core's own test suite (shipped by python3-pyverbs).
 KEEP = ["usr/share/doc/rdma-core/tests"]
 GUEST_FILES = Path(__file__).with_name("guest")
+COMPCHAN_LIBRARY = "libvrdma-compchan.so"
 
 
 def build(kernel_name: str = kernel.DEFAULT_KERNEL) -> dict[str, Any]:
@@ -251,6 +252,8 @@ def _add_provider(root: Path, provider: dict[str, Any]) -> None:
         raise BuildError(f"{provider_dir} is missing: did ibverbs-providers change its layout?")
     shutil.copy2(library, provider_dir / library.name)
     shutil.copy2(provider["driver_file"], root / "etc" / "libibverbs.d" / "vrdma.driver")
+    # A container's image preloads it (vrdma.harness.container, docs/containers.md); a guest's does not.
+    shutil.copy2(provider["compchan_path"], root / "usr" / "lib" / "x86_64-linux-gnu" / COMPCHAN_LIBRARY)
 
 
 def _compile_python(root: Path) -> None:

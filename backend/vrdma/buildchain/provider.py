@@ -26,12 +26,13 @@ from vrdma.errors import BuildError
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4  # 4: libvrdma-compchan beside the provider
 SOURCE_DIRS = ("provider", "include")
 USER_ABI_HEADER = Path("include/uapi/rdma/vrdma-abi.h")
 # The device API: vrdma_dev_api.h and the two it includes.
 DEVICE_API_HEADERS = [Path("include") / name for name in ("vrdma_dev_api.h", "vrdma_dev_ring.h", "vrdma_dev_cmd.h")]
 CHANNEL_HEADER = Path("include") / "vrdma_channel.h"  # a container's device (provider/channel.c)
+COMPCHAN = "vrdma-compchan"  # completion channels for a container's device, preloaded by its image (compchan.c)
 CMAKE_ARGS = [
     "-GNinja",
     "-DCMAKE_BUILD_TYPE=Release",
@@ -68,6 +69,7 @@ def build() -> dict[str, Any]:
             _build_into(archive, version, scratch)
     (library,) = sorted(cached.path.glob("libvrdma-rdmav*.so"))
     info = {"library_path": str(library), "driver_file": str(cached.path / "vrdma.driver"),
+            "compchan_path": str(cached.path / f"lib{COMPCHAN}.so"),
             "rdma_core_version": version, "key": cached.key}
     record_product("provider", info)
     return info
@@ -86,12 +88,12 @@ def _build_into(archive: apt.PrivateArchive, version: str, out: Path) -> None:
     with step("configuring rdma-core (cmake)"):
         builddir.mkdir()
         run(["cmake", *CMAKE_ARGS, ".."], cwd=builddir, log_file=logs / "cmake.log")
-    with step(f"compiling {target} and the libibverbs it links against"):
-        run(["ninja", "-j2", target], cwd=builddir, log_file=logs / "ninja.log")
-    library = builddir / "lib" / f"lib{target}.so"
-    if not library.is_file():
-        raise BuildError(f"ninja finished but {library} is missing (log: {logs / 'ninja.log'})")
-    shutil.copy2(library, out / library.name)
+    with step(f"compiling {target}, the libibverbs it links against, and {COMPCHAN}"):
+        run(["ninja", "-j2", target, COMPCHAN], cwd=builddir, log_file=logs / "ninja.log")
+    for library in (builddir / "lib" / f"lib{target}.so", builddir / "providers" / "vrdma" / f"lib{COMPCHAN}.so"):
+        if not library.is_file():
+            raise BuildError(f"ninja finished but {library} is missing (log: {logs / 'ninja.log'})")
+        shutil.copy2(library, out / library.name)
     (out / "vrdma.driver").write_text("driver vrdma\n")
     shutil.rmtree(src)
     shutil.rmtree(out / "dl")

@@ -62,6 +62,10 @@ class ChannelModel(Protocol):
     def command(self, request: bytes) -> bytes:
         """A command's response."""
 
+    def cq_notify(self, cq: int, cookie: int, fd: int) -> None:
+        """CQ ``cq``'s events go into ``fd`` (a pipe's write end, this call's to keep or not: the channel closes its
+        own after) as ``cookie`` (Refused if it may not)."""
+
     def closed(self, reason: str) -> None:
         """The connection ended: the device forgets the process (its regions are unmapped after this returns)."""
 
@@ -173,6 +177,11 @@ class ChannelConnection:
             fields, out_fds = self.model.hello(int(body.version))
             self.greeted = True
             return wire.api.new("vrdma_chan_hello_resp", **fields), b"", out_fds
+        if message is MessageType.CQ_NOTIFY:
+            if body.reserved:
+                raise Refused(Status.INVALID, "CQ_NOTIFY's reserved field is not 0")
+            self.model.cq_notify(int(body.cq), int(body.cookie), fds[0])
+            return None, b"", []
         if message is MessageType.ADD_MEMORY:
             address = self._add_memory(fds[0], int(body.size))
         else:

@@ -30,6 +30,7 @@ class MessageType(IntEnum):
     REMOVE_MEMORY = 3
     COMMAND = 4
     EVENT = 5
+    CQ_NOTIFY = 6
 
 
 # What each request is (its struct: COMMAND's is a header and then the command) and how many descriptors it carries.
@@ -38,6 +39,7 @@ REQUESTS: dict[MessageType, tuple[str, int]] = {
     MessageType.ADD_MEMORY: ("vrdma_chan_add_memory", 1),
     MessageType.REMOVE_MEMORY: ("vrdma_chan_remove_memory", 0),
     MessageType.COMMAND: ("vrdma_chan_hdr", 0),
+    MessageType.CQ_NOTIFY: ("vrdma_chan_cq_notify", 1),
 }
 
 

@@ -16,6 +16,7 @@ leave the memory table and are unmapped, its slot is free again; no other proces
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from vrdma.channel.wire import Status
 from vrdma.daemon.config import ContainerSpec
 from vrdma.daemon.doorbell import DoorbellRegion
 from vrdma.device import abi
+from vrdma.device.constants import EventType
 from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
 from vrdma.device.params import DEFAULT_LIMITS
@@ -126,11 +128,13 @@ class ContainerEndpoint:
             self.rdma.set_memory(table)
 
     def deliver_events(self) -> None:
-        """Each event the device has goes to the process whose object it is about (a port's, to every process)."""
+        """Each event the device has goes to the process whose object it is about (a port's, to every process): a
+        CQ's into the pipe of its completion channel, if the process gave one (CQ_NOTIFY), else as an EVENT."""
         while self.rdma.events:
             event = self.rdma.events.popleft()
             for session in list(self.sessions.values()):
-                if session.scope is not None and session.scope.owns_event(event) and session.connection is not None:
+                if session.scope is not None and session.scope.owns_event(event) and session.connection is not None \
+                        and not session.notified(event):
                     session.connection.send_event(event)
 
     def counters_snapshot(self) -> dict[str, object]:
@@ -141,7 +145,8 @@ class ContainerEndpoint:
                             "messages": sum(c.messages for c in channels),
                             "messages_refused": sum(c.refused for c in channels),
                             "events_sent": sum(c.events_sent for c in channels),
-                            "events_dropped": sum(c.events_dropped for c in channels)}}
+                            "events_dropped": sum(c.events_dropped for c in channels),
+                            "cq_events_dropped": sum(s.cq_events_dropped for s in self.sessions.values())}}
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "socket": str(self.spec.socket_path), "address": self.spec.address,
@@ -181,6 +186,8 @@ class ProcessSession:
         self.regions: dict[int, tuple[int, int, int]] = {}  # device address -> (address, size, host address)
         self.scope: ContextScope | None = None
         self.connection: ChannelConnection | None = None
+        self.cq_pipes: dict[int, tuple[int, bytes]] = {}  # CQ handle -> (its channel's pipe, the 8 bytes to write)
+        self.cq_events_dropped = 0
 
     @property
     def owner(self) -> str:
@@ -218,9 +225,42 @@ class ProcessSession:
     def command(self, request: bytes) -> bytes:
         if self.scope is None:  # (the channel answers nothing before HELLO)
             raise Refused(Status.INVALID, "no user context")
-        return self.scope.execute(request, MAX_RESPONSE)
+        response = self.scope.execute(request, MAX_RESPONSE)
+        for cq in [cq for cq in self.cq_pipes if not self.scope.owns("cq", cq)]:
+            os.close(self.cq_pipes.pop(cq)[0])  # the CQ went: its events with it
+        return response
+
+    def cq_notify(self, cq: int, cookie: int, fd: int) -> None:
+        if self.scope is None or not self.scope.owns("cq", cq):
+            raise Refused(Status.INVALID, f"CQ {cq} is no CQ of the process's")
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISFIFO(mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
+            raise Refused(Status.INVALID, "CQ_NOTIFY's descriptor is no pipe's write end")
+        kept = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
+        os.set_blocking(kept, False)  # (a full pipe drops an event; it never holds the backend)
+        old = self.cq_pipes.pop(cq, None)
+        if old is not None:
+            os.close(old[0])
+        self.cq_pipes[cq] = (kept, cookie.to_bytes(8, "little"))
+
+    def notified(self, event: bytes) -> bool:
+        """Whether a completion event went into its CQ's pipe (the process's completion channel)."""
+        parsed = abi.from_bytes("vrdma_event", event)
+        pipe = self.cq_pipes.get(int(parsed.handle)) if int(parsed.type) == EventType.CQ_COMP else None
+        if pipe is None:
+            return False
+        try:
+            os.write(pipe[0], pipe[1])
+        except BlockingIOError:
+            self.cq_events_dropped += 1
+        except OSError:  # nobody reads it any more
+            os.close(self.cq_pipes.pop(int(parsed.handle))[0])
+        return True
 
     def closed(self, reason: str) -> None:
+        for pipe, _ in self.cq_pipes.values():
+            os.close(pipe)
+        self.cq_pipes.clear()
         if self.scope is not None:
             self.scope.close()
         self.regions.clear()

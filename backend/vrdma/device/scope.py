@@ -161,6 +161,10 @@ class ContextScope:
         if rule.destroys:
             self.owned[rule.destroys].discard(int(abi.from_bytes(request_struct, request).handle))
 
+    def owns(self, kind: str, handle: int) -> bool:
+        """Whether ``handle`` is one of the process's objects of ``kind``."""
+        return handle in self.owned[kind]
+
     def owns_event(self, event: bytes) -> bool:
         """Whether an event (struct vrdma_event) is about one of the process's objects, or the port's."""
         parsed = abi.from_bytes("vrdma_event", event)

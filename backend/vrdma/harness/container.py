@@ -47,17 +47,21 @@ class ContainerError(VrdmaError):
 def root_filesystem() -> Path:
     """The guest image's root filesystem, unpacked (once per image) for containers to run from."""
     from vrdma.buildchain.cache import CachedProduct, step
+    from vrdma.buildchain.image import COMPCHAN_LIBRARY
     from vrdma.buildchain.kernel import kernel_product
 
     image = kernel_product("image", None)
     if "rootfs_path" not in image:
         raise ContainerError("the image product names no root filesystem: run `make image`")
-    cached = CachedProduct("container-root", {"rootfs": image["rootfs_key"]})
+    preload = f"/usr/lib/x86_64-linux-gnu/{COMPCHAN_LIBRARY}"
+    cached = CachedProduct("container-root", {"rootfs": image["rootfs_key"], "preload": preload})
     if not cached.complete:
         with cached.building() as scratch, step("unpacking the guest root filesystem for containers"):
             (scratch / "root").mkdir()
             with open(image["rootfs_path"], "rb") as archive:
                 subprocess.run(["cpio", "-idm", "--quiet"], stdin=archive, cwd=scratch / "root", check=True)
+            # What a container's image adds to a guest's: completion channels for its devices (compchan.c).
+            (scratch / "root" / "etc" / "ld.so.preload").write_text(preload + "\n")
     return cached.path / "root"
 
 
