@@ -18,11 +18,11 @@ option); libvrdma never sends a command through it. `vrdma_socket` is where the 
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 
 from vrdma.device import abi
+from vrdma.device.gid import gid_of_address, gid_text
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.errors import VrdmaError
 
@@ -35,14 +35,12 @@ class ContainerFilesError(VrdmaError):
     """A device name, address or path the files cannot be written for."""
 
 
-def gid_text(address: str) -> str:
-    """The GID of an IP address (IPv4: mapped into IPv6) as sysfs writes it: eight groups of four hex digits."""
+def address_gid_text(address: str) -> str:
+    """The GID of an IP address (IPv4: mapped into IPv6) as sysfs writes it."""
     try:
-        ip = ipaddress.ip_address(address)
+        return gid_text(gid_of_address(address))
     except ValueError:
         raise ContainerFilesError(f"{address!r} is not an IP address") from None
-    raw = (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip).packed
-    return ":".join(raw[i:i + 2].hex() for i in range(0, 16, 2))
 
 
 def write_tree(directory: Path, device: str, address: str, socket_path: str, node_guid: int = 0x0276720000000001,
@@ -53,7 +51,7 @@ def write_tree(directory: Path, device: str, address: str, socket_path: str, nod
         raise ContainerFilesError(f"device name {device!r}: 1 to 64 letters, digits, '_', '.', '-'")
     if not socket_path.startswith("/") or "\n" in socket_path:
         raise ContainerFilesError(f"socket path {socket_path!r} must be absolute (as the container sees it)")
-    gid, empty = gid_text(address), ":".join(["0000"] * 8)
+    gid, empty = address_gid_text(address), gid_text(bytes(16))
     verbs = directory / "class" / "infiniband_verbs"
     ibdev = directory / "class" / "infiniband" / device
     port = ibdev / "ports" / "1"

@@ -17,10 +17,11 @@ import pytest
 
 from vrdma.device import abi, state
 from vrdma.device.device import RdmaDevice
+from vrdma.device.gid import gid_of_address as gid_of
 from vrdma.device.state import StateError
 from vrdma.device.status import Status
 from vrdma.testing.frontend import GuestMemory
-from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms, gid_of
+from vrdma.testing.inprocess import LocalPort, LocalVm, LocalVms
 from vrdma.testing.simulated_guest import CommandError, SimVerbs
 
 KIB, MIB = 1 << 10, 1 << 20

@@ -112,10 +112,10 @@ def between_backends(mtu: int = MTU, smoke: bool = False) -> list[Metric]:
 
     from vrdma.bench.backend import native_pair
     from vrdma.bench.neighbours import SHARE_SECONDS, _floods
+    from vrdma.device.gid import gid_of_address as gid_of
     from vrdma.harness.daemon import DaemonProcess, Served, admin, vm_counters
     from vrdma.harness.hosts import HostNetwork
     from vrdma.testing.frontend import Frontend
-    from vrdma.testing.inprocess import gid_of
 
     command = (f"vrdma bench (two backends on two hosts, {mtu}-byte links, simulated VMs, WRITEs of 1 MiB "
                f"{BACKENDS_DEPTH} at a time for {SHARE_SECONDS:g} s, median of {BACKENDS_RUNS})")

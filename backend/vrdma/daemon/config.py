@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vrdma.device.gid import gid_of_address
 from vrdma.device.qos import EQUAL_SHARE, Qos, QosError
 from vrdma.errors import VrdmaError
 
@@ -167,8 +168,7 @@ class ContainerSpec:
     @property
     def gid(self) -> bytes:
         """The RoCE v2 GID of the address (IPv4: mapped into IPv6)."""
-        ip = ipaddress.ip_address(self.address)
-        return (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip).packed
+        return gid_of_address(self.address)
 
 
 def container_spec(name: object, socket_path: object, address: object, *, qos: object = None,

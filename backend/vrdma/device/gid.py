@@ -3,6 +3,7 @@ them too, and routes connections, packets and datagrams by them."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from dataclasses import dataclass
 
@@ -16,14 +17,24 @@ log = logging.getLogger(__name__)
 GID_TYPES = tuple(GidType)
 
 
+def gid_of_address(address: str) -> bytes:
+    """The RoCE v2 GID of an IP address (IPv4: mapped into IPv6); ValueError if it is none."""
+    ip = ipaddress.ip_address(address)
+    return (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip).packed
+
+
+def gid_text(raw: bytes) -> str:
+    """A GID as sysfs and the log write it: eight groups of four hex digits."""
+    return ":".join(raw[i:i + 2].hex() for i in range(0, 16, 2))
+
+
 @dataclass(frozen=True)
 class Gid:
     raw: bytes
     type: int
 
     def __str__(self) -> str:
-        words = [self.raw[i:i + 2].hex() for i in range(0, 16, 2)]
-        return ":".join(words)
+        return gid_text(self.raw)
 
 
 class GidTable:

@@ -16,7 +16,6 @@ same test takes the same steps every time.
 from __future__ import annotations
 
 import ctypes
-import ipaddress
 import random
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,6 +24,7 @@ from typing import Any
 
 from vrdma.device.device import RdmaDevice
 from vrdma.device.fabric import Fabric
+from vrdma.device.gid import gid_of_address as gid_of
 from vrdma.device.params import DEFAULT_LIMITS
 from vrdma.engine.native import Engine, ffi, lib
 from vrdma.testing.frontend import GuestMemory
@@ -35,10 +35,6 @@ POLL_BUDGET = 64
 AETH_SYNDROME_SHIFT = 24
 
 
-def gid_of(address: str) -> bytes:
-    """The GID a RoCE v2 device has for an IP address (IPv4: mapped into IPv6)."""
-    ip = ipaddress.ip_address(address)
-    return (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip).packed
 
 
 @dataclass
