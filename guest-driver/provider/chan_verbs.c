@@ -181,35 +181,23 @@ static int dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
-static struct ibv_ah *create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+/* CREATE_AH's step of vrdma_create_ah: what a VM's kernel would send the device for it. */
+int vrdma_chan_create_ah(struct vrdma_context *ctx, struct ibv_pd *pd, const struct ibv_ah_attr *attr,
+			 struct vrdma_ah *ah)
 {
 	struct vrdma_cmd_create_ah req = {};
 	struct vrdma_resp_create_ah resp;
-	struct vrdma_ah *ah;
 	int ret;
 
-	ah = vrdma_ah_new(attr);
-	if (!ah)
-		return NULL;
 	req.pd = htole32(pd->handle);
 	req.flow_label = htole32(attr->grh.flow_label);
 	memcpy(req.dgid, attr->grh.dgid.raw, sizeof(req.dgid));
 	req.sgid_index = attr->grh.sgid_index;
 	req.hop_limit = attr->grh.hop_limit;
 	req.traffic_class = attr->grh.traffic_class;
-	ret = vrdma_chan_cmd(to_vctx(pd->context), VRDMA_CMD_CREATE_AH, &req, sizeof(req), &resp, sizeof(resp));
-	if (ret)
-		return vrdma_abandon(NULL, ah, ret);
-	ah->ibv_ah.handle = le32toh(resp.handle);
-	return &ah->ibv_ah;
-}
-
-static int destroy_ah(struct ibv_ah *ibah)
-{
-	int ret = vrdma_chan_destroy(to_vctx(ibah->context), VRDMA_CMD_DESTROY_AH, ibah->handle);
-
+	ret = vrdma_chan_cmd(ctx, VRDMA_CMD_CREATE_AH, &req, sizeof(req), &resp, sizeof(resp));
 	if (!ret)
-		free(container_of(ibah, struct vrdma_ah, ibv_ah));
+		ah->ibv_ah.handle = le32toh(resp.handle);
 	return ret;
 }
 
@@ -394,13 +382,13 @@ static int query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask
 
 const struct verbs_context_ops vrdma_chan_ctx_ops = {
 	.alloc_pd = alloc_pd,
-	.create_ah = create_ah,
+	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
 	.create_qp_ex = vrdma_create_qp_ex,
 	.dealloc_pd = dealloc_pd,
 	.dereg_mr = dereg_mr,
-	.destroy_ah = destroy_ah,
+	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
 	.free_context = vrdma_free_context,

@@ -196,7 +196,7 @@ int vrdma_dealloc_mw(struct ibv_mw *mw)
 /* -- address handles -------------------------------------------------------------------------------------------- */
 
 /* An AH and what a UD send to it carries in its WQE, before the device (or the kernel) is told of it. */
-struct vrdma_ah *vrdma_ah_new(const struct ibv_ah_attr *attr)
+static struct vrdma_ah *vrdma_ah_new(const struct ibv_ah_attr *attr)
 {
 	struct vrdma_ah *ah;
 
@@ -213,8 +213,10 @@ struct vrdma_ah *vrdma_ah_new(const struct ibv_ah_attr *attr)
 	return ah;
 }
 
+/* The device is told of an AH through the kernel, or a container's channel. */
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
+	struct vrdma_context *ctx = to_vctx(pd->context);
 	struct ib_uverbs_create_ah_resp resp;
 	struct vrdma_ah *ah;
 	int ret;
@@ -222,7 +224,8 @@ struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 	ah = vrdma_ah_new(attr);
 	if (!ah)
 		return NULL;
-	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
+	ret = ctx->chan ? vrdma_chan_create_ah(ctx, pd, attr, ah) :
+			  ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
 	if (ret)
 		return vrdma_abandon(NULL, ah, ret);
 	return &ah->ibv_ah;
@@ -230,7 +233,8 @@ struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 
 int vrdma_destroy_ah(struct ibv_ah *ibah)
 {
-	int ret = ibv_cmd_destroy_ah(ibah);
+	struct vrdma_context *ctx = to_vctx(ibah->context);
+	int ret = ctx->chan ? vrdma_chan_destroy(ctx, VRDMA_CMD_DESTROY_AH, ibah->handle) : ibv_cmd_destroy_ah(ibah);
 
 	if (ret)
 		return ret;

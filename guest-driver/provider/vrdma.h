@@ -214,7 +214,6 @@ int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr, int mask)
 int vrdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr);
 int vrdma_destroy_srq(struct ibv_srq *ibsrq);
 int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
-struct vrdma_ah *vrdma_ah_new(const struct ibv_ah_attr *attr);
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int vrdma_destroy_ah(struct ibv_ah *ibah);
 
@@ -242,6 +241,8 @@ int vrdma_chan_cq_notify(struct vrdma_context *ctx, uint32_t cq, uint64_t cookie
 int vrdma_chan_create_qp(struct vrdma_context *ctx, struct vrdma_qp *qp, struct ibv_qp_init_attr_ex *attr,
 			 const struct vrdma_create_qp_cmd *layout, uint32_t *sq_db, uint32_t *rq_db);
 int vrdma_chan_destroy(struct vrdma_context *ctx, uint16_t opcode, uint32_t handle);
+int vrdma_chan_create_ah(struct vrdma_context *ctx, struct ibv_pd *pd, const struct ibv_ah_attr *attr,
+			 struct vrdma_ah *ah);
 int vrdma_chan_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int attr_mask);
 
 #endif /* VRDMA_PROVIDER_H */
