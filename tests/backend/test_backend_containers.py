@@ -166,6 +166,10 @@ def test_kill_9_of_a_process_frees_everything_it_made(backend: BackendProcess, c
         child.wait()
     wait_until("the killed process's objects freed within a second",
                lambda: [p["pid"] for p in processes(backend, "c0")] == [os.getpid()], timeout=1.0, interval=0.02)
+    # The device holds the survivor's objects and nothing of the killed process's (its context, 4 QPs, 3 MRs...).
+    objects = counters_of(backend, "c0")["objects"]
+    assert objects == {"gid": 1, "ucontext": 1, "pd": 1, "mr": 1, "cq": 1, "xrcd": 0, "srq": 0, "qp": 1, "ah": 0}, \
+        objects
     # The survivor's objects work on.
     survivor.verbs.connect(survivor.qp, survivor.qp.qpn, CGID["c0"])
     write_and_check(survivor, survivor, CGID["c0"], CGID["c0"], size=4096)
