@@ -145,10 +145,13 @@ int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags)
 	spin_lock_irqsave(&cq->lock, irqflags);
 	cq->arm_seq++;
 	writel(cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT | kind, vrdma_kdb(dev, cq->db_index));
-	if (flags & IB_CQ_REPORT_MISSED_EVENTS) {
-		mb();  /* the arm before the look: a completion after it raises an event, one before it is seen here */
+	/*
+	 * The arm before any look at prod, here or by a caller that polls again after arming: a completion after it
+	 * raises an event, one before it is seen (the engine fences between publishing a CQE and reading the arm).
+	 */
+	mb();
+	if (flags & IB_CQ_REPORT_MISSED_EVENTS)
 		missed = le32_to_cpu(READ_ONCE(hdr->prod)) != cq->cons;
-	}
 	spin_unlock_irqrestore(&cq->lock, irqflags);
 	return missed;
 }

@@ -216,6 +216,12 @@ int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	cq->arm_seq++;
 	ring_doorbell(cq->db, (cq->arm_seq << VRDMA_CQ_ARM_SEQ_SHIFT) |
 		      (solicited_only ? VRDMA_CQ_ARM_SOLICITED : VRDMA_CQ_ARM_NEXT));
+	/*
+	 * The arm before the caller's next poll (it polls once more after arming, to catch a completion that came
+	 * first): a store then a load, which only a full fence keeps in order. The engine fences its side between a
+	 * CQE's publication and its look at this slot; without both, each may miss the other and no event ever comes.
+	 */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	pthread_spin_unlock(&cq->lock);
 	return 0;
 }

@@ -44,6 +44,14 @@ VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *c
 	d->counters.cqes++;
 	if (cqe->status != VRDMA_WC_SUCCESS)
 		d->counters.error_cqes++;
+	/*
+	 * The CQE's publication before the look at the arm slot. A consumer arms (a store to the slot), then looks at
+	 * prod (a load); here the store is prod and the load the arm. A release store and an acquire load do not order
+	 * a store before a later load (x86's store buffer passes them), so without a full fence on both sides each
+	 * could see the other's old value: no event here, an empty CQ there, and the consumer sleeps for good. The
+	 * provider's req_notify_cq and the kernel driver's fence their side.
+	 */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	arm = load_acquire(cq->arm);
 	if (arm == cq->arm_done || !((arm & VRDMA_CQ_ARM_NEXT) ||
 				     ((arm & VRDMA_CQ_ARM_SOLICITED) && (solicited || cqe->status != VRDMA_WC_SUCCESS))))
