@@ -362,7 +362,9 @@ def test_a_peer_backend_that_restarts(fabric: HostNetwork, tmp_path: Path) -> No
     its VM makes its objects anew, and a QP of vm0, reset and connected to the new one, works again."""
     p = Pair(fabric, tmp_path)
     try:
-        a, b = p.connect(timeout=8, retry_cnt=2)
+        # 67 ms per try, 4 tries: "nobody" fails in under 0.3 s, and "before" has room for an ACK that a loaded
+        # machine delays (the 1 ms of the test above failed it once under ASan in a full run: RETRY_EXC_ERR)
+        a, b = p.connect(timeout=14, retry_cnt=3)
         assert send(a, WR["RDMA_WRITE"], b"before", remote_addr=b.mr.addr, rkey=b.mr.rkey).status == WC["SUCCESS"]
         p.fes[1].__exit__(None, None, None)
         assert p.backends[1].stop() == 0
