@@ -189,7 +189,9 @@ def test_datagrams_unreliable_connections_and_rdma_cm_survive_a_migration(guests
         if held:
             client.qmp("cont")
         for name, _, _, client_pid, _ in spawned:
-            assert client.agent.poll(client_pid) is None, f"{name} ended before the switch-over"
+            ended = client.agent.poll(client_pid)
+            assert ended is None, f"{name} ended before the switch-over (exit {ended.exit_status}):\n" \
+                                  f"{ended.stdout}{ended.stderr}"
 
     guests.migrate("vm0", while_copying=hold_client, before_switchover=release_client)
     server = guests[0]

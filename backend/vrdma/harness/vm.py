@@ -489,8 +489,10 @@ def span_switchover(guest: Vm, pid: int, progress: Callable[[], int], more: int,
             held.append(True)
 
     def before_switchover() -> None:
-        if guest.agent.poll(pid) is not None:
-            raise AssertionError(f"{what} ended before the switch-over")
+        ended = guest.agent.poll(pid)
+        if ended is not None:
+            raise AssertionError(f"{what} ended before the switch-over (exit {ended.exit_status}):\n"
+                                 f"{ended.stdout}{ended.stderr}")
         if held:
             guest.run(["kill", "-CONT", str(pid)]).check(f"{what} let go")
 
