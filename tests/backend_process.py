@@ -218,10 +218,10 @@ class SimSide:
 
 
 def start_side(fe: Frontend, backend: BackendProcess, name: str, gid: bytes, mr_size: int,
-               qp_type: str = "RC") -> SimSide:
+               qp_type: str = "RC", device_features: int = 0) -> SimSide:
     """A user context with its GID, a PD, a CQ, a QP of ``qp_type`` on it (an XRC initiator has no receive CQ)
-    and an MR of ``mr_size`` bytes."""
-    fe.start()
+    and an MR of ``mr_size`` bytes; the driver accepts ``device_features`` (VRDMA_F_* bits)."""
+    fe.start(device_features=device_features)
     verbs = SimVerbs(fe, backend.directory / f"{name}.doorbell")
     verbs.add_gid(0, gid)
     pd = verbs.alloc_pd()

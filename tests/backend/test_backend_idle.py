@@ -12,10 +12,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from backend_process import BackendProcess
+from backend_process import GID, BackendProcess, connect_sides, start_side, wait_cqes
 from polling import wait_until
 
 from vrdma.device import abi
+from vrdma.testing.frontend import FrontendError
 from vrdma.testing.simulated_guest import SimVerbs
 
 pytestmark = pytest.mark.backend
@@ -68,5 +69,41 @@ def test_the_recheck_is_chosen_per_driver(tmp_path: Path) -> None:
                 rechecking = wakeups(pid, WINDOW)
         assert quiet <= 5, f"{quiet} wake-ups in {WINDOW} s with no driver asking for the recheck"
         assert rechecking >= 20, f"only {rechecking} wake-ups in {WINDOW} s with a driver asking for the recheck"
+    finally:
+        assert backend.stop() == 0, backend.log_text()
+
+
+def test_an_arm_that_its_completion_missed_still_gets_its_event(tmp_path: Path) -> None:
+    """A guest whose fences are emulated away (TCG drops a one-vCPU guest's barriers) can arm a CQ so late that the
+    completion it waited for has already looked at the arm slot, and have polled the ring before that completion
+    was there: it sleeps with a completion in its ring. Played here in that order: vm0's receive completes unarmed
+    and unpolled, then vm0 arms. The engine's arm sweep (every 100 ms; here at the parked engine's recheck, which
+    vm0's driver asked for) finds an arm newer than the last completion over a ring not polled, and raises the event.
+    An arm over a ring the consumer emptied raises none."""
+    backend = BackendProcess(tmp_path)
+    try:
+        with backend.frontend("vm0") as fe0, backend.frontend("vm1") as fe1:
+            a = start_side(fe0, backend, "vm0", GID["vm0"], 64 << 10, device_features=RECHECK)
+            b = start_side(fe1, backend, "vm1", GID["vm1"], 64 << 10)
+            connect_sides(a, GID["vm0"], b, GID["vm1"])
+            a.verbs.post_event_buffers()
+            a.verbs.wait_events()  # PORT_ACTIVE
+            a.verbs.post_recv(a.qp, [(a.mr.addr, 64, a.mr.lkey)], wr_id=7)
+            b.verbs.post_send(b.qp, abi.const("VRDMA_WR_SEND"), [(b.mr.addr, 8, b.mr.lkey)])
+            wait_cqes(b.verbs, b.cq, 1)
+
+            def completions_written() -> int:
+                return int.from_bytes(a.verbs.memory.read(a.cq.buf.gpa, 4), "little")  # the ring header's prod
+
+            wait_until("vm0's receive completion in its ring", lambda: completions_written() == 1, timeout=10,
+                       interval=0.01)
+            wait_until("the engine parks", a.verbs.parked, timeout=10, interval=0.01)
+            a.verbs.arm_cq(a.cq)
+            (event,) = a.verbs.wait_events(timeout=5)
+            assert (event.type, event.handle) == (abi.const("VRDMA_EVENT_CQ_COMP"), a.cq.handle)
+            assert [cqe.wr_id for cqe in wait_cqes(a.verbs, a.cq, 1)] == [7]
+            a.verbs.arm_cq(a.cq)
+            with pytest.raises(FrontendError):
+                a.verbs.wait_events(timeout=0.5)
     finally:
         assert backend.stop() == 0, backend.log_text()

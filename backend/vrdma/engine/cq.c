@@ -53,6 +53,7 @@ VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *c
 	 */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	arm = load_acquire(cq->arm);
+	cq->arm_seen = arm;
 	if (arm == cq->arm_done || !((arm & VRDMA_CQ_ARM_NEXT) ||
 				     ((arm & VRDMA_CQ_ARM_SOLICITED) && (solicited || cqe->status != VRDMA_WC_SUCCESS))))
 		return;
@@ -81,7 +82,7 @@ VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d)
 
 	if (!d->mod_next || ctx(e)->now < d->mod_next)
 		return;
-	for (uint32_t i = 0; i < d->lim.max_cq; i++) {
+	for (uint32_t i = 0; i < d->cq_hi; i++) {
 		struct vre_cq *cq = d->cqs[i];
 
 		if (!cq || !cq->mod_deadline)
@@ -92,6 +93,46 @@ VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d)
 			next = cq->mod_deadline;
 	}
 	d->mod_next = next;
+}
+
+/*
+ * An arm request that the last completion may have missed. The fences of cq_push and of the consumer order an arm
+ * and a CQE, but a guest whose CPU is emulated can lose its fence (QEMU's TCG drops a guest's barriers when the
+ * guest has one vCPU): its arm store can then reach memory after cq_push looked at the slot, while its poll read
+ * prod before the CQE was there, and it sleeps with a completion in its ring. So every VRE_ARM_SWEEP_NS a CQ whose
+ * arm request is new since its last completion, and that holds completions its consumer has not taken, gets its
+ * event: what a NIC does when a CQ is armed over entries not yet polled. An event too many is harmless (a
+ * consumer polls after each); a missing one is a hang.
+ */
+VRE_FN void cq_sweep_arms(struct vre_engine *e, struct vre_device *d)
+{
+	if (ctx(e)->now < d->arm_sweep_at)
+		return;
+	d->arm_sweep_at = ctx(e)->now + VRE_ARM_SWEEP_NS;
+	for (uint32_t i = 0; i < d->cq_hi; i++) {
+		struct vre_cq *cq = d->cqs[i];
+		const struct vrdma_cq_ring_hdr *hdr;
+		uint32_t arm;
+
+		if (!cq || cq->error || !cq->ring.valid)
+			continue;
+		arm = load_acquire(cq->arm);
+		if (arm == cq->arm_seen || arm == cq->arm_done ||
+		    !(arm & (VRDMA_CQ_ARM_NEXT | VRDMA_CQ_ARM_SOLICITED)))
+			continue;
+		cq->arm_seen = arm;  /* looked at once: the next completion reads it again anyway */
+		hdr = (const struct vrdma_cq_ring_hdr *)mem_at(&cq->ring, 0);
+		if (load_acquire((volatile uint32_t *)&hdr->cons) != cq->prod)
+			cq_announce(e, d, cq, arm);
+	}
+}
+
+/* A CQ into its slot of the device's table (made by a command or loaded from a state). */
+VRE_FN void cq_install(struct vre_device *d, uint32_t slot, struct vre_cq *cq)
+{
+	d->cqs[slot] = cq;
+	if (slot >= d->cq_hi)
+		d->cq_hi = slot + 1;
 }
 
 /* What a CQ's configuration must be, made by a command or loaded from a state. */
@@ -121,7 +162,7 @@ int vre_cq_create(struct vre_engine *e, uint32_t dev, uint32_t slot, const struc
 	cq->arm = vre_db_claim(d, c->db);
 	memset(mem_at(&cq->ring, 0), 0, sizeof(struct vrdma_cq_ring_hdr));
 	mem_dirty(&cq->ring, 0, sizeof(struct vrdma_cq_ring_hdr));
-	d->cqs[slot] = cq;
+	cq_install(d, slot, cq);
 	return 0;
 }
 

@@ -305,6 +305,7 @@ static void turn_done(struct vre_engine *e, struct vre_device *d, uint32_t done,
 		recent_seen(ctx(e)->worked, ctx(e)->now, d);
 	if (first_round) {
 		cq_timers(e, d);
+		cq_sweep_arms(e, d);
 		__atomic_store_n(&d->worked, done != 0, __ATOMIC_RELEASE);
 		*busy += done != 0;
 	}

@@ -124,7 +124,7 @@ static int load_cq(struct in *in, const struct vre_state_record *rec, const stru
 		if (!in->d->mod_next || cq->mod_deadline < in->d->mod_next)
 			in->d->mod_next = cq->mod_deadline;
 	}
-	in->d->cqs[rec->slot] = cq;
+	cq_install(in->d, rec->slot, cq);
 	return 0;
 }
 

@@ -46,6 +46,7 @@
 #define PAGE_SIZE VRDMA_PAGE_SIZE
 #define PAGE_SHIFT VRDMA_PAGE_SHIFT
 #define EVENT_RING 4096
+#define VRE_ARM_SWEEP_NS 100000000  /* cq_sweep_arms: the doorbell recheck's period (the spec's 100 ms) */
 #define MAX_REGIONS VRE_MAX_REGIONS
 #define RNR_INFINITE 7
 #define MAX_WQE_SGES (VRDMA_PAGE_SIZE / sizeof(struct vrdma_sge))
@@ -99,6 +100,7 @@ struct vre_cq {
 	struct vre_mem ring;
 	volatile uint32_t *arm;   /* doorbell slot */
 	uint32_t arm_done;        /* the arm request the last event answered */
+	uint32_t arm_seen;        /* the arm slot as the last completion read it (cq_sweep_arms) */
 	uint32_t prod;
 	bool error;
 	uint32_t mod_count;       /* moderation: completions per event (0, 1: every armed completion) */
@@ -239,7 +241,9 @@ struct vre_device {
 	struct vre_gid gids[VRE_MAX_GIDS];
 	int64_t gsi;              /* the QP table slot of QP1, or -1 */
 	uint32_t nactive;
-	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none): the only time CQs are scanned */
+	int64_t mod_next;         /* earliest moderation deadline of its CQs (0: none) */
+	int64_t arm_sweep_at;     /* when cq_sweep_arms next looks at its CQs' arm slots */
+	uint32_t cq_hi;           /* past the highest CQ slot used since the device opened: the CQ scans' bound */
 	uint64_t pages_in_use;    /* translated pages of its MRs and rings, bounded by lim.max_pages_total */
 	uint64_t mr_gen;          /* MRs made, reregistered or fast-registered so far (struct vre_mr.gen) */
 	struct vre_counters counters;
@@ -541,6 +545,8 @@ VRE_FN void cq_announce(struct vre_engine *e, struct vre_device *d, struct vre_c
 VRE_FN void cq_push(struct vre_engine *e, struct vre_device *d, struct vre_cq *cq, const struct vrdma_cqe *cqe,
 	     bool solicited);
 VRE_FN void cq_timers(struct vre_engine *e, struct vre_device *d);
+VRE_FN void cq_sweep_arms(struct vre_engine *e, struct vre_device *d);
+VRE_FN void cq_install(struct vre_device *d, uint32_t slot, struct vre_cq *cq);
 /* What a configuration must be (cq.c, srq.c, qp.c), made by a command or loaded from a state (state.c). */
 VRE_FN int cq_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_cq_config *c);
 VRE_FN int srq_config_check(struct vre_engine *e, struct vre_device *d, uint32_t slot, const struct vre_srq_config *c);
