@@ -111,7 +111,7 @@ VRE_FN void cq_sweep_arms(struct vre_engine *e, struct vre_device *d)
 	d->arm_sweep_at = ctx(e)->now + VRE_ARM_SWEEP_NS;
 	for (uint32_t i = 0; i < d->cq_hi; i++) {
 		struct vre_cq *cq = d->cqs[i];
-		const struct vrdma_cq_ring_hdr *hdr;
+		struct vrdma_cq_ring_hdr *hdr;
 		uint32_t arm;
 
 		if (!cq || cq->error || !cq->ring.valid)
@@ -121,8 +121,8 @@ VRE_FN void cq_sweep_arms(struct vre_engine *e, struct vre_device *d)
 		    !(arm & (VRDMA_CQ_ARM_NEXT | VRDMA_CQ_ARM_SOLICITED)))
 			continue;
 		cq->arm_seen = arm;  /* looked at once: the next completion reads it again anyway */
-		hdr = (const struct vrdma_cq_ring_hdr *)mem_at(&cq->ring, 0);
-		if (load_acquire((volatile uint32_t *)&hdr->cons) != cq->prod)
+		hdr = (struct vrdma_cq_ring_hdr *)mem_at(&cq->ring, 0);
+		if (load_acquire(&hdr->cons) != cq->prod)
 			cq_announce(e, d, cq, arm);
 	}
 }

@@ -35,8 +35,6 @@ POLL_BUDGET = 64
 AETH_SYNDROME_SHIFT = 24
 
 
-
-
 @dataclass
 class Packet:
     """A RoCE v2 packet between two GIDs: its UDP payload (BTH, extension headers, payload, ICRC) and its fields as

@@ -461,8 +461,12 @@ class SimVerbs:
         self.memory.write(ring.slot_gpa(ring.prod), wqe)
         ring.prod += 1
 
+    def cq_header(self, cq: SimCq) -> Any:
+        """The CQ ring's header page as the device last wrote it (prod, cons, overflow)."""
+        return abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
+
     def poll_cq(self, cq: SimCq) -> list[Any]:
-        hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
+        hdr = self.cq_header(cq)
         found = []
         while cq.cons != hdr.prod:
             slot = cq.cons % cq.entries
@@ -473,8 +477,7 @@ class SimVerbs:
         return found
 
     def cq_overflowed(self, cq: SimCq) -> bool:
-        hdr = abi.from_bytes("vrdma_cq_ring_hdr", self.memory.read(cq.buf.gpa, abi.sizeof("vrdma_cq_ring_hdr")))
-        return bool(hdr.overflow)
+        return bool(self.cq_header(cq).overflow)
 
     def _frontend(self) -> Frontend:
         if not isinstance(self.fe, Frontend):
